@@ -1,0 +1,214 @@
+"""The durable state: sessions, their transcript, codex thread bindings, turns and notices.
+
+Every write goes through ``hermes_sessions.services``; the constraints below are the last line of
+defence for the invariants in ``shared/design.md`` §4 (I1 durable-before-bound, I2 exactly once,
+I3 one turn at a time).
+"""
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+SESSION_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+session_id_validator = RegexValidator(
+    SESSION_ID_RE,
+    "A session id is 1-64 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit.",
+)
+
+
+def new_session_id() -> str:
+    return f"sess-{uuid.uuid4().hex}"
+
+
+class Session(models.Model):
+    """One conversation, owned by a user.
+
+    ``model_config`` holds the codex settings of the session: ``model``, ``cwd``,
+    ``approval_policy``, ``sandbox``, ``developer_instructions`` (all optional; see
+    ``hermes_sessions.policy``). ``last_message_seq`` / ``last_turn_seq`` are the per-session
+    counters, advanced only under the session's row lock.
+    """
+
+    id = models.CharField(primary_key=True, max_length=64, default=new_session_id, validators=[session_id_validator])
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="hermes_sessions")
+    title = models.CharField(max_length=200, blank=True)
+    model_config = models.JSONField(default=dict, blank=True)
+    last_message_seq = models.PositiveIntegerField(default=0)
+    last_turn_seq = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [models.Index(fields=["owner", "-updated_at"])]
+
+    def __str__(self) -> str:
+        return self.title or self.id
+
+
+class Turn(models.Model):
+    """One user input run through codex.
+
+    Lifecycle: ``queued`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled``. ``seq`` orders
+    the turns of a session in the order they were accepted; they run in that order, one at a time.
+    ``thread_action`` records what the runner did before ``turn/start``: ``started`` (no binding),
+    ``resumed`` (``thread/resume`` of the bound thread) or ``rotated`` (the bound thread was gone,
+    a new one was started). ``usage`` holds codex's last ``thread/tokenUsage/updated`` figures
+    (``input_tokens``, ``cached_input_tokens``, ``output_tokens``, ``reasoning_output_tokens``,
+    ``total_tokens``). ``timings`` holds phase durations in milliseconds.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    class ThreadAction(models.TextChoices):
+        STARTED = "started"
+        RESUMED = "resumed"
+        ROTATED = "rotated"
+
+    TERMINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
+    seq = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    input = models.TextField()
+    thread_action = models.CharField(max_length=16, choices=ThreadAction.choices, blank=True)
+    codex_thread_id = models.CharField(max_length=64, blank=True)
+    codex_turn_id = models.CharField(max_length=64, blank=True)
+    codex_methods = models.JSONField(default=list, blank=True, help_text="JSON-RPC methods sent before turn/start")
+    final_text = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+    timings = models.JSONField(default=dict, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    claim_token = models.UUIDField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="turn_unique_session_seq")]
+        indexes = [models.Index(fields=["session", "status", "seq"])]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.seq} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class Message(models.Model):
+    """One row of the durable transcript, ordered by ``seq`` within its session.
+
+    ``tool_calls`` is a list of OpenAI-style calls ``[{"id", "type": "function", "function":
+    {"name", "arguments"}}]`` on assistant rows; ``tool_call_id`` links a ``tool`` row to its call.
+    ``codex_item_id`` is the codex item the row was projected from (empty for user rows).
+    """
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+        SYSTEM = "system"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveIntegerField()
+    turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="messages")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    tool_calls = models.JSONField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=255, blank=True)
+    reasoning = models.TextField(blank=True)
+    codex_item_id = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="message_unique_session_seq"),
+            # A codex item is projected once per turn (a tool item gives one assistant + one tool row).
+            models.UniqueConstraint(
+                fields=["turn", "codex_item_id", "role"],
+                condition=~Q(codex_item_id=""),
+                name="message_unique_turn_item_role",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}:{self.seq} {self.role}"
+
+
+class CodexBinding(models.Model):
+    """Session → codex thread. At most one ``active`` binding per session (database constraint);
+    ended bindings stay as history with ``ended_reason`` and ``ended_at``."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        ENDED = "ended"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="bindings")
+    thread_id = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by_turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_reason = models.TextField(blank=True)
+    ended_by_turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+
+    class Meta:
+        ordering = ["session", "created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session"], condition=Q(status="active"), name="binding_one_active_per_session"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} → {self.thread_id} ({self.status})"
+
+
+class Notice(models.Model):
+    """An operator-visible lifecycle message about a session (the hermes "status rail").
+
+    At most one notice of a kind per turn (a turn rotates at most once).
+    """
+
+    class Kind(models.TextChoices):
+        LIFECYCLE = "lifecycle"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="notices")
+    turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="notices")
+    kind = models.CharField(max_length=32, choices=Kind.choices, default=Kind.LIFECYCLE)
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["turn", "kind"], condition=Q(turn__isnull=False), name="notice_one_per_turn_kind"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}: {self.text}"
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.acknowledged_at is not None
