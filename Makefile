@@ -1,0 +1,53 @@
+# hermes_sessions — `make demo` and `make test` set everything up on a fresh machine (python3 + npm).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The test suite's PostgreSQL and Redis (a broker). Override on the command line if yours differ.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/hermes
+TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: install demo test e2e bench services migrate run worker clean
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+install: $(VENV)/.installed node_modules/.installed
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+# The seed scenario on the embedded defaults: SQLite, no broker (tasks run in-process), the local
+# model stand-in, the real pinned codex binary.
+demo: install
+	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py migrate --noinput
+	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py demo
+
+# Starts PostgreSQL and Redis when they are installed but not running; stops with a message otherwise.
+services:
+	@scripts/ensure_services.sh "$(TEST_DATABASE_URL)" "$(TEST_BROKER_URL)"
+
+test: install services
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 \
+		$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+e2e: install services
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 \
+		$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
+
+bench: install services
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/bench.py $(BENCH_ARGS)
+
+# Production-shaped local run (PostgreSQL + Redis): API server and a worker, in two terminals.
+run: install
+	$(VENV)/bin/gunicorn project.wsgi --bind 127.0.0.1:8000 --workers 2
+worker: install
+	$(VENV)/bin/celery -A project worker -Q turns,celery --concurrency 2 --loglevel info
+
+clean:
+	rm -rf var .pytest_cache

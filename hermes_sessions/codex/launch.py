@@ -1,0 +1,143 @@
+"""How a worker launches ``codex app-server``: the binary, ``CODEX_HOME``, ``config.toml`` and the
+process environment, all from Django settings (``CODEX_*``).
+
+Facts from codex 0.169.0 (shared/codex/protocol.md §8, §10):
+- spawn the native binary, not the npm node wrapper: killing the wrapper orphans the server,
+  which keeps the thread's writer lock;
+- ``CODEX_HOME`` must be an absolute, existing directory, else the process exits at start-up;
+- ``[features] plugins = false`` stops all start-up phone-home; ``unbounded_connection_retries =
+  false`` with zero request/stream retries makes an unreachable model fail the turn in ~0.2 s
+  instead of retrying forever.
+The environment is an allow-list: the worker's database URL, broker URL and other secrets never
+reach codex; only the model provider's key does.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+
+class CodexNotInstalled(RuntimeError):
+    """The pinned codex binary is missing; ``npm ci`` (``make install``) installs it."""
+
+
+STAND_IN_KEY_ENV = "HERMES_STAND_IN_API_KEY"
+OPENAI_KEY_ENV = "OPENAI_API_KEY"
+
+_COMMON_TOML = """\
+approval_policy = "never"
+sandbox_mode = "read-only"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[features]
+plugins = false
+remote_plugin = false
+apps = false
+shell_snapshot = false
+unbounded_connection_retries = false
+"""
+
+
+def render_config_toml() -> str:
+    """The ``config.toml`` for ``settings.CODEX_MODEL_PROVIDER``: ``stand-in`` (the local
+    Responses-API stand-in at ``CODEX_STAND_IN_URL``) or ``openai`` (api.openai.com, key from
+    ``OPENAI_API_KEY``). ``config`` mode copies the operator's ``CODEX_CONFIG_TOML`` verbatim."""
+    provider = settings.CODEX_MODEL_PROVIDER
+    if provider == "config":
+        return Path(settings.CODEX_CONFIG_TOML).read_text()
+    if provider == "stand-in":
+        model = settings.CODEX_MODEL or "mock-model"
+        return (
+            f'model = {json.dumps(model)}\nmodel_provider = "hermes-stand-in"\n'
+            + _COMMON_TOML
+            + "\n[model_providers.hermes-stand-in]\n"
+            'name = "hermes_sessions local model stand-in"\n'
+            f"base_url = {json.dumps(settings.CODEX_STAND_IN_URL)}\n"
+            f'env_key = "{STAND_IN_KEY_ENV}"\n'
+            'wire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\nsupports_websockets = false\n'
+        )
+    if provider == "openai":
+        model = settings.CODEX_MODEL or "gpt-5.5"
+        return (
+            f'model = {json.dumps(model)}\nmodel_provider = "openai-api"\n'
+            + _COMMON_TOML
+            + "\n[model_providers.openai-api]\n"
+            'name = "OpenAI API"\nbase_url = "https://api.openai.com/v1"\n'
+            f'env_key = "{OPENAI_KEY_ENV}"\nwire_api = "responses"\n'
+        )
+    raise ValueError(f"CODEX_MODEL_PROVIDER must be stand-in, openai or config, not {provider!r}")
+
+
+def ensure_codex_home() -> Path:
+    """Create ``CODEX_HOME`` (absolute) and write ``config.toml`` if its content changed.
+    The write is atomic (temp file + rename) so concurrent workers never see half a file."""
+    home = Path(settings.CODEX_HOME).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    Path(settings.CODEX_USER_HOME).resolve().mkdir(parents=True, exist_ok=True)
+    target = home / "config.toml"
+    content = render_config_toml()
+    if not target.exists() or target.read_text() != content:
+        tmp = home / f".config.toml.{os.getpid()}"
+        tmp.write_text(content)
+        os.replace(tmp, target)
+    return home
+
+
+def codex_binary() -> str:
+    """Path of the native codex binary: ``settings.CODEX_BIN`` or the one the pinned npm package
+    installed under ``node_modules/@openai/codex-linux-*/vendor/*/bin/codex``."""
+    if settings.CODEX_BIN:
+        return settings.CODEX_BIN
+    pattern = str(Path(settings.CODEX_NODE_MODULES) / "@openai" / "codex-linux-*" / "vendor" / "*" / "bin" / "codex")
+    found = sorted(glob.glob(pattern))
+    if not found:
+        raise CodexNotInstalled(f"codex binary not found ({pattern}); run `make install` (npm ci)")
+    return found[0]
+
+
+def app_server_argv() -> list[str]:
+    """The command that starts one app-server: ``settings.CODEX_APP_SERVER_COMMAND`` (a JSON list;
+    the tests' scripted stand-in) or ``[<native codex>, "app-server"]``."""
+    if settings.CODEX_APP_SERVER_COMMAND:
+        argv = json.loads(settings.CODEX_APP_SERVER_COMMAND)
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise ValueError("CODEX_APP_SERVER_COMMAND must be a JSON list of strings")
+        return argv
+    return [codex_binary(), "app-server"]
+
+
+def app_server_env() -> dict[str, str]:
+    """The app-server's whole environment (an allow-list, nothing inherited wholesale)."""
+    path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if not settings.CODEX_APP_SERVER_COMMAND:
+        # The bundled bubblewrap lives here; on PATH it silences codex's configWarning.
+        resources = Path(codex_binary()).parent.parent / "codex-resources"
+        if resources.is_dir():
+            path = f"{resources}{os.pathsep}{path}"
+    env = {
+        "PATH": path,
+        "HOME": str(Path(settings.CODEX_USER_HOME).resolve()),
+        "CODEX_HOME": str(Path(settings.CODEX_HOME).resolve()),
+        "RUST_LOG": os.environ.get("CODEX_RUST_LOG", "warn"),
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "LANG": "C.UTF-8",
+    }
+    if settings.CODEX_MODEL_PROVIDER == "stand-in":
+        env[STAND_IN_KEY_ENV] = "stand-in"
+    elif settings.CODEX_MODEL_PROVIDER == "openai" and os.environ.get(OPENAI_KEY_ENV):
+        env[OPENAI_KEY_ENV] = os.environ[OPENAI_KEY_ENV]
+    for name in filter(None, os.environ.get("CODEX_PASS_ENV", "").split(",")):
+        if name in os.environ:  # operator-granted extras, e.g. a custom provider's key
+            env[name] = os.environ[name]
+    return env

@@ -1,0 +1,253 @@
+"""The turn runner: resume-or-rotate a thread on one app-server, then drive one turn to its end.
+
+Wire sequences before ``turn/start`` (design §3, pinned by tests):
+
+    no binding                                   ["thread/start"]
+    binding, thread alive                        ["thread/resume"]
+    binding, codex answers -32600 "no rollout…"  ["thread/resume", "thread/start"]   (rotation)
+
+Only that one answer rotates (``errors.is_thread_gone``); every other failure ends the run with
+``TurnRunError`` and leaves the binding alone. The runner touches no database: it returns a
+``TurnOutcome`` that ``hermes_sessions.services`` commits in one transaction.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .client import AppServerClient
+from .errors import CodexError, ErrorClass, JsonRpcError, TransportError, TurnTimeout, classify, is_thread_gone
+from .projection import ItemProjector
+
+INTERRUPT_GRACE_SECONDS = 5.0
+POLL_SECONDS = 0.5
+
+_SANDBOX_POLICY = {
+    "read-only": lambda cwd: {"type": "readOnly"},
+    "workspace-write": lambda cwd: {"type": "workspaceWrite", "writableRoots": [cwd], "networkAccess": False},
+    "danger-full-access": lambda cwd: {"type": "dangerFullAccess"},
+}
+
+
+@dataclass
+class TurnSpec:
+    """One turn to run. ``thread_id`` is the bound thread (``None``: start one). ``fresh_input``
+    returns the text to send when a fresh thread is started (the user's text behind the history
+    seed); it is only called then. ``turn_timeout`` is seconds from ``turn/start`` to
+    ``turn/completed``."""
+
+    text: str
+    thread_id: str | None
+    cwd: str
+    sandbox: str = "read-only"
+    approval_policy: str = "never"
+    model: str | None = None
+    developer_instructions: str | None = None
+    fresh_input: Callable[[], str] | None = None
+    turn_timeout: float = 600.0
+
+
+@dataclass
+class TurnOutcome:
+    """What happened, in the app's words. ``status`` is codex's ``turn/completed`` status
+    (``completed`` | ``failed`` | ``interrupted``) or ``None`` if the turn never completed.
+    ``rotated_from``/``rotation_reason``: the bound thread codex proved gone, and its error text.
+    ``messages``: projected rows (see ``projection.ItemProjector``). ``usage``: codex's last
+    ``thread/tokenUsage/updated`` in snake_case. ``methods``: requests sent before ``turn/start``.
+    ``timings``: milliseconds per phase."""
+
+    thread_action: str = ""
+    thread_id: str = ""
+    codex_turn_id: str = ""
+    status: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    final_text: str = ""
+    error: str = ""
+    usage: dict[str, Any] = field(default_factory=dict)
+    methods: list[str] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)
+    rotated_from: str | None = None
+    rotation_reason: str = ""
+
+
+class TurnRunError(CodexError):
+    """The turn could not be run to ``turn/completed``. ``outcome`` holds what was learnt before
+    the failure (notably ``rotated_from``); ``error_class`` is ``errors.classify`` of the cause."""
+
+    def __init__(self, reason: str, outcome: TurnOutcome, cause: BaseException | None = None):
+        super().__init__(reason)
+        self.outcome = outcome
+        self.cause = cause
+        self.error_class = classify(cause) if cause is not None else ErrorClass.FAIL
+
+
+def _ms(since: float) -> float:
+    return round((time.monotonic() - since) * 1000, 1)
+
+
+def _thread_id(result: dict) -> str:
+    thread = result.get("thread") or {}
+    return str(thread.get("id") or thread.get("sessionId") or result.get("threadId") or "")
+
+
+def _describe(step: str, exc: BaseException) -> str:
+    if isinstance(exc, JsonRpcError):
+        text = f"codex {step} failed ({exc.code}): {exc.message}"
+    else:
+        text = f"codex {step} failed: {exc}"
+    hint = {
+        ErrorClass.RETRY: "the binding is kept; the turn can be retried",
+        ErrorClass.FAIL: "the binding is kept",
+    }.get(classify(exc))
+    return f"{text} — {hint}" if hint else text
+
+
+def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
+    """Resume or start the thread on ``client`` (already initialized), run one turn, return the
+    outcome. Raises ``TurnRunError`` for anything short of ``turn/completed``."""
+    out = TurnOutcome()
+    first = len(client.sent_methods)
+    t0 = time.monotonic()
+    thread_params: dict[str, Any] = {
+        "cwd": spec.cwd,
+        "sandbox": spec.sandbox,
+        "approvalPolicy": spec.approval_policy,
+    }
+    if spec.model:
+        thread_params["model"] = spec.model
+    if spec.developer_instructions:
+        thread_params["developerInstructions"] = spec.developer_instructions
+
+    text = spec.text
+    if spec.thread_id:
+        try:
+            # A plain resume (no overrides) writes nothing to the rollout (portability.md §4);
+            # excludeTurns: our transcript is the source of truth (I5), and it is faster.
+            client.request("thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
+            out.thread_action, out.thread_id = "resumed", spec.thread_id
+        except CodexError as exc:
+            if not is_thread_gone(exc):
+                out.methods = client.sent_methods[first:]
+                raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
+            out.rotated_from, out.rotation_reason = spec.thread_id, exc.message  # type: ignore[attr-defined]
+    if not out.thread_action:
+        try:
+            result = client.request("thread/start", thread_params)
+        except CodexError as exc:
+            out.methods = client.sent_methods[first:]
+            raise TurnRunError(_describe("thread/start", exc), out, exc) from exc
+        out.thread_action = "rotated" if out.rotated_from else "started"
+        out.thread_id = _thread_id(result)
+        if spec.fresh_input is not None:
+            text = spec.fresh_input()
+    out.methods = client.sent_methods[first:]
+    out.timings["thread_ms"] = _ms(t0)
+
+    turn_params: dict[str, Any] = {
+        "threadId": out.thread_id,
+        "input": [{"type": "text", "text": text, "text_elements": []}],
+        "cwd": spec.cwd,
+        "approvalPolicy": spec.approval_policy,
+        "sandboxPolicy": _SANDBOX_POLICY[spec.sandbox](spec.cwd),
+    }
+    if spec.model:
+        turn_params["model"] = spec.model
+    t1 = time.monotonic()
+    try:
+        started = client.request("turn/start", turn_params)
+        out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
+        _drive(client, spec, out)
+    except TurnRunError:
+        raise
+    except CodexError as exc:
+        raise TurnRunError(_describe("turn", exc), out, exc) from exc
+    finally:
+        out.timings["turn_ms"] = _ms(t1)
+    return out
+
+
+def _scope(params: dict) -> tuple[str | None, str | None]:
+    """(threadId, turnId) a notification belongs to, as hermes reads them (reference §2.2)."""
+    turn = params.get("turn") if isinstance(params.get("turn"), dict) else {}
+    item = params.get("item") if isinstance(params.get("item"), dict) else {}
+    thread_id = params.get("threadId") or turn.get("threadId") or item.get("threadId")
+    turn_id = params.get("turnId") or turn.get("id") or item.get("turnId")
+    return thread_id, turn_id
+
+
+def _usage(token_usage: dict) -> dict[str, Any]:
+    last = token_usage.get("last") or {}
+    total = token_usage.get("total") or {}
+    usage = {
+        "input_tokens": last.get("inputTokens"),
+        "cached_input_tokens": last.get("cachedInputTokens"),
+        "output_tokens": last.get("outputTokens"),
+        "reasoning_output_tokens": last.get("reasoningOutputTokens"),
+        "total_tokens": last.get("totalTokens"),
+        "thread_total_tokens": total.get("totalTokens"),
+        "model_context_window": token_usage.get("modelContextWindow"),
+    }
+    return {k: v for k, v in usage.items() if v is not None}
+
+
+def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
+    """Read notifications until this turn's ``turn/completed`` or the deadline."""
+    projector = ItemProjector()
+    deadline = time.monotonic() + spec.turn_timeout
+    last_error = ""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _interrupt_after_timeout(client, out, projector)
+                raise TurnTimeout(f"turn/completed did not arrive within {spec.turn_timeout:g} s; the turn was interrupted")
+            note = client.next_notification(timeout=min(left, POLL_SECONDS))
+            if note is None:
+                continue
+            method = note.get("method")
+            params = note.get("params") if isinstance(note.get("params"), dict) else {}
+            thread_id, turn_id = _scope(params)
+            if thread_id and thread_id != out.thread_id:
+                continue
+            if turn_id and out.codex_turn_id and turn_id != out.codex_turn_id:
+                continue
+            if method == "item/completed":
+                projector.add(params.get("item") or {})
+            elif method == "thread/tokenUsage/updated":
+                out.usage = _usage(params.get("tokenUsage") or {})
+            elif method == "error":
+                err = params.get("error") or {}
+                if not params.get("willRetry"):
+                    last_error = str(err.get("message") or err)
+            elif method == "turn/completed":
+                turn = params.get("turn") or {}
+                out.status = str(turn.get("status") or "failed")
+                err = turn.get("error") or {}
+                if out.status != "completed":
+                    out.error = str((err.get("message") if isinstance(err, dict) else err) or last_error or "")
+                return
+    finally:
+        out.messages = projector.messages
+        out.final_text = projector.final_text
+
+
+def _interrupt_after_timeout(client: AppServerClient, out: TurnOutcome, projector: ItemProjector) -> None:
+    """Best effort: ask codex to stop the turn and collect what it completed meanwhile."""
+    try:
+        client.request("turn/interrupt", {"threadId": out.thread_id, "turnId": out.codex_turn_id}, timeout=INTERRUPT_GRACE_SECONDS)
+    except (CodexError, TransportError):
+        return
+    end = time.monotonic() + INTERRUPT_GRACE_SECONDS
+    while time.monotonic() < end:
+        try:
+            note = client.next_notification(timeout=POLL_SECONDS)
+        except TransportError:
+            return
+        if not note:
+            continue
+        params = note.get("params") or {}
+        if note.get("method") == "item/completed":
+            projector.add(params.get("item") or {})
+        elif note.get("method") == "turn/completed":
+            return

@@ -1,0 +1,537 @@
+"""Offline stand-in for the OpenAI Responses API, used by the demo and the tests.
+
+The real ``codex app-server`` (codex 0.169.0) is pointed at this server through
+``[model_providers.<name>] base_url = "http://127.0.0.1:<port>/v1"`` with
+``wire_api = "responses"`` (see /work/shared/codex/protocol.md §8). Codex then POSTs every model
+call to ``{base_url}/responses`` with ``stream: true`` and reads a server-sent-event reply.
+
+Stdlib only (``http.server``), no Django import, so it can run in-process inside a test, as
+``python -m hermes_sessions.model_stand_in`` or as ``python manage.py model_stand_in``.
+It binds loopback addresses only.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import ipaddress
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["ModelStandIn", "main", "run_foreground", "last_user_text", "message_texts"]
+
+DEFAULT_CLI_PORT = 8765
+
+#: Shell tools codex may offer, in order of preference, with how to build their arguments.
+#: codex 0.169.0 offers ``exec_command`` (arguments ``{"cmd": "..."}``); the others are fallbacks
+#: for older or differently configured builds.
+_SHELL_TOOLS = ("exec_command", "shell_command", "shell", "local_shell")
+
+_TEXT_PART_TYPES = ("input_text", "output_text", "text")
+
+_CHUNK_CHARS = 8          # characters per response.output_text.delta in normal replies
+_SLOW_MIN_CHUNKS = 20     # SLOW replies are cut into at least this many deltas
+_TOOL_OUTPUT_CHARS = 200  # "tool said: <output[:200]>"
+
+
+# --------------------------------------------------------------------------- request parsing
+def _content_text(content: Any) -> str:
+    """Concatenated text of a Responses ``content`` value (a string or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    out = []
+    for part in content or []:
+        if isinstance(part, dict) and part.get("type") in _TEXT_PART_TYPES:
+            text = part.get("text")
+            if isinstance(text, str):
+                out.append(text)
+        elif isinstance(part, str):
+            out.append(part)
+    return "".join(out)
+
+
+def message_texts(body: Any) -> list[tuple[str, str]]:
+    """``(role, text)`` of every message item in a Responses request body's ``input``, in order.
+
+    Items are ``{"type": "message", "role": "developer"|"user"|"assistant", "content": [...]}``
+    (codex 0.169.0); ``function_call``/``function_call_output`` items are not messages and are
+    left out. A body that is not a dict (e.g. an unparseable request) gives ``[]``.
+    """
+    if not isinstance(body, dict):
+        return []
+    items = body.get("input")
+    if isinstance(items, str):  # the API also allows a bare string input
+        return [("user", items)]
+    out = []
+    for item in items or []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type", "message") != "message" or "role" not in item:
+            continue
+        out.append((str(item.get("role")), _content_text(item.get("content"))))
+    return out
+
+
+def last_user_text(body: Any) -> str:
+    """Text of the last user-authored message in ``body["input"]``, or ``""``.
+
+    codex injects its own ``user`` messages wrapped in tags — ``<environment_context>…``,
+    ``<user_instructions>…`` (AGENTS.md) and the like; any user message whose text starts with
+    ``<`` is treated as injected and skipped.
+    """
+    last = ""
+    for role, text in message_texts(body):
+        if role == "user" and not text.lstrip().startswith("<"):
+            last = text
+    return last
+
+
+def _last_item(body: dict) -> dict:
+    items = body.get("input")
+    if isinstance(items, list) and items and isinstance(items[-1], dict):
+        return items[-1]
+    return {}
+
+
+def _tool_output_text(output: Any) -> str:
+    """A ``function_call_output.output`` as text: a string, or a list of content parts."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return _content_text(output)
+    return json.dumps(output)
+
+
+def _tool_names(body: dict) -> list[str]:
+    names = []
+    for tool in body.get("tools") or []:
+        if isinstance(tool, dict):
+            name = tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("type")
+            if name:
+                names.append(str(name))
+    return names
+
+
+def _shell_call(body: dict, cmd: str) -> tuple[str, dict]:
+    """(tool name, arguments) for running ``cmd`` with the shell tool the request offered."""
+    names = _tool_names(body)
+    tool = next((t for t in _SHELL_TOOLS if t in names), "exec_command")
+    if tool == "exec_command":
+        return tool, {"cmd": cmd}
+    if tool == "shell_command":
+        return tool, {"command": cmd}
+    return tool, {"command": ["bash", "-lc", cmd]}
+
+
+def _usage(n_in: int, n_out: int) -> dict:
+    return {
+        "input_tokens": n_in,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": n_out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": n_in + n_out,
+    }
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _ClientGone(Exception):
+    """The HTTP client closed the connection mid-stream (e.g. codex ``turn/interrupt``)."""
+
+
+# --------------------------------------------------------------------------- HTTP plumbing
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False        # stop() must not wait for a SLOW stream to finish
+    allow_reuse_address = True
+    stand_in: "ModelStandIn"
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "HermesModelStandIn/1.0"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    @property
+    def _stand_in(self) -> "ModelStandIn":
+        return self.server.stand_in
+
+    # ---- helpers
+    def _path(self) -> str:
+        return urlsplit(self.path).path
+
+    def _read_raw(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            chunks = []
+            while True:
+                size_line = self.rfile.readline()
+                if not size_line:
+                    break
+                size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            raw = b"".join(chunks)
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length > 0 else b""
+        encoding = (self.headers.get("Content-Encoding") or "").lower().strip()
+        if encoding == "gzip":
+            raw = gzip.decompress(raw)
+        elif encoding == "deflate":
+            raw = zlib.decompress(raw)
+        elif encoding not in ("", "identity"):
+            raise ValueError("unsupported Content-Encoding %r" % encoding)
+        return raw
+
+    def _send_json(self, code: int, obj: Any) -> None:
+        data = json.dumps(obj).encode("utf-8")
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _sse_start(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def _sse(self, event: dict) -> None:
+        payload = "event: %s\ndata: %s\n\n" % (event["type"], json.dumps(event))
+        try:
+            self.wfile.write(payload.encode("utf-8"))
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
+            raise _ClientGone() from exc
+
+    # ---- verbs
+    def do_GET(self) -> None:
+        path = self._path()
+        if path == "/__requests":
+            return self._send_json(200, self._stand_in.requests())
+        if path.rstrip("/") == "/v1/models":
+            return self._send_json(200, {"object": "list", "data": [], "models": []})
+        return self._send_json(404, {"error": {"message": "not found: GET " + path, "type": "not_found"}})
+
+    def do_POST(self) -> None:
+        path = self._path()
+        error = None
+        try:
+            raw = self._read_raw()
+        except Exception as exc:  # bad chunking / compression: treat as a malformed body
+            raw, error = b"", "unreadable body: %s" % exc
+        if path == "/__reset":
+            self._stand_in.reset()
+            return self._send_json(200, {"ok": True})
+        if path.rstrip("/") != "/v1/responses":
+            return self._send_json(404, {"error": {"message": "not found: POST " + path, "type": "not_found"}})
+
+        body: Any = None
+        if error is None:
+            try:
+                body = json.loads(raw.decode("utf-8"))
+                if not isinstance(body, dict):
+                    error = "request body must be a JSON object, got %s" % type(body).__name__
+            except (UnicodeDecodeError, ValueError) as exc:
+                error = "malformed JSON body: %s" % exc
+        entry: dict[str, Any] = {
+            "t": time.time(),
+            "path": path,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+            "body": body if error is None else None,
+        }
+        if error is not None:
+            entry["error"] = error
+            entry["raw"] = raw[:2000].decode("utf-8", "replace")
+        self._stand_in._record(entry)
+        if error is not None:
+            return self._send_json(400, {"error": {"message": error, "type": "invalid_request_error"}})
+        try:
+            self._respond(body)
+        except _ClientGone:
+            self.close_connection = True
+
+    # ---- the model
+    def _respond(self, body: dict) -> None:
+        user = last_user_text(body)
+        last = _last_item(body)
+        after_tool = last.get("type") in ("function_call_output", "custom_tool_call_output")
+        if "FAIL500" in user and not after_tool:
+            return self._send_json(
+                500, {"error": {"message": "model stand-in: forced HTTP 500 (FAIL500)", "type": "server_error"}}
+            )
+        resp_id = "resp_" + uuid.uuid4().hex[:16]
+        n_in = max(1, len(json.dumps(body.get("input") or [])) // 4)
+        self._sse_start()
+        self._sse({"type": "response.created", "response": {"id": resp_id}})
+
+        if "RUNCMD" in user and not after_tool:
+            cmd = user.split("RUNCMD", 1)[1].strip() or "echo hi"
+            tool, args = _shell_call(body, cmd)
+            call_id = "call_" + uuid.uuid4().hex[:12]
+            item = {"type": "function_call", "id": "fc_" + call_id, "call_id": call_id,
+                    "name": tool, "arguments": json.dumps(args)}
+            self._sse({"type": "response.output_item.added", "output_index": 0, "item": item})
+            self._sse({"type": "response.output_item.done", "output_index": 0, "item": item})
+            self._sse({"type": "response.completed", "response": {"id": resp_id, "usage": _usage(n_in, 5)}})
+            return
+
+        if after_tool:
+            reply = "tool said: " + _tool_output_text(last.get("output"))[:_TOOL_OUTPUT_CHARS]
+        else:
+            reply = "echo: " + user
+        slow = "SLOW" in user and not after_tool
+        msg_id = "msg_" + uuid.uuid4().hex[:16]
+        self._sse({"type": "response.output_item.added", "output_index": 0, "item": {
+            "type": "message", "role": "assistant", "id": msg_id, "status": "in_progress", "content": []}})
+        if slow:
+            size = max(1, -(-len(reply) // _SLOW_MIN_CHUNKS))
+        else:
+            size = _CHUNK_CHARS
+        chunks = [reply[i:i + size] for i in range(0, len(reply), size)] or [""]
+        delay = self._stand_in.slow_seconds / len(chunks) if slow else 0.0
+        for chunk in chunks:
+            self._sse({"type": "response.output_text.delta", "item_id": msg_id, "output_index": 0,
+                       "content_index": 0, "delta": chunk})
+            if delay and self._stand_in._stopping.wait(delay):
+                raise _ClientGone()  # the stand-in is shutting down: drop the stream
+        self._sse({"type": "response.output_item.done", "output_index": 0, "item": {
+            "type": "message", "role": "assistant", "id": msg_id, "status": "completed",
+            "content": [{"type": "output_text", "text": reply, "annotations": []}]}})
+        n_out = max(1, len(reply) // 4)
+        self._sse({"type": "response.completed", "response": {"id": resp_id, "usage": _usage(n_in, n_out)}})
+
+
+# --------------------------------------------------------------------------- public API
+class ModelStandIn:
+    """A Responses-API stand-in on a loopback address that codex uses as its model server.
+
+    Endpoints (everything answers JSON unless noted; unknown paths answer 404 JSON):
+
+    * ``POST /v1/responses`` (codex 0.169.0 sends ``stream: true``) → ``text/event-stream``; each
+      event is ``event: <type>\\ndata: <json>\\n\\n``, in this order (protocol.md §8)::
+
+          response.created            {"response": {"id": "resp_…"}}
+          response.output_item.added  assistant message, status in_progress, empty content
+          response.output_text.delta  the reply text in chunks (8 characters each)
+          response.output_item.done   assistant message, status completed, full output_text
+          response.completed          {"response": {"id", "usage": {input_tokens, …, total_tokens}}}
+
+      The reply is ``"echo: <last user text>"``; the last user text skips codex's injected
+      user messages that start with ``<`` (``<environment_context>`` …). Token counts are
+      rough estimates (characters / 4).
+    * ``GET /v1/models`` → ``{"object": "list", "data": [], "models": []}``.
+    * ``GET /__requests`` → JSON list of the recorded requests (see :meth:`requests`).
+    * ``POST /__reset`` → clears the record, answers ``{"ok": true}``.
+
+    Magic words in the last user text:
+
+    * ``SLOW`` — the reply is cut into at least 20 deltas spread over ``slow_seconds`` seconds
+      (for interrupt tests); a client that disconnects midway is tolerated.
+    * ``RUNCMD <cmd>`` — the answer is a ``function_call`` to the shell tool the request offered
+      (``exec_command`` with arguments ``{"cmd": "<cmd>"}`` in codex 0.169.0), then
+      ``response.completed``. Codex runs the tool and POSTs again with a ``function_call_output``
+      as the last input item; that request is answered ``"tool said: <output[:200]>"``.
+    * ``FAIL500`` — HTTP 500 with ``{"error": {"message", "type": "server_error"}}``.
+
+    A body that is not a JSON object is recorded (``body: None`` plus ``error`` and ``raw``
+    keys) and answered with HTTP 400; the server keeps running.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`::
+
+        with ModelStandIn() as model:
+            ...  # config.toml: base_url = model.base_url
+            assert model.requests()
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, log_path: str | None = None,
+                 slow_seconds: float = 20.0):
+        """``port=0`` picks a free port. ``log_path``: each recorded request is appended to it as
+        one JSON line. ``slow_seconds``: how long a ``SLOW`` reply takes, in seconds.
+        Raises ``ValueError`` for a host that is not a loopback address."""
+        if not _is_loopback(host):
+            raise ValueError("model stand-in binds loopback addresses only, not %r" % (host,))
+        self.host = "127.0.0.1" if host == "localhost" else host
+        self._requested_port = int(port)
+        self.log_path = log_path
+        self.slow_seconds = float(slow_seconds)
+        self._lock = threading.Lock()
+        self._requests: list[dict] = []
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle
+    def start(self) -> "ModelStandIn":
+        """Bind and serve in a daemon thread; returns ``self``. Calling it again is a no-op."""
+        if self._server is not None:
+            return self
+        cls = _Server6 if ":" in self.host else _Server
+        server = cls((self.host, self._requested_port), _Handler)
+        server.stand_in = self
+        self._stopping.clear()
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="model-stand-in", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; aborts running ``SLOW`` streams. Idempotent."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> "ModelStandIn":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- addresses
+    @property
+    def port(self) -> int:
+        """The bound TCP port (raises ``RuntimeError`` before :meth:`start`)."""
+        if self._server is None:
+            raise RuntimeError("model stand-in is not running")
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1`` — the provider ``base_url`` for codex's config.toml
+        (codex POSTs ``{base_url}/responses``)."""
+        host = "[%s]" % self.host if ":" in self.host else self.host
+        return "http://%s:%d/v1" % (host, self.port)
+
+    # ---- record
+    def _record(self, entry: dict) -> None:
+        with self._lock:
+            self._requests.append(entry)
+            if self.log_path:
+                with open(self.log_path, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(entry) + "\n")
+
+    def requests(self) -> list[dict]:
+        """The recorded ``POST /v1/responses`` requests, oldest first, each
+        ``{"t": <epoch seconds>, "path": "/v1/responses", "headers": {<lower-case name>: value},
+        "body": <parsed JSON object>}`` (malformed bodies: ``body`` is ``None`` and the entry has
+        ``error`` and ``raw`` too). Returns a copy of the list."""
+        with self._lock:
+            return list(self._requests)
+
+    def user_texts(self, request: dict) -> list[tuple[str, str]]:
+        """``(role, text)`` of every input message of one recorded request, in order — developer
+        prompts, codex's ``<environment_context>`` and earlier turns' user/assistant messages
+        included (so "turn 2's request carries turn 1's exchange" can be asserted)."""
+        return message_texts(request.get("body"))
+
+    def reset(self) -> None:
+        """Forget the recorded requests (the log file is left alone)."""
+        with self._lock:
+            self._requests.clear()
+
+
+# --------------------------------------------------------------------------- CLI
+def _write_port_file(path: str, port: int) -> None:
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("%d\n" % port)
+    os.replace(tmp, path)
+
+
+def run_foreground(*, host: str = "127.0.0.1", port: int = DEFAULT_CLI_PORT, port_file: str | None = None,
+                   log_path: str | None = None, slow_seconds: float = 20.0, out: Any = None) -> int:
+    """Serve until SIGINT/SIGTERM; prints ``model stand-in listening on <base_url>`` to ``out``
+    (default stdout) and writes the port to ``port_file`` if given. Returns the exit code 0.
+    Raises ``ValueError`` for a non-loopback host and ``OSError`` if the port cannot be bound.
+    Shared by :func:`main` and ``manage.py model_stand_in``."""
+    out = out or sys.stdout
+    stand_in = ModelStandIn(host=host, port=port, log_path=log_path, slow_seconds=slow_seconds)
+    done = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: done.set())
+    try:
+        stand_in.start()
+        if port_file:
+            _write_port_file(port_file, stand_in.port)
+        out.write("model stand-in listening on %s\n" % stand_in.base_url)
+        out.flush()
+        while not done.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stand_in.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Add the CLI options (``--host --port --port-file --log --slow-seconds``) to ``parser``."""
+    parser = parser or argparse.ArgumentParser(
+        prog="model_stand_in",
+        description="Offline stand-in for the OpenAI Responses API used by the demo and tests.")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_CLI_PORT,
+                        help="TCP port, 0 for any free port (default %d)" % DEFAULT_CLI_PORT)
+    parser.add_argument("--port-file", default=None, help="write the bound port to this file")
+    parser.add_argument("--log", default=None, help="append every recorded request to this JSONL file")
+    parser.add_argument("--slow-seconds", type=float, default=20.0,
+                        help="duration of a SLOW reply in seconds (default 20)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: ``python -m hermes_sessions.model_stand_in [--host H] [--port 8765]
+    [--port-file F] [--log F] [--slow-seconds S]``. Runs until SIGINT/SIGTERM; returns 0
+    (2 for a non-loopback host)."""
+    args = build_arg_parser().parse_args(argv)
+    try:
+        return run_foreground(host=args.host, port=args.port, port_file=args.port_file,
+                              log_path=args.log, slow_seconds=args.slow_seconds)
+    except ValueError as exc:
+        print("model stand-in: %s" % exc, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""What an API client may choose for a session's codex settings (``Session.model_config``).
+
+Codex runs on the worker's host, so its powers are the operator's to grant: clients choose only
+within this policy. The working directory is never client-chosen: each session gets its own
+directory under ``settings.CODEX_WORK_ROOT``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+# Sandboxes an ordinary client may pick; "danger-full-access" is staff-only.
+CLIENT_SANDBOXES = ("read-only", "workspace-write")
+STAFF_SANDBOXES = CLIENT_SANDBOXES + ("danger-full-access",)
+# Approval policies codex 0.169.0 accepts on thread/start (protocol.md §3.1). Approvals themselves
+# are always answered "decline" by the worker: no human is there to approve.
+APPROVAL_POLICIES = ("never", "on-request", "untrusted")
+DEFAULTS: dict[str, Any] = {"sandbox": "read-only", "approval_policy": "never"}
+MAX_INSTRUCTIONS_CHARS = 20_000
+
+
+class PolicyError(ValueError):
+    """A requested setting is outside what the operator allows. ``.field`` names the key;
+    ``.forbidden`` is True when the value exists but needs staff rights (HTTP 403 rather than 400)."""
+
+    def __init__(self, field: str, message: str, *, forbidden: bool = False):
+        super().__init__(message)
+        self.field = field
+        self.forbidden = forbidden
+
+
+def validate_model_config(config: Any, *, is_staff: bool = False) -> dict[str, Any]:
+    """Return the cleaned ``model_config`` dict or raise ``PolicyError``.
+
+    Accepted keys: ``model`` (str ≤ 100), ``developer_instructions`` (str ≤ 20,000 chars),
+    ``sandbox`` (``read-only`` | ``workspace-write``; ``danger-full-access`` for staff),
+    ``approval_policy`` (``never`` | ``on-request`` | ``untrusted``). Anything else is refused,
+    including ``cwd``, which the server assigns.
+    """
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise PolicyError("model_config", "model_config must be a JSON object.")
+    cleaned: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == "model":
+            if not isinstance(value, str) or not value or len(value) > 100:
+                raise PolicyError(key, "model must be a non-empty string of at most 100 characters.")
+        elif key == "developer_instructions":
+            if not isinstance(value, str) or len(value) > MAX_INSTRUCTIONS_CHARS:
+                raise PolicyError(key, f"developer_instructions must be a string of at most {MAX_INSTRUCTIONS_CHARS} characters.")
+        elif key == "sandbox":
+            if value not in STAFF_SANDBOXES:
+                raise PolicyError(key, f"sandbox must be one of {', '.join(CLIENT_SANDBOXES)}.")
+            if value not in CLIENT_SANDBOXES and not is_staff:
+                raise PolicyError(key, f"sandbox {value!r} is reserved to staff.", forbidden=True)
+        elif key == "approval_policy":
+            if value not in APPROVAL_POLICIES:
+                raise PolicyError(key, f"approval_policy must be one of {', '.join(APPROVAL_POLICIES)}.")
+        elif key == "cwd":
+            raise PolicyError(key, "cwd is assigned by the server (one directory per session); it cannot be set.", forbidden=True)
+        else:
+            raise PolicyError(key, f"unknown model_config key {key!r}.")
+        cleaned[key] = value
+    return cleaned
+
+
+def session_workdir(session_id: str) -> Path:
+    """The session's codex working directory: ``CODEX_WORK_ROOT/<session id>`` (created on use).
+    Session ids are validated by ``models.session_id_validator`` so they cannot escape the root."""
+    root = Path(settings.CODEX_WORK_ROOT).resolve()
+    path = (root / session_id).resolve()
+    if root not in path.parents:
+        raise PolicyError("id", "session id escapes the work root")
+    return path
+
+
+def effective_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """The settings a turn runs with: defaults overlaid with the session's cleaned config."""
+    merged = dict(DEFAULTS)
+    merged.update({k: v for k, v in (model_config or {}).items() if k in ("model", "developer_instructions", "sandbox", "approval_policy")})
+    return merged

@@ -1,0 +1,103 @@
+"""Shared fixtures. The suite runs on PostgreSQL (``DATABASE_URL``); see README "Tests"."""
+import pytest
+from django.conf import settings
+
+
+def pytest_configure(config):
+    # SQLite hides locking, NUL-byte and length faults; refuse to run the suite on it.
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if "postgresql" not in engine:
+        raise pytest.UsageError(
+            "The test suite needs PostgreSQL: set DATABASE_URL=postgres://… (make test does this)."
+        )
+
+
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+SCRIPTED_APP_SERVER = Path(__file__).parent / "codex" / "scripted_app_server.py"
+REAL_CODEX_GLOB = "node_modules/@openai/codex-linux-*/vendor/*/bin/codex"
+
+
+@pytest.fixture
+def codex_dirs(tmp_path, settings):
+    """Per-test CODEX_HOME, HOME and work root (absolute, as codex requires)."""
+    settings.CODEX_HOME = tmp_path / "codex_home"
+    settings.CODEX_USER_HOME = tmp_path / "codex_user_home"
+    settings.CODEX_WORK_ROOT = tmp_path / "work"
+    return tmp_path
+
+
+class ScriptedCodex:
+    """Handle on the scripted app-server stand-in (tests/codex/scripted_app_server.py)."""
+
+    def __init__(self, state: Path):
+        self.state = state
+        state.mkdir(parents=True, exist_ok=True)
+
+    def script(self, actions: dict) -> None:
+        """Fault script: ``{method: [action, …]}`` (see the stand-in's docstring)."""
+        (self.state / "script.json").write_text(json.dumps(actions))
+
+    def calls(self) -> list[dict]:
+        path = self.state / "methods.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def processes(self) -> list[list[str]]:
+        """Request methods grouped per app-server process, in spawn order."""
+        groups: dict[int, list[str]] = {}
+        for call in self.calls():
+            groups.setdefault(call["pid"], []).append(call["method"])
+        return list(groups.values())
+
+    def turn_inputs(self) -> list[str]:
+        return [
+            "".join(part.get("text", "") for part in c["params"]["input"])
+            for c in self.calls()
+            if c["method"] == "turn/start"
+        ]
+
+    def remove_rollout(self, thread_id: str) -> None:
+        (self.state / "rollouts" / f"{thread_id}.jsonl").unlink()
+
+
+@pytest.fixture
+def scripted_codex(codex_dirs, settings) -> ScriptedCodex:
+    """Point the worker code at the scripted app-server stand-in instead of the real binary."""
+    state = codex_dirs / "scripted"
+    settings.CODEX_APP_SERVER_COMMAND = json.dumps(
+        ["/usr/bin/env", f"SCRIPTED_STATE_DIR={state}", sys.executable, str(SCRIPTED_APP_SERVER)]
+    )
+    settings.CODEX_REQUEST_TIMEOUT = 5.0
+    settings.CODEX_TURN_TIMEOUT = 10.0
+    return ScriptedCodex(state)
+
+
+@pytest.fixture
+def real_codex_bin(settings) -> str:
+    """The pinned native codex binary; the suite fails (not skips) without it — run `make install`."""
+    found = sorted(Path(settings.BASE_DIR).glob(REAL_CODEX_GLOB))
+    assert found, f"codex binary missing ({REAL_CODEX_GLOB}); run `make install`"
+    return str(found[0])
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user(username="alice", password="pw")
+
+
+@pytest.fixture
+def run_turn_now(django_capture_on_commit_callbacks):
+    """Enqueue a turn and run the real task code for it (and any turn it dispatches) in-process."""
+    from hermes_sessions import services
+
+    def run(*, session, text, user):
+        with django_capture_on_commit_callbacks(execute=True):
+            turn = services.turn_enqueue(session=session, input_text=text, user=user)
+        turn.refresh_from_db()
+        return turn
+
+    return run
