@@ -13,7 +13,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
-SESSION_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+SESSION_ID_RE = r"\A[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z"
 session_id_validator = RegexValidator(
     SESSION_ID_RE,
     "A session id is 1-64 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit.",

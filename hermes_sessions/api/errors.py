@@ -1,5 +1,117 @@
+"""The API's error shape and the mapping from domain errors to HTTP statuses.
+
+Every error response is a JSON object with a human-readable ``detail`` string and a machine
+``code``; validation errors add ``errors`` (DRF's per-field lists). Mapping:
+
+==============================================  ======  ========================
+exception                                       status  code
+==============================================  ======  ========================
+``services.SessionIdTaken``                     409     ``session_id_taken``
+``services.InvalidInput``                       400     ``invalid_input``
+other ``services.ServiceError``                 400     ``refused``
+``policy.PolicyError`` (``forbidden``)          403     ``forbidden_setting``
+``policy.PolicyError``                          400     ``invalid_setting``
+Django ``ValidationError`` (``full_clean``)     400     ``invalid``
+Django ``RequestDataTooBig``                    413     ``request_too_large``
+other Django ``SuspiciousOperation``            400     ``bad_request``
+DRF ``APIException`` (parse errors, 401, 404…)  as DRF  DRF's code
+==============================================  ======  ========================
+
+Anything else is a bug: it is not caught here, so Django logs it and answers 500 (invariant I6
+says known bad input must never get that far; the tests pin each row above).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import exceptions, status
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from .. import policy, services
 
-def exception_handler(exc, context):
-    return drf_exception_handler(exc, context)
+security_logger = logging.getLogger("django.security")
+
+
+class Conflict(exceptions.APIException):
+    """409: the request collides with existing state (e.g. a taken session id)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The request conflicts with existing data."
+    default_code = "conflict"
+
+
+class BadRequest(exceptions.APIException):
+    """400 with a single reason (as opposed to DRF's per-field ``ValidationError``)."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "Bad request."
+    default_code = "bad_request"
+
+
+class RequestTooLarge(exceptions.APIException):
+    """413: the body is larger than ``settings.DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is too large."
+    default_code = "request_too_large"
+
+
+def _translate(exc: Exception) -> tuple[Exception, dict[str, Any]]:
+    """Map a domain or Django exception to a DRF ``APIException`` plus extra body fields."""
+    if isinstance(exc, services.SessionIdTaken):
+        return Conflict(str(exc), code="session_id_taken"), {"field": "id"}
+    if isinstance(exc, services.InvalidInput):
+        return BadRequest(str(exc), code="invalid_input"), {"field": "input"}
+    if isinstance(exc, services.ServiceError):
+        return BadRequest(str(exc), code="refused"), {}
+    if isinstance(exc, policy.PolicyError):
+        field = f"model_config.{exc.field}" if exc.field != "model_config" else exc.field
+        if exc.forbidden:
+            return exceptions.PermissionDenied(str(exc), code="forbidden_setting"), {"field": field}
+        return BadRequest(str(exc), code="invalid_setting"), {"field": field}
+    if isinstance(exc, DjangoValidationError):
+        errors = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        return exceptions.ValidationError(errors, code="invalid"), {}
+    if isinstance(exc, RequestDataTooBig):
+        return RequestTooLarge(), {}
+    if isinstance(exc, SuspiciousOperation):
+        security_logger.warning("refused request: %s", exc)
+        return BadRequest(str(exc) or BadRequest.default_detail), {}
+    return exc, {}
+
+
+def _summary(errors: Any) -> str:
+    """One line out of DRF's nested validation errors: ``"input: This field is required."``."""
+    if isinstance(errors, dict):
+        parts = []
+        for key, value in errors.items():
+            text = _summary(value)
+            parts.append(text if key in ("non_field_errors", "detail") else f"{key}: {text}")
+        return "; ".join(parts)
+    if isinstance(errors, (list, tuple)):
+        return " ".join(_summary(item) for item in errors)
+    return str(errors)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]):
+    """DRF ``EXCEPTION_HANDLER``: domain errors become 4xx JSON ``{"detail", "code", …}``.
+
+    Returns ``None`` (→ Django's 500 and its logging) for anything it does not know, on purpose:
+    an unexpected exception is a bug to see, not a client error to paper over.
+    """
+    exc, extra = _translate(exc)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        response.data = {"detail": _summary(response.data) or "Invalid input.", "code": "invalid", "errors": response.data}
+    elif isinstance(exc, exceptions.APIException) and isinstance(response.data, dict):
+        codes = exc.get_codes()
+        if isinstance(codes, str):
+            response.data.setdefault("code", codes)
+    if isinstance(response.data, dict):
+        response.data.update(extra)
+    return response

@@ -1,0 +1,22 @@
+"""Pagination for the API's lists."""
+from __future__ import annotations
+
+from rest_framework.pagination import CursorPagination, PageNumberPagination
+
+
+class StandardPagination(PageNumberPagination):
+    """Page-numbered lists (sessions, notices): ``?page=N``, ``?page_size=`` up to 500 (default 50)."""
+
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class TranscriptPagination(CursorPagination):
+    """The transcript in ``seq`` order. A cursor (not an offset) so rows appended while a client
+    pages never shift or repeat a page; ``seq`` is unique within a session. ``?page_size=`` up to 500."""
+
+    ordering = "seq"
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500

@@ -1,0 +1,161 @@
+"""REST API views: parse and check the request, call a service or selector, serialize.
+
+A user sees and drives only their own sessions (invariant I7): every lookup goes through a
+selector scoped to ``request.user``, and anything not found that way is a 404 — including ids that
+are malformed, so bad ids never reach the database. Domain errors are mapped to 4xx in
+``api.errors``.
+"""
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import generics, status
+from rest_framework.exceptions import NotFound
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from .. import selectors, services
+from ..models import Message, Notice, Session, Turn
+from .pagination import StandardPagination, TranscriptPagination
+from .serializers import (
+    MessageSerializer,
+    NoticeSerializer,
+    SessionCreateSerializer,
+    SessionSerializer,
+    TurnCreateSerializer,
+    TurnSerializer,
+)
+
+
+SESSION_ID_PARAM = OpenApiParameter(
+    "session_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The session id (see POST /api/sessions/)."
+)
+
+
+class _ApiView(generics.GenericAPIView):
+    """Common settings: JSON bodies only. DRF reads a JSON body through Django's ``request.body``,
+    which enforces ``settings.DATA_UPLOAD_MAX_MEMORY_SIZE`` (``RequestDataTooBig`` → 413 in
+    ``api.errors``)."""
+
+    parser_classes = [JSONParser]
+
+    def get_session(self) -> Session:
+        """The caller's session named by the ``session_id`` URL segment, or 404."""
+        try:
+            return selectors.session_get(user=self.request.user, session_id=self.kwargs["session_id"])
+        except Session.DoesNotExist as exc:
+            raise NotFound("No such session.") from exc
+
+
+@extend_schema_view(
+    get=extend_schema(summary="List your sessions", responses=SessionSerializer(many=True)),
+    post=extend_schema(
+        summary="Create a session",
+        request=SessionCreateSerializer,
+        responses={
+            201: SessionSerializer,
+            400: OpenApiResponse(description="Malformed id or body, or a model_config setting outside policy."),
+            403: OpenApiResponse(description="A model_config setting reserved to staff."),
+            409: OpenApiResponse(description="The session id is taken."),
+        },
+    ),
+)
+class SessionListCreateView(_ApiView, generics.ListCreateAPIView):
+    """``GET /api/sessions/`` (paginated) and ``POST /api/sessions/``."""
+
+    serializer_class = SessionSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self):
+        return selectors.session_list(user=self.request.user)
+
+    def create(self, request: Request, *args, **kwargs) -> Response:
+        body = SessionCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        session = services.session_create(
+            owner=request.user,
+            session_id=body.validated_data.get("id") or None,
+            title=body.validated_data.get("title", ""),
+            model_config=body.validated_data.get("model_config") or {},
+        )
+        session = selectors.session_get(user=request.user, session_id=session.id)
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(summary="Get one of your sessions", parameters=[SESSION_ID_PARAM])
+class SessionDetailView(_ApiView, generics.RetrieveAPIView):
+    """``GET /api/sessions/{id}/``."""
+
+    serializer_class = SessionSerializer
+    queryset = Session.objects.none()  # lookups go through get_session(); this only names the model
+
+    def get_object(self) -> Session:
+        return self.get_session()
+
+
+@extend_schema(
+    summary="Send an input to a session (queues a turn)",
+    parameters=[SESSION_ID_PARAM],
+    request=TurnCreateSerializer,
+    responses={
+        202: TurnSerializer,
+        400: OpenApiResponse(description="Missing, empty, non-string or too long input."),
+        404: OpenApiResponse(description="No such session."),
+    },
+)
+class TurnCreateView(_ApiView):
+    """``POST /api/sessions/{id}/turns/`` → 202 with the queued turn; a worker runs it."""
+
+    serializer_class = TurnCreateSerializer
+    queryset = Turn.objects.none()
+
+    def post(self, request: Request, session_id: str) -> Response:
+        session = self.get_session()
+        body = TurnCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        turn = services.turn_enqueue(session=session, input_text=body.validated_data["input"], user=request.user)
+        return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(
+    summary="Get one of your turns",
+    parameters=[OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+)
+class TurnDetailView(_ApiView, generics.RetrieveAPIView):
+    """``GET /api/turns/{id}/``."""
+
+    serializer_class = TurnSerializer
+    queryset = Turn.objects.none()
+
+    def get_object(self) -> Turn:
+        try:
+            return selectors.turn_get(user=self.request.user, turn_id=self.kwargs["turn_id"])
+        except Turn.DoesNotExist as exc:
+            raise NotFound("No such turn.") from exc
+
+
+@extend_schema(summary="A session's transcript, in seq order", parameters=[SESSION_ID_PARAM])
+class MessageListView(_ApiView, generics.ListAPIView):
+    """``GET /api/sessions/{id}/messages/`` — cursor-paginated by ``seq``."""
+
+    serializer_class = MessageSerializer
+    pagination_class = TranscriptPagination
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
+            return Message.objects.none()
+        return selectors.message_list(session=self.get_session())
+
+
+@extend_schema(summary="A session's notices, newest first", parameters=[SESSION_ID_PARAM])
+class NoticeListView(_ApiView, generics.ListAPIView):
+    """``GET /api/sessions/{id}/notices/``."""
+
+    serializer_class = NoticeSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
+            return Notice.objects.none()
+        return selectors.notice_list(session=self.get_session())

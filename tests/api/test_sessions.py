@@ -1,0 +1,181 @@
+"""REST API: creating, listing and reading sessions; isolation between users; error mapping."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import reverse
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from hermes_sessions.models import Session
+from tests.factories import CodexBindingFactory, NoticeFactory, SessionFactory, TurnFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+LIST_URL = "/api/sessions/"
+
+
+@pytest.fixture
+def user():
+    return UserFactory()
+
+
+@pytest.fixture
+def client(user):
+    api = APIClient()
+    api.force_authenticate(user)
+    return api
+
+
+def post_json(client, url, body):
+    return client.post(url, data=json.dumps(body), content_type="application/json")
+
+
+def test_unauthenticated_requests_are_refused():
+    anonymous = APIClient()
+    session = SessionFactory()
+    for url in (LIST_URL, f"/api/sessions/{session.id}/", f"/api/sessions/{session.id}/messages/"):
+        assert anonymous.get(url).status_code in (401, 403)
+    assert anonymous.post(LIST_URL, {"title": "x"}, format="json").status_code in (401, 403)
+    assert not Session.objects.exclude(pk=session.pk).exists()
+
+
+def test_token_authentication_works(user):
+    token = Token.objects.create(user=user)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert api.get(LIST_URL).status_code == 200
+
+
+def test_create_session_with_chosen_id(client, user):
+    response = post_json(client, LIST_URL, {"id": "sess-codex-restart", "title": "Restart demo"})
+    assert response.status_code == 201, response.content
+    assert response.json()["id"] == "sess-codex-restart"
+    assert response.json()["codex_thread_id"] is None
+    session = Session.objects.get(pk="sess-codex-restart")
+    assert session.owner == user
+    assert session.title == "Restart demo"
+
+
+def test_create_session_without_id_generates_one(client):
+    response = post_json(client, LIST_URL, {})
+    assert response.status_code == 201, response.content
+    assert response.json()["id"].startswith("sess-")
+
+
+def test_duplicate_session_id_is_409_even_when_another_user_owns_it(client):
+    SessionFactory(id="taken-id")
+    response = post_json(client, LIST_URL, {"id": "taken-id"})
+    assert response.status_code == 409
+    body = response.json()
+    assert "taken" in body["detail"]
+    assert body["code"] == "session_id_taken"
+
+
+@pytest.mark.parametrize("bad_id", ["bad id", "-leading-dash", "x" * 65, "abc\n", "a/b", "a\u0000b", 42, ["a"]])
+def test_malformed_session_id_is_400(client, bad_id):
+    response = post_json(client, LIST_URL, {"id": bad_id})
+    assert response.status_code == 400, response.content
+    assert response.json()["detail"]
+    assert not Session.objects.exists()
+
+
+def test_session_ids_with_dots_and_colons_route(client):
+    assert post_json(client, LIST_URL, {"id": "a.b:c"}).status_code == 201
+    assert client.get("/api/sessions/a.b:c/").json()["id"] == "a.b:c"
+    assert client.get("/api/sessions/a.b:c/messages/").status_code == 200
+    assert client.get("/api/sessions/a.b:c/notices/").status_code == 200
+    assert reverse("api:session-detail", kwargs={"session_id": "a.b:c"}) == "/api/sessions/a.b:c/"
+
+
+def test_staff_only_sandbox_is_403_for_a_regular_user(client):
+    response = post_json(client, LIST_URL, {"model_config": {"sandbox": "danger-full-access"}})
+    assert response.status_code == 403
+    assert "staff" in response.json()["detail"]
+    assert response.json()["field"] == "model_config.sandbox"
+    assert not Session.objects.exists()
+
+
+def test_staff_may_choose_the_staff_only_sandbox():
+    staff = UserFactory(is_staff=True)
+    api = APIClient()
+    api.force_authenticate(staff)
+    response = post_json(api, LIST_URL, {"model_config": {"sandbox": "danger-full-access"}})
+    assert response.status_code == 201, response.content
+    assert response.json()["model_config"] == {"sandbox": "danger-full-access"}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"temperature": 2}, {"sandbox": "everything"}, {"approval_policy": "always"}, {"model": ""}],
+)
+def test_model_config_outside_policy_is_400(client, config):
+    response = post_json(client, LIST_URL, {"model_config": config})
+    assert response.status_code == 400, response.content
+    assert response.json()["detail"]
+    assert not Session.objects.exists()
+
+
+def test_model_config_must_be_an_object(client):
+    assert post_json(client, LIST_URL, {"model_config": ["sandbox"]}).status_code == 400
+
+
+def test_model_config_is_stored_cleaned(client):
+    config = {"model": "gpt-5", "sandbox": "workspace-write", "approval_policy": "never"}
+    response = post_json(client, LIST_URL, {"id": "cfg", "model_config": config})
+    assert response.status_code == 201
+    assert Session.objects.get(pk="cfg").model_config == config
+
+
+def test_list_shows_only_own_sessions_with_counts(client, user):
+    mine = SessionFactory(owner=user)
+    SessionFactory()  # someone else's
+    TurnFactory(session=mine, seq=1)
+    TurnFactory(session=mine, seq=2)
+    binding = CodexBindingFactory(session=mine)
+    CodexBindingFactory(session=mine, status="ended")
+    NoticeFactory(session=mine)
+    response = client.get(LIST_URL)
+    assert response.status_code == 200
+    rows = response.json()["results"]
+    assert [row["id"] for row in rows] == [mine.id]
+    assert rows[0]["codex_thread_id"] == binding.thread_id
+    assert rows[0]["turn_count"] == 2
+    assert rows[0]["unacknowledged_notice_count"] == 1
+
+
+def test_list_costs_the_same_queries_for_many_sessions(client, user, django_assert_max_num_queries):
+    for _ in range(6):
+        session = SessionFactory(owner=user)
+        TurnFactory(session=session, seq=1)
+        NoticeFactory(session=session)
+        CodexBindingFactory(session=session)
+    with django_assert_max_num_queries(3):  # auth is forced; count + page
+        assert len(client.get(LIST_URL).json()["results"]) == 6
+
+
+def test_detail_of_another_users_session_is_404(client):
+    other = SessionFactory()
+    response = client.get(f"/api/sessions/{other.id}/")
+    assert response.status_code == 404
+    assert response.json()["detail"]
+
+
+@pytest.mark.parametrize("path", ["/api/sessions/nope/", "/api/sessions/%00/", "/api/sessions/" + "x" * 300 + "/"])
+def test_unknown_or_malformed_session_id_is_json_404(client, path):
+    response = client.get(path)
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("application/json")
+
+
+def test_detail_shows_fields(client, user):
+    session = SessionFactory(owner=user, title="T", model_config={"model": "m"})
+    binding = CodexBindingFactory(session=session)
+    body = client.get(f"/api/sessions/{session.id}/").json()
+    assert body["id"] == session.id
+    assert body["title"] == "T"
+    assert body["model_config"] == {"model": "m"}
+    assert body["codex_thread_id"] == binding.thread_id
+    for key in ("created_at", "updated_at", "last_activity", "turn_count", "unacknowledged_notice_count"):
+        assert key in body
