@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/hermes
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install demo test e2e bench services migrate run worker clean
+.PHONY: install demo test e2e bench lint services migrate run worker clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,10 @@ demo: install
 services:
 	@scripts/ensure_services.sh "$(TEST_DATABASE_URL)" "$(TEST_BROKER_URL)"
 
-test: install services
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install services lint
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 \
 		$(VENV)/bin/pytest $(PYTEST_ARGS)
 

@@ -258,7 +258,7 @@ def test_non_loopback_host_is_refused(host):
 def test_lifecycle_port_base_url_and_idempotent_stop():
     stand_in = ModelStandIn()
     with pytest.raises(RuntimeError):
-        stand_in.port
+        _ = stand_in.port
     assert stand_in.start() is stand_in
     port = stand_in.port
     assert port > 0

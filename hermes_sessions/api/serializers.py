@@ -7,9 +7,9 @@ errors (mapped in ``api.errors``). Output serializers read annotated rows from `
 from __future__ import annotations
 
 from django.core.validators import ProhibitNullCharactersValidator
-from rest_framework.validators import ProhibitSurrogateCharactersValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from ..models import Message, Notice, Session, Turn
 from ..selectors import is_valid_session_id

@@ -27,7 +27,6 @@ from .serializers import (
     TurnSerializer,
 )
 
-
 SESSION_ID_PARAM = OpenApiParameter(
     "session_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The session id (see POST /api/sessions/)."
 )
