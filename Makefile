@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # The test suite's PostgreSQL and Redis (a broker). Override on the command line if yours differ.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/hermes
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
+# A queue of its own per run, so two test runs on one broker never take each other's turns.
+TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 
 .PHONY: install demo test e2e bench lint services migrate run worker clean
 
@@ -36,11 +38,11 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install services lint
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 \
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
 		$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 e2e: install services
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 \
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
 		$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
 
 bench: install services
