@@ -91,6 +91,9 @@ class Turn(models.Model):
     timings = models.JSONField(default=dict, blank=True)
     attempt = models.PositiveIntegerField(default=0)
     claim_token = models.UUIDField(null=True, blank=True)
+    # The claiming worker renews this while it runs the turn; past it, the sweep takes the turn back.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -99,7 +102,10 @@ class Turn(models.Model):
     class Meta:
         ordering = ["session", "seq"]
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="turn_unique_session_seq")]
-        indexes = [models.Index(fields=["session", "status", "seq"])]
+        indexes = [
+            models.Index(fields=["session", "status", "seq"]),
+            models.Index(fields=["status", "lease_expires_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.session_id}#{self.seq} ({self.status})"
@@ -212,3 +218,25 @@ class Notice(models.Model):
     @property
     def acknowledged(self) -> bool:
         return self.acknowledged_at is not None
+
+
+class IdempotencyKey(models.Model):
+    """A client's ``Idempotency-Key`` for one POST endpoint, scoped per user.
+
+    The same key with the same body returns the object the first request created; the same key
+    with a different body is refused (422). Rows older than ``settings.HERMES_IDEMPOTENCY_TTL``
+    seconds are deleted by the sweep.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    scope = models.CharField(max_length=200, help_text="endpoint, e.g. 'sessions' or 'turns:<session id>'")
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    object_id = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "scope", "key"], name="idempotency_unique_user_scope_key")]
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.key}"

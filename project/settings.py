@@ -129,6 +129,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Redis redelivers an unacknowledged task after this many seconds; it must exceed the longest turn.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("HERMES_VISIBILITY_TIMEOUT", "3600"))}
+CELERY_BEAT_SCHEDULE = {
+    "sweep-turns": {"task": "hermes_sessions.tasks.sweep_turns", "schedule": float(os.environ.get("HERMES_SWEEP_SECONDS", "10"))},
+}
 
 # --- Codex app-server ---------------------------------------------------------------------------
 # The native binary shipped by the pinned npm package (package.json); the node wrapper is avoided
@@ -152,6 +157,16 @@ CODEX_REQUEST_TIMEOUT = env_float("CODEX_REQUEST_TIMEOUT", 30.0)  # seconds, eac
 CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/start → turn/completed
 CODEX_MAX_FRAME_BYTES = int(os.environ.get("CODEX_MAX_FRAME_BYTES", str(64 * 1024 * 1024)))
 HISTORY_SEED_MAX_CHARS = int(os.environ.get("HERMES_HISTORY_SEED_MAX_CHARS", "32000"))
+
+# --- Durability (see hermes_sessions/services/recovery.py) --------------------------------------
+HERMES_LEASE_SECONDS = env_float("HERMES_LEASE_SECONDS", 30.0)  # a running turn's claim, renewed by its worker
+HERMES_HEARTBEAT_SECONDS = env_float("HERMES_HEARTBEAT_SECONDS", 1.0)  # renewal and cancel-check interval
+HERMES_SWEEP_SECONDS = env_float("HERMES_SWEEP_SECONDS", 10.0)
+HERMES_MAX_ATTEMPTS = int(os.environ.get("HERMES_MAX_ATTEMPTS", "3"))  # claims of one turn before it fails
+HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # queued this long at the head: send again
+# Backoff (seconds) for retryable codex failures before turn/start (active writer, transport blip).
+HERMES_RETRY_DELAYS = tuple(float(x) for x in os.environ.get("HERMES_RETRY_DELAYS", "0.5,1,2,4,8").split(",") if x)
+HERMES_IDEMPOTENCY_TTL = int(os.environ.get("HERMES_IDEMPOTENCY_TTL", str(24 * 3600)))
 
 LOGGING = {
     "version": 1,

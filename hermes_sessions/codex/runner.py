@@ -12,16 +12,32 @@ Only that one answer rotates (``errors.is_thread_gone``); every other failure en
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .client import AppServerClient
-from .errors import CodexError, ErrorClass, JsonRpcError, TransportError, TurnTimeout, classify, is_thread_gone
+from .errors import (
+    OVERLOADED,
+    CodexError,
+    ErrorClass,
+    JsonRpcError,
+    TransportError,
+    TurnTimeout,
+    classify,
+    is_thread_gone,
+)
 from .projection import ItemProjector
 
+logger = logging.getLogger(__name__)
+
 INTERRUPT_GRACE_SECONDS = 5.0
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.25
+# codex answers -32001 "Server overloaded; retry later." when its queue is full: back off and retry.
+OVERLOAD_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 4.0)
+THREAD_NOT_FOUND_PREFIX = "thread not found: "
 
 _SANDBOX_POLICY = {
     "read-only": lambda cwd: {"type": "readOnly"},
@@ -46,6 +62,25 @@ class TurnSpec:
     developer_instructions: str | None = None
     fresh_input: Callable[[], str] | None = None
     turn_timeout: float = 600.0
+    # Our turn id, sent as turn/start's clientUserMessageId; codex keeps it on the turn's
+    # userMessage item (``clientId``), so a re-run after a crash can find the turn codex already ran.
+    client_turn_id: str | None = None
+    adopt_completed: bool = False
+    control: TurnControl | None = None
+
+
+class TurnControl:
+    """Signals from outside the runner (the lease heartbeat): ``interrupt`` asks codex to stop the
+    turn (``turn/interrupt``; it then ends ``interrupted``); ``abandon`` means this worker no longer
+    holds the turn — stop at once and commit nothing."""
+
+    def __init__(self) -> None:
+        self.interrupt = threading.Event()
+        self.abandon = threading.Event()
+
+
+class TurnAbandoned(CodexError):
+    """The worker lost its claim on the turn (lease expired, turn taken back); nothing is committed."""
 
 
 @dataclass
@@ -69,17 +104,20 @@ class TurnOutcome:
     timings: dict[str, Any] = field(default_factory=dict)
     rotated_from: str | None = None
     rotation_reason: str = ""
+    adopted: bool = False  # codex had already completed this turn (a re-run after a crash)
 
 
 class TurnRunError(CodexError):
     """The turn could not be run to ``turn/completed``. ``outcome`` holds what was learnt before
     the failure (notably ``rotated_from``); ``error_class`` is ``errors.classify`` of the cause."""
 
-    def __init__(self, reason: str, outcome: TurnOutcome, cause: BaseException | None = None):
+    def __init__(self, reason: str, outcome: TurnOutcome, cause: BaseException | None = None, *, before_turn_start: bool = True):
         super().__init__(reason)
         self.outcome = outcome
         self.cause = cause
         self.error_class = classify(cause) if cause is not None else ErrorClass.FAIL
+        # True when codex never saw turn/start: the whole run can be retried without running the input twice.
+        self.before_turn_start = before_turn_start
 
 
 def _ms(since: float) -> float:
@@ -124,7 +162,7 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
         try:
             # A plain resume (no overrides) writes nothing to the rollout (portability.md §4);
             # excludeTurns: our transcript is the source of truth (I5), and it is faster.
-            client.request("thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
+            _request(client, "thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
             out.thread_action, out.thread_id = "resumed", spec.thread_id
         except CodexError as exc:
             if not is_thread_gone(exc):
@@ -133,7 +171,7 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
             out.rotated_from, out.rotation_reason = spec.thread_id, exc.message  # type: ignore[attr-defined]
     if not out.thread_action:
         try:
-            result = client.request("thread/start", thread_params)
+            result = _request(client, "thread/start", thread_params)
         except CodexError as exc:
             out.methods = client.sent_methods[first:]
             raise TurnRunError(_describe("thread/start", exc), out, exc) from exc
@@ -142,6 +180,13 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
         if spec.fresh_input is not None:
             text = spec.fresh_input()
     out.methods = client.sent_methods[first:]
+    if out.thread_action == "resumed" and spec.adopt_completed and spec.client_turn_id:
+        try:
+            if _adopt_completed_turn(client, spec, out):
+                out.timings["thread_ms"] = _ms(t0)
+                return out
+        except CodexError as exc:
+            raise TurnRunError(_describe("thread/turns/list", exc), out, exc) from exc
     out.timings["thread_ms"] = _ms(t0)
 
     turn_params: dict[str, Any] = {
@@ -153,18 +198,62 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
     }
     if spec.model:
         turn_params["model"] = spec.model
+    if spec.client_turn_id:
+        turn_params["clientUserMessageId"] = spec.client_turn_id
     t1 = time.monotonic()
     try:
-        started = client.request("turn/start", turn_params)
+        try:
+            started = _request(client, "turn/start", turn_params)
+        except JsonRpcError as exc:
+            # codex 0.169.0: "thread not found: <id>" when the thread is not loaded in this process
+            # (e.g. unloaded since the resume): resume it, then retry once.
+            if not exc.message.startswith(THREAD_NOT_FOUND_PREFIX):
+                raise
+            _request(client, "thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
+            started = _request(client, "turn/start", turn_params)
         out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
         _drive(client, spec, out)
     except TurnRunError:
         raise
     except CodexError as exc:
-        raise TurnRunError(_describe("turn", exc), out, exc) from exc
+        raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=False) from exc
     finally:
         out.timings["turn_ms"] = _ms(t1)
     return out
+
+
+def _request(client: AppServerClient, method: str, params: dict) -> dict:
+    """``client.request`` that backs off and retries on -32001 overload (codex's own advice)."""
+    for delay in (*OVERLOAD_BACKOFF_SECONDS, None):
+        try:
+            return client.request(method, params)
+        except JsonRpcError as exc:
+            if exc.code != OVERLOADED or delay is None:
+                raise
+            logger.info("codex %s overloaded; retrying in %.1f s", method, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _adopt_completed_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> bool:
+    """If codex already completed this turn (its userMessage carries our ``clientId``), project that
+    turn into ``out`` and return True: a re-run after a crash must not run the input twice."""
+    page = _request(client, "thread/turns/list", {"threadId": out.thread_id, "limit": 10, "itemsView": "full"})
+    for turn in page.get("data") or []:
+        items = turn.get("items") or []
+        ours = any(i.get("type") == "userMessage" and i.get("clientId") == spec.client_turn_id for i in items)
+        if not ours:
+            continue
+        if turn.get("status") != "completed":
+            return False  # it did not finish; run it again
+        projector = ItemProjector()
+        for item in items:
+            projector.add(item)
+        out.codex_turn_id = str(turn.get("id") or "")
+        out.status = "completed"
+        out.messages, out.final_text, out.adopted = projector.messages, projector.final_text, True
+        return True
+    return False
 
 
 def _scope(params: dict) -> tuple[str | None, str | None]:
@@ -196,8 +285,16 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
     projector = ItemProjector()
     deadline = time.monotonic() + spec.turn_timeout
     last_error = ""
+    control = spec.control
+    interrupt_sent = False
     try:
         while True:
+            if control is not None:
+                if control.abandon.is_set():
+                    raise TurnAbandoned("this worker no longer holds the turn (lease lost); nothing was committed")
+                if control.interrupt.is_set() and not interrupt_sent:
+                    interrupt_sent = True
+                    _interrupt(client, out)
             left = deadline - time.monotonic()
             if left <= 0:
                 _interrupt_after_timeout(client, out, projector)
@@ -232,11 +329,20 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
         out.final_text = projector.final_text
 
 
-def _interrupt_after_timeout(client: AppServerClient, out: TurnOutcome, projector: ItemProjector) -> None:
-    """Best effort: ask codex to stop the turn and collect what it completed meanwhile."""
+def _interrupt(client: AppServerClient, out: TurnOutcome) -> bool:
+    """Send ``turn/interrupt``; codex 0.169.0 then ends the turn ``interrupted`` within ~12 ms.
+    Returns False when codex refused (e.g. -32600 "no active turn to interrupt")."""
     try:
         client.request("turn/interrupt", {"threadId": out.thread_id, "turnId": out.codex_turn_id}, timeout=INTERRUPT_GRACE_SECONDS)
-    except (CodexError, TransportError):
+        return True
+    except (CodexError, TransportError) as exc:
+        logger.info("turn/interrupt of %s refused: %s", out.codex_turn_id, exc)
+        return False
+
+
+def _interrupt_after_timeout(client: AppServerClient, out: TurnOutcome, projector: ItemProjector) -> None:
+    """Best effort: ask codex to stop the turn and collect what it completed meanwhile."""
+    if not _interrupt(client, out):
         return
     end = time.monotonic() + INTERRUPT_GRACE_SECONDS
     while time.monotonic() < end:

@@ -7,7 +7,7 @@ from hermes_sessions import services
 from hermes_sessions.codex.projection import ItemProjector
 from hermes_sessions.models import Message, Turn
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # the worker heartbeat uses its own connection
 
 ITEMS = [
     {"type": "reasoning", "id": "rs_1", "summary": ["thinking about it"], "content": [{"type": "text", "text": "deeper"}]},

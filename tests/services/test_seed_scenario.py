@@ -9,7 +9,7 @@ from hermes_sessions import services
 from hermes_sessions.history_seed import CURRENT_TURN_MARKER
 from hermes_sessions.models import CodexBinding, Message, Notice, Turn
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # the worker heartbeat uses its own connection
 
 NOTICE = "Codex thread could not be resumed; starting a new one."
 
@@ -83,35 +83,72 @@ def test_fresh_thread_input_carries_the_history_seed_but_the_transcript_does_not
     ]
 
 
-NON_ROTATING = [
-    pytest.param({"error": {"code": -32600, "message": "thread {thread_id} already has an active writer"}},
-                 "already has an active writer", id="active-writer"),
+ACTIVE_WRITER = {"error": {"code": -32600, "message": "thread {thread_id} already has an active writer"}}
+
+# design §3.4: none of these rotate. Transient ones are retried on a new app-server (a dead
+# worker's app-server releases the thread within milliseconds); the rest fail with the reason.
+TRANSIENT = [
+    pytest.param(ACTIVE_WRITER, id="active-writer"),
+    pytest.param({"error": {"code": -32001, "message": "Server overloaded; retry later."}}, id="overloaded"),
+    pytest.param({"exit": 3}, id="process-exits"),
+    pytest.param({"hang": True}, id="resume-times-out"),
+]
+FATAL = [
     pytest.param({"error": {"code": -32600, "message": "session {thread_id} is archived. Run `codex unarchive {thread_id}` to unarchive it first."}},
                  "is archived", id="archived"),
-    pytest.param({"error": {"code": -32001, "message": "Server overloaded; retry later."}}, "overloaded", id="overloaded"),
     pytest.param({"error": {"code": -32603, "message": "internal error"}}, "internal error", id="unknown-error"),
     pytest.param({"error": {"code": -32600, "message": "invalid session id: invalid character"}}, "invalid session id", id="invalid-id"),
-    pytest.param({"exit": 3}, "", id="process-exits"),
-    pytest.param({"hang": True}, "", id="resume-times-out"),
 ]
 
 
-@pytest.mark.parametrize("action,expected", NON_ROTATING)
-def test_non_rotating_resume_errors_keep_the_binding(user, scripted_codex, run_turn_now, settings, action, expected):
+@pytest.fixture
+def bound_session(user, scripted_codex, run_turn_now, settings):
     settings.CODEX_REQUEST_TIMEOUT = 1.0
+    settings.HERMES_RETRY_DELAYS = (0.05, 0.05)
     session = services.session_create(owner=user)
     t1 = run_turn_now(session=session, text="hello one", user=user)
-    thread1 = t1.codex_thread_id
+    return session, t1.codex_thread_id
 
-    scripted_codex.script({"thread/resume": [action]})
-    t2 = run_turn_now(session=session, text="hello two", user=user)
-    assert t2.status == Turn.Status.FAILED
-    assert t2.error and expected in t2.error
-    assert "thread/start" not in scripted_codex.processes()[-1]
-    assert active_binding(session).thread_id == thread1
+
+def assert_untouched(session, thread_id):
+    assert active_binding(session).thread_id == thread_id
     assert not Notice.objects.filter(session=session).exists()
     assert CodexBinding.objects.filter(session=session).count() == 1
 
+
+@pytest.mark.parametrize("action", TRANSIENT)
+def test_transient_resume_errors_are_retried_never_rotated(bound_session, user, scripted_codex, run_turn_now, action):
+    session, thread1 = bound_session
+    scripted_codex.script({"thread/resume": [action]})
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t2.status, t2.thread_action, t2.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", thread1), t2.error
+    calls = [c["method"] for c in scripted_codex.calls()]
+    assert calls.count("thread/resume") == 2  # the failed one, then the retry (same process for -32001)
+    assert calls.count("thread/start") == 1  # turn 1's only
+    assert_untouched(session, thread1)
+
+
+def test_a_writer_that_never_lets_go_fails_the_turn_and_keeps_the_binding(bound_session, user, scripted_codex, run_turn_now):
+    session, thread1 = bound_session
+    scripted_codex.script({"thread/resume": [ACTIVE_WRITER] * 3})
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert t2.status == Turn.Status.FAILED
+    assert "already has an active writer" in t2.error and "binding is kept" in t2.error
+    assert len([p for p in scripted_codex.processes() if "thread/resume" in p]) == 3  # 1 + 2 retries
+    assert_untouched(session, thread1)
+    t3 = run_turn_now(session=session, text="hello three", user=user)
+    assert (t3.status, t3.thread_action, t3.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", thread1)
+
+
+@pytest.mark.parametrize("action,expected", FATAL)
+def test_non_rotating_resume_errors_fail_and_keep_the_binding(bound_session, user, scripted_codex, run_turn_now, action, expected):
+    session, thread1 = bound_session
+    scripted_codex.script({"thread/resume": [action]})
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert t2.status == Turn.Status.FAILED
+    assert expected in t2.error
+    assert "thread/start" not in scripted_codex.processes()[-1]
+    assert_untouched(session, thread1)
     # The binding survived: the next turn resumes the same thread.
     t3 = run_turn_now(session=session, text="hello three", user=user)
     assert (t3.status, t3.thread_action, t3.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", thread1)

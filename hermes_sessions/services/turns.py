@@ -1,13 +1,13 @@
-"""Domain operations — the only code that writes sessions, turns, messages, bindings and notices.
+"""Turn writes. Every function is keyword-only, runs its writes inside one short
+``transaction.atomic`` block under the session's row lock, and never holds a transaction or row lock
+while codex works (invariant I3). The turn lifecycle:
 
-Every function is keyword-only, runs its writes inside one short ``transaction.atomic`` block and
-never holds a transaction or row lock while codex works (invariant I3). The turn lifecycle:
-
-    turn_enqueue  (API)     → Turn(queued); the Celery task is sent after the row commits
-    turn_claim    (worker)  → Turn(running) + the user's message row, if it is the session's next turn
-    … codex runs, no transaction open …
-    turn_finalize (worker)  → transcript rows + binding publish/rotation + notice + turn state, one transaction
-    turn_fail     (worker)  → failed turn with a reason; a proven-dead thread still ends its binding
+    turn_enqueue   (API)     → Turn(queued); the Celery task is sent after the row commits
+    turn_claim     (worker)  → Turn(running, lease) + the user's message row, if it is the session's next turn
+    turn_heartbeat (worker)  → renews the lease while codex works; reports a cancel request or a lost claim
+    turn_finalize  (worker)  → transcript rows + binding publish/rotation + notice + turn state, one transaction
+    turn_fail      (worker)  → failed turn with a reason; a proven-dead thread still ends its binding
+    turn_cancel    (API)     → a queued turn is cancelled; a running one is asked to interrupt
 
 ``turn_finalize`` and ``turn_fail`` are guarded by the claim token, so a second delivery of the same
 task, or a worker that lost its claim, changes nothing (invariant I2).
@@ -15,83 +15,63 @@ task, or a worker that lost its claim, changes nothing (invariant I2).
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Iterable
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from . import policy
-from .codex.client import AppServerClient
-from .codex.launch import app_server_argv, app_server_env, ensure_codex_home
-from .codex.runner import TurnOutcome, TurnRunError, TurnSpec, run_turn
-from .codex.server_requests import make_server_request_handler
-from .history_seed import render_history_seed, seeded_input
-from .models import CodexBinding, Message, Notice, Session, Turn
-from .sanitize import clean_json, clean_text
+from .. import policy
+from ..codex.runner import TurnOutcome
+from ..history_seed import render_history_seed
+from ..models import CodexBinding, Message, Notice, Session, Turn
+from ..sanitize import clean_json, clean_text
+from .errors import InvalidInput, SessionBusy
 
 logger = logging.getLogger(__name__)
 
 NOTICE_THREAD_ROTATED = "Codex thread could not be resumed; starting a new one."
 MAX_INPUT_CHARS = 200_000
 MAX_ERROR_CHARS = 8_000
-
-
-class ServiceError(Exception):
-    """A domain rule refused the operation; ``str(exc)`` is the reason to show the client."""
-
-
-class SessionIdTaken(ServiceError):
-    """``session_create`` was given an id that already exists."""
-
-
-class InvalidInput(ServiceError):
-    """The turn input is empty or too long."""
-
-
-# --- sessions ------------------------------------------------------------------------------------
-
-
-def session_create(*, owner, session_id: str | None = None, title: str = "", model_config: dict | None = None) -> Session:
-    """Create a session owned by ``owner``.
-
-    ``session_id`` is the client's choice (validated against ``models.SESSION_ID_RE``) or a generated
-    ``sess-<hex>``. ``model_config`` is cleaned by ``policy.validate_model_config`` (raises
-    ``policy.PolicyError``). Raises ``SessionIdTaken`` when the id exists (whoever owns it).
-    """
-    config = policy.validate_model_config(model_config, is_staff=bool(getattr(owner, "is_staff", False)))
-    session = Session(owner=owner, title=clean_text(title, max_chars=200), model_config=clean_json(config))
-    if session_id:
-        session.id = session_id
-    session.full_clean(exclude=["owner"], validate_unique=False)
-    try:
-        with transaction.atomic():
-            session.save(force_insert=True)
-    except IntegrityError as exc:
-        raise SessionIdTaken(f"session id {session.id!r} is already taken") from exc
-    return session
+ON_BUSY = ("enqueue", "reject", "interrupt")
 
 
 # --- turns: accept ---------------------------------------------------------------------------------
 
 
-def turn_enqueue(*, session: Session, input_text: str, user) -> Turn:
+def turn_enqueue(*, session: Session, input_text: str, user, on_busy: str = "enqueue") -> Turn:
     """Accept one user input for ``session`` as a queued turn and schedule it.
 
-    The turn gets the session's next turn ``seq`` under the session row lock; the Celery task
-    ``run_turn`` is sent only after the row commits. Raises ``InvalidInput`` for empty or oversized
-    (> ``MAX_INPUT_CHARS``) input.
+    ``on_busy`` says what to do when the session already has a turn running or queued:
+    ``enqueue`` (run after them, in order), ``reject`` (raise ``SessionBusy`` naming that turn) or
+    ``interrupt`` (ask the running turn to stop via ``turn/interrupt``, then run after it). The turn
+    gets the session's next turn ``seq`` under the session row lock; the Celery task ``run_turn`` is
+    sent only after the row commits. Raises ``InvalidInput`` for empty or oversized
+    (> ``MAX_INPUT_CHARS``) input or an unknown ``on_busy``.
     """
     text = clean_text(input_text)
     if not text.strip():
         raise InvalidInput("input must be a non-empty string")
     if len(text) > MAX_INPUT_CHARS:
         raise InvalidInput(f"input is {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
+    if on_busy not in ON_BUSY:
+        raise InvalidInput(f"on_busy must be one of {', '.join(ON_BUSY)}")
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
+        busy = (
+            Turn.objects.filter(session=locked, status__in=(Turn.Status.RUNNING, Turn.Status.QUEUED))
+            .order_by("-status", "seq")  # "running" sorts before "queued"
+            .first()
+        )
+        if busy is not None and on_busy == "reject":
+            raise SessionBusy(f"turn {busy.id} of this session is {busy.status}", turn_id=str(busy.id))
+        if busy is not None and on_busy == "interrupt":
+            Turn.objects.filter(session=locked, status=Turn.Status.RUNNING, cancel_requested_at__isnull=True).update(
+                cancel_requested_at=timezone.now()
+            )
         locked.last_turn_seq += 1
         locked.save(update_fields=["last_turn_seq", "updated_at"])
         turn = Turn.objects.create(session=locked, seq=locked.last_turn_seq, input=text, created_by=user)
@@ -100,7 +80,7 @@ def turn_enqueue(*, session: Session, input_text: str, user) -> Turn:
 
 
 def _dispatch_on_commit(turn_id: uuid.UUID) -> None:
-    from .tasks import run_turn  # tasks import services; import here to keep the cycle lazy
+    from ..tasks import run_turn  # tasks import services; import here to keep the cycle lazy
 
     transaction.on_commit(lambda: run_turn.apply_async(args=[str(turn_id)]))
 
@@ -118,6 +98,11 @@ class TurnClaim:
     input_text: str
     thread_id: str | None  # the active binding's thread, if any
     config: dict[str, Any] = field(default_factory=dict)  # policy.effective_config(...)
+    attempt: int = 1  # >1: an earlier worker died holding this turn
+
+
+def _lease_deadline():
+    return timezone.now() + timedelta(seconds=settings.HERMES_LEASE_SECONDS)
 
 
 def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
@@ -125,8 +110,10 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
 
     A turn runs only when no turn of its session is running and no earlier turn is still queued
     (turns run one at a time, in the order they were accepted — I3). The user's message row is
-    written here, so the transcript order follows the order turns actually run. A turn that is
-    not runnable yet is not lost: the turn before it dispatches it when it ends.
+    written here (once, even when a crashed turn is claimed again), so the transcript order follows
+    the order turns actually run. The claim holds a lease of ``HERMES_LEASE_SECONDS`` that the
+    worker renews (``turn_heartbeat``). A turn that is not runnable yet is not lost: the turn
+    before it dispatches it when it ends, and the sweep re-dispatches any that were dropped.
     """
     with transaction.atomic():
         try:
@@ -148,8 +135,10 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
         turn.started_at = timezone.now()
         turn.attempt += 1
         turn.claim_token = token
-        turn.save(update_fields=["status", "started_at", "attempt", "claim_token"])
-        _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
+        turn.lease_expires_at = _lease_deadline()
+        turn.save(update_fields=["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
+        if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
+            _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
         binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
         return TurnClaim(
             turn_id=turn.id,
@@ -158,7 +147,46 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
             input_text=turn.input,
             thread_id=binding.thread_id if binding else None,
             config=policy.effective_config(session.model_config),
+            attempt=turn.attempt,
         )
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """``held``: the lease was renewed (False: the claim is gone — stop, commit nothing).
+    ``cancel_requested``: a client asked to cancel (or interrupt) the turn."""
+
+    held: bool
+    cancel_requested: bool
+
+
+def turn_heartbeat(*, turn_id: uuid.UUID, token: uuid.UUID) -> Heartbeat:
+    """Renew the claim's lease to now + ``HERMES_LEASE_SECONDS``; one UPDATE, no row lock held."""
+    held = Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(
+        lease_expires_at=_lease_deadline()
+    )
+    cancel = held and Turn.objects.filter(pk=turn_id, cancel_requested_at__isnull=False).exists()
+    return Heartbeat(held=bool(held), cancel_requested=bool(cancel))
+
+
+def turn_cancel(*, turn: Turn) -> Turn:
+    """Cancel ``turn``: a queued turn ends ``cancelled`` at once; a running one is marked and its
+    worker sends ``turn/interrupt`` within a heartbeat (it then ends ``cancelled`` with the items
+    codex completed before the interrupt); a finished turn is returned unchanged."""
+    with transaction.atomic():
+        session = Session.objects.select_for_update().get(pk=turn.session_id)
+        turn = Turn.objects.select_for_update().get(pk=turn.pk)
+        if turn.status == Turn.Status.QUEUED:
+            turn.status = Turn.Status.CANCELLED
+            turn.error = "cancelled before it ran"
+            turn.finished_at = timezone.now()
+            turn.cancel_requested_at = turn.finished_at
+            turn.save(update_fields=["status", "error", "finished_at", "cancel_requested_at"])
+            _dispatch_next_on_commit(session)
+        elif turn.status == Turn.Status.RUNNING and turn.cancel_requested_at is None:
+            turn.cancel_requested_at = timezone.now()
+            turn.save(update_fields=["cancel_requested_at"])
+        return turn
 
 
 def history_seed(*, session_id: str, exclude_turn_id: uuid.UUID) -> str:
@@ -168,71 +196,10 @@ def history_seed(*, session_id: str, exclude_turn_id: uuid.UUID) -> str:
     return render_history_seed(rows)
 
 
-# --- turns: run ------------------------------------------------------------------------------------
-
-
-def turn_execute(*, turn_id: uuid.UUID | str) -> Turn | None:
-    """Run one queued turn end to end on a fresh app-server process: claim → codex → finalize.
-
-    Returns the finished turn, or ``None`` when the turn was not this call's to run (not the
-    session's next turn, already running or finished — a duplicate delivery changes nothing).
-    Every codex failure ends the turn ``failed`` with a readable reason; none escapes.
-    """
-    claim = turn_claim(turn_id=turn_id)
-    if claim is None:
-        return None
-    config = claim.config
-    t0 = time.monotonic()
-    timings: dict[str, float] = {}
-    try:
-        ensure_codex_home()
-        workdir = policy.session_workdir(claim.session_id)
-        workdir.mkdir(parents=True, exist_ok=True)
-        spec = TurnSpec(
-            text=claim.input_text,
-            thread_id=claim.thread_id,
-            cwd=str(workdir),
-            sandbox=config["sandbox"],
-            approval_policy=config["approval_policy"],
-            model=config.get("model"),
-            developer_instructions=config.get("developer_instructions"),
-            fresh_input=lambda: seeded_input(
-                history_seed(session_id=claim.session_id, exclude_turn_id=claim.turn_id), claim.input_text
-            ),
-            turn_timeout=settings.CODEX_TURN_TIMEOUT,
-        )
-        client = AppServerClient(
-            app_server_argv(),
-            env=app_server_env(),
-            cwd=str(workdir),
-            request_timeout=settings.CODEX_REQUEST_TIMEOUT,
-            max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
-            server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
-        )
-        try:
-            client.start()
-            timings["initialize_ms"] = round((time.monotonic() - t0) * 1000, 1)
-            outcome = run_turn(client, spec)
-        finally:
-            # Close before committing: the thread's writer lock must be free before the next
-            # turn of this session can be dispatched (codex allows one writer per thread).
-            client.close()
-    except TurnRunError as exc:
-        exc.outcome.timings.update(timings)
-        return turn_fail(turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
-    except Exception as exc:  # noqa: BLE001 — codex start-up trouble of any kind fails the turn, not the worker
-        logger.exception("turn %s: codex app-server could not run the turn", claim.turn_id)
-        return turn_fail(
-            turn_id=claim.turn_id, token=claim.token, reason=f"codex app-server could not run the turn: {exc}"
-        )
-    outcome.timings.update(timings)
-    outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
-    return turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome)
-
-
 # --- turns: finish ---------------------------------------------------------------------------------
 
 
+# codex's turn/completed status → ours
 _TURN_STATUS = {
     "completed": Turn.Status.SUCCEEDED,
     "failed": Turn.Status.FAILED,
@@ -253,7 +220,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
             return None
         _append_messages(session, turn, result.messages)
         _apply_rotation(session, turn, result)
-        if result.thread_action in (Turn.ThreadAction.STARTED, Turn.ThreadAction.ROTATED) and result.thread_id:
+        if result.status is not None and result.thread_action in (Turn.ThreadAction.STARTED, Turn.ThreadAction.ROTATED) and result.thread_id:
             _bind(session, turn, result.thread_id)
         status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
         error = result.error
@@ -357,6 +324,7 @@ def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None
         timings["run_ms"] = round((turn.finished_at - turn.started_at).total_seconds() * 1000, 1)
     turn.timings = clean_json(timings)
     turn.claim_token = None
+    turn.lease_expires_at = None
     turn.save()
 
 
@@ -366,13 +334,3 @@ def _dispatch_next_on_commit(session: Session) -> None:
         _dispatch_on_commit(nxt.id)
 
 
-# --- notices ---------------------------------------------------------------------------------------
-
-
-def notice_acknowledge(*, notices: Iterable[Notice], user) -> int:
-    """Mark unacknowledged notices acknowledged by ``user``; returns how many changed."""
-    ids = [n.pk for n in notices]
-    with transaction.atomic():
-        return Notice.objects.filter(pk__in=ids, acknowledged_at__isnull=True).update(
-            acknowledged_at=timezone.now(), acknowledged_by=user
-        )

@@ -1,0 +1,169 @@
+"""Running a claimed turn on a fresh ``codex app-server`` process: claim → codex → finalize.
+
+No transaction is open while codex works. A heartbeat thread renews the claim's lease and relays
+cancel requests; if the claim is lost (the sweep took the turn back after the lease expired), the
+run stops and commits nothing.
+
+Failures before codex saw ``turn/start`` that ``codex.errors.classify`` calls *retry* — the dead
+worker's app-server still holding the thread (``thread <id> already has an active writer``), a
+transport failure while spawning or resuming — are retried on a new app-server with backoff
+(``HERMES_RETRY_DELAYS``); they never rotate the thread. Everything else ends the turn with a reason.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from .. import policy
+from ..codex.client import AppServerClient
+from ..codex.errors import ErrorClass, classify
+from ..codex.launch import app_server_argv, app_server_env, ensure_codex_home
+from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, run_turn
+from ..codex.server_requests import make_server_request_handler
+from ..history_seed import seeded_input
+from ..models import Turn
+from .turns import TurnClaim, history_seed, turn_claim, turn_fail, turn_finalize, turn_heartbeat
+
+logger = logging.getLogger(__name__)
+
+
+def turn_execute(*, turn_id: uuid.UUID | str) -> Turn | None:
+    """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
+    this call's to run (not the session's next turn, already running or finished — a duplicate
+    delivery changes nothing) or when this worker lost its claim mid-run. Every codex failure ends
+    the turn ``failed`` with a readable reason; none escapes."""
+    claim = turn_claim(turn_id=turn_id)
+    if claim is None:
+        return None
+    control = TurnControl()
+    beat = _Heartbeat(claim, control)
+    beat.start()
+    try:
+        return _run_with_retries(claim, control)
+    finally:
+        beat.stop()
+
+
+def _run_with_retries(claim: TurnClaim, control: TurnControl) -> Turn | None:
+    delays = list(settings.HERMES_RETRY_DELAYS)
+    while True:
+        try:
+            outcome = _run_once(claim, control)
+        except TurnRunError as exc:
+            if isinstance(exc.cause, TurnAbandoned):
+                logger.warning("turn %s: claim lost mid-run; committing nothing", claim.turn_id)
+                return None
+            if exc.error_class is ErrorClass.RETRY and exc.before_turn_start and delays and not control.abandon.is_set():
+                delay = delays.pop(0)
+                logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
+                time.sleep(delay)
+                continue
+            return turn_fail(turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
+        except _StartupError as exc:
+            if exc.retryable and delays and not control.abandon.is_set():
+                delay = delays.pop(0)
+                logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
+                time.sleep(delay)
+                continue
+            return turn_fail(turn_id=claim.turn_id, token=claim.token, reason=str(exc))
+        return turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome)
+
+
+class _StartupError(Exception):
+    """The app-server could not be started or initialized (binary missing, process died, …)."""
+
+    def __init__(self, reason: str, *, retryable: bool):
+        super().__init__(reason)
+        self.retryable = retryable
+
+
+def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
+    config = claim.config
+    t0 = time.monotonic()
+    try:
+        ensure_codex_home()
+        workdir = policy.session_workdir(claim.session_id)
+        workdir.mkdir(parents=True, exist_ok=True)
+        client = AppServerClient(
+            app_server_argv(),
+            env=app_server_env(),
+            cwd=str(workdir),
+            request_timeout=settings.CODEX_REQUEST_TIMEOUT,
+            max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
+            server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
+        )
+        client.start()
+    except Exception as exc:  # noqa: BLE001 — any start-up trouble fails (or retries) the turn, not the worker
+        logger.warning("turn %s: codex app-server did not start: %s", claim.turn_id, exc)
+        raise _StartupError(
+            f"codex app-server could not be started: {exc}", retryable=classify(exc) is ErrorClass.RETRY
+        ) from exc
+    initialize_ms = round((time.monotonic() - t0) * 1000, 1)
+    spec = TurnSpec(
+        text=claim.input_text,
+        thread_id=claim.thread_id,
+        cwd=str(workdir),
+        sandbox=config["sandbox"],
+        approval_policy=config["approval_policy"],
+        model=config.get("model"),
+        developer_instructions=config.get("developer_instructions"),
+        fresh_input=lambda: seeded_input(
+            history_seed(session_id=claim.session_id, exclude_turn_id=claim.turn_id), claim.input_text
+        ),
+        turn_timeout=settings.CODEX_TURN_TIMEOUT,
+        client_turn_id=str(claim.turn_id),
+        adopt_completed=claim.attempt > 1,
+        control=control,
+    )
+    try:
+        outcome = run_turn(client, spec)
+    except TurnRunError as exc:
+        exc.outcome.timings["initialize_ms"] = initialize_ms
+        raise
+    finally:
+        # Close before committing: the thread's writer lock must be free before the next turn of
+        # this session can be dispatched (codex allows one writer per thread).
+        client.close()
+    outcome.timings["initialize_ms"] = initialize_ms
+    outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
+    return outcome
+
+
+class _Heartbeat:
+    """Renews the lease every ``HERMES_HEARTBEAT_SECONDS`` on its own database connection; sets
+    ``control.interrupt`` on a cancel request and ``control.abandon`` when the claim is gone."""
+
+    def __init__(self, claim: TurnClaim, control: TurnControl):
+        self.claim, self.control = claim, control
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"turn-heartbeat-{claim.turn_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(settings.HERMES_HEARTBEAT_SECONDS):
+                try:
+                    close_old_connections()
+                    beat = turn_heartbeat(turn_id=self.claim.turn_id, token=self.claim.token)
+                except Exception:  # noqa: BLE001 — a database blip must not kill the turn; the lease has slack
+                    logger.exception("turn %s: heartbeat failed", self.claim.turn_id)
+                    continue
+                if not beat.held:
+                    self.control.abandon.set()
+                    return
+                if beat.cancel_requested:
+                    self.control.interrupt.set()
+        finally:
+            connection.close()
+

@@ -1,0 +1,68 @@
+"""``Idempotency-Key`` handling for POST endpoints.
+
+The first request with a key runs and records ``(user, scope, key) → object id`` in the same
+transaction as the object it creates; a repeat with the same body gets that object back, a repeat
+with a different body gets ``IdempotencyMismatch``. Concurrent requests with one key serialize on a
+transaction-scoped PostgreSQL advisory lock, so exactly one creates. Keys are kept
+``settings.HERMES_IDEMPOTENCY_TTL`` seconds (default 24 h); the sweep deletes older ones.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import Any, Callable, TypeVar
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..models import IdempotencyKey
+from .errors import IdempotencyMismatch, InvalidInput
+
+T = TypeVar("T")
+MAX_KEY_CHARS = 255
+
+
+def request_hash(body: Any) -> str:
+    """sha256 of the canonical JSON of ``body`` (key order ignored)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def advisory_xact_lock(name: str) -> None:
+    """Take a PostgreSQL transaction-scoped advisory lock named by ``name`` (a no-op elsewhere:
+    SQLite serializes writers anyway). Call inside ``transaction.atomic``."""
+    if connection.vendor != "postgresql":
+        return
+    key = int.from_bytes(hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()[:8], "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def idempotent(
+    *, user, scope: str, key: str | None, body: Any, create: Callable[[], T], load: Callable[[str], T]
+) -> tuple[T, bool]:
+    """Run ``create()`` once per ``(user, scope, key)``; return ``(object, created)``.
+
+    ``key`` None: no idempotency, just ``create()``. Raises ``InvalidInput`` for a malformed key and
+    ``IdempotencyMismatch`` when the key was used with a different ``body``.
+    """
+    if key is None:
+        return create(), True
+    if not key or len(key) > MAX_KEY_CHARS or not key.isprintable():
+        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_KEY_CHARS} printable characters")
+    digest = request_hash(body)
+    with transaction.atomic():
+        advisory_xact_lock(f"idempotency:{user.pk}:{scope}:{key}")
+        fresh_after = timezone.now() - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
+        row = IdempotencyKey.objects.filter(user=user, scope=scope, key=key).first()
+        if row is not None and row.created_at >= fresh_after:
+            if row.request_hash != digest:
+                raise IdempotencyMismatch("this Idempotency-Key was already used with a different request body")
+            return load(row.object_id), False
+        obj = create()
+        IdempotencyKey.objects.update_or_create(
+            user=user, scope=scope, key=key,
+            defaults={"request_hash": digest, "object_id": str(obj.pk), "created_at": timezone.now()},
+        )
+        return obj, True

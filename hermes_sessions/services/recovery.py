@@ -1,0 +1,94 @@
+"""The periodic sweep (Celery beat, ``tasks.sweep_turns``): nothing stays stuck.
+
+* A ``running`` turn whose lease expired (its worker died: kill -9, OOM, lost host) is taken back:
+  queued again and dispatched, up to ``HERMES_MAX_ATTEMPTS`` claims in all, else ``failed`` with the
+  reason. The old worker, should it still be alive, can no longer commit (its claim token is gone).
+  The re-run resumes the thread and adopts the turn if codex had already completed it.
+* A ``queued`` turn that is its session's next turn and has waited longer than
+  ``HERMES_REDISPATCH_SECONDS`` is dispatched again (a task lost with a broker restart).
+* ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted.
+
+Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from ..models import IdempotencyKey, Session, Turn
+from .turns import _dispatch_next_on_commit, _dispatch_on_commit
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    requeued: int = 0
+    failed: int = 0
+    redispatched: int = 0
+    keys_deleted: int = 0
+
+
+def turns_sweep() -> SweepReport:
+    """Take back expired claims, re-dispatch stale queued turns, purge old idempotency keys."""
+    report = SweepReport()
+    now = timezone.now()
+    expired = Turn.objects.filter(status=Turn.Status.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)
+    for turn_id in list(expired[:500]):
+        outcome = _take_back(turn_id)
+        if outcome == "requeued":
+            report.requeued += 1
+        elif outcome == "failed":
+            report.failed += 1
+
+    stale = now - timedelta(seconds=settings.HERMES_REDISPATCH_SECONDS)
+    earlier = Turn.objects.filter(
+        session=OuterRef("session"), seq__lt=OuterRef("seq"), status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING)
+    )
+    heads = Turn.objects.filter(status=Turn.Status.QUEUED, created_at__lt=stale).exclude(Exists(earlier))
+    for turn_id in list(heads.values_list("pk", flat=True)[:500]):
+        with transaction.atomic():
+            _dispatch_on_commit(turn_id)
+        report.redispatched += 1
+
+    ttl = now - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
+    report.keys_deleted, _ = IdempotencyKey.objects.filter(created_at__lt=ttl).delete()
+    if report.requeued or report.failed or report.redispatched:
+        logger.warning("sweep: %s", report)
+    return report
+
+
+def _take_back(turn_id) -> str:
+    with transaction.atomic():
+        turn = Turn.objects.filter(pk=turn_id).only("session_id").first()
+        if turn is None:
+            return ""
+        session = Session.objects.select_for_update().get(pk=turn.session_id)
+        turn = Turn.objects.select_for_update().get(pk=turn_id)
+        if turn.status != Turn.Status.RUNNING or turn.lease_expires_at is None or turn.lease_expires_at >= timezone.now():
+            return ""  # renewed or finished meanwhile
+        lost_at = turn.lease_expires_at
+        turn.claim_token = None
+        turn.lease_expires_at = None
+        if turn.attempt >= settings.HERMES_MAX_ATTEMPTS:
+            turn.status = Turn.Status.FAILED
+            turn.finished_at = timezone.now()
+            turn.error = (
+                f"the worker running this turn was lost {turn.attempt} time(s) (last lease expired {lost_at:%Y-%m-%d %H:%M:%S} UTC);"
+                " giving up — the binding is kept"
+            )
+            turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
+            _dispatch_next_on_commit(session)
+            logger.warning("turn %s failed after %s lost workers", turn.pk, turn.attempt)
+            return "failed"
+        turn.status = Turn.Status.QUEUED
+        turn.save(update_fields=["status", "claim_token", "lease_expires_at"])
+        _dispatch_on_commit(turn.pk)
+        logger.warning("turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
+        return "requeued"

@@ -1,0 +1,48 @@
+"""Session and notice writes."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .. import policy
+from ..models import Notice, Session
+from ..sanitize import clean_json, clean_text
+from .errors import SessionIdTaken
+
+# --- sessions ------------------------------------------------------------------------------------
+
+
+def session_create(*, owner, session_id: str | None = None, title: str = "", model_config: dict | None = None) -> Session:
+    """Create a session owned by ``owner``.
+
+    ``session_id`` is the client's choice (validated against ``models.SESSION_ID_RE``) or a generated
+    ``sess-<hex>``. ``model_config`` is cleaned by ``policy.validate_model_config`` (raises
+    ``policy.PolicyError``). Raises ``SessionIdTaken`` when the id exists (whoever owns it).
+    """
+    config = policy.validate_model_config(model_config, is_staff=bool(getattr(owner, "is_staff", False)))
+    session = Session(owner=owner, title=clean_text(title, max_chars=200), model_config=clean_json(config))
+    if session_id:
+        session.id = session_id
+    session.full_clean(exclude=["owner"], validate_unique=False)
+    try:
+        with transaction.atomic():
+            session.save(force_insert=True)
+    except IntegrityError as exc:
+        raise SessionIdTaken(f"session id {session.id!r} is already taken") from exc
+    return session
+
+
+
+
+# --- notices ---------------------------------------------------------------------------------------
+
+
+def notice_acknowledge(*, notices: Iterable[Notice], user) -> int:
+    """Mark unacknowledged notices acknowledged by ``user``; returns how many changed."""
+    ids = [n.pk for n in notices]
+    with transaction.atomic():
+        return Notice.objects.filter(pk__in=ids, acknowledged_at__isnull=True).update(
+            acknowledged_at=timezone.now(), acknowledged_by=user
+        )
