@@ -7,6 +7,8 @@ Every error response is a JSON object with a human-readable ``detail`` string an
 exception                                       status  code
 ==============================================  ======  ========================
 ``services.SessionIdTaken``                     409     ``session_id_taken``
+``services.SessionBusy``                        409     ``session_busy`` (+ ``turn``)
+``services.IdempotencyMismatch``                422     ``idempotency_key_reused``
 ``services.InvalidInput``                       400     ``invalid_input``
 other ``services.ServiceError``                 400     ``refused``
 ``policy.PolicyError`` (``forbidden``)          403     ``forbidden_setting``
@@ -43,6 +45,14 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
+class Unprocessable(exceptions.APIException):
+    """422: well-formed, but refused as it stands (an Idempotency-Key reused with another body)."""
+
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "The request cannot be processed."
+    default_code = "unprocessable"
+
+
 class BadRequest(exceptions.APIException):
     """400 with a single reason (as opposed to DRF's per-field ``ValidationError``)."""
 
@@ -63,6 +73,10 @@ def _translate(exc: Exception) -> tuple[Exception, dict[str, Any]]:
     """Map a domain or Django exception to a DRF ``APIException`` plus extra body fields."""
     if isinstance(exc, services.SessionIdTaken):
         return Conflict(str(exc), code="session_id_taken"), {"field": "id"}
+    if isinstance(exc, services.SessionBusy):
+        return Conflict(str(exc), code="session_busy"), {"turn": exc.turn_id}
+    if isinstance(exc, services.IdempotencyMismatch):
+        return Unprocessable(str(exc), code="idempotency_key_reused"), {"field": "Idempotency-Key"}
     if isinstance(exc, services.InvalidInput):
         return BadRequest(str(exc), code="invalid_input"), {"field": "input"}
     if isinstance(exc, services.ServiceError):

@@ -94,6 +94,12 @@ class TurnCreateSerializer(serializers.Serializer):
     """``POST /api/sessions/{id}/turns/`` body. Emptiness and length are the service's to judge."""
 
     input = StrictTextField(allow_blank=True, help_text="The user's input for this turn.")
+    on_busy = serializers.ChoiceField(
+        choices=["enqueue", "reject", "interrupt"],
+        default="enqueue",
+        help_text="When the session already has a turn running or queued: enqueue (run after it, in order), "
+        "reject (409 naming that turn) or interrupt (turn/interrupt the running turn, then run).",
+    )
 
 
 class TurnSerializer(serializers.ModelSerializer):

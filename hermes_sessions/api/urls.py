@@ -17,4 +17,5 @@ urlpatterns = [
     path("sessions/<str:session_id>/messages/", views.MessageListView.as_view(), name="session-messages"),
     path("sessions/<str:session_id>/notices/", views.NoticeListView.as_view(), name="session-notices"),
     path("turns/<str:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
+    path("turns/<str:turn_id>/cancel/", views.TurnCancelView.as_view(), name="turn-cancel"),
 ]

@@ -27,6 +27,20 @@ from .serializers import (
     TurnSerializer,
 )
 
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Repeat-safe POST: the same key with the same body returns the object the first request created "
+    "(kept 24 h, per user); with a different body the answer is 422.",
+)
+
+
+def _idempotency_key(request: Request) -> str | None:
+    return request.headers.get("Idempotency-Key")
+
+
 SESSION_ID_PARAM = OpenApiParameter(
     "session_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The session id (see POST /api/sessions/)."
 )
@@ -51,12 +65,14 @@ class _ApiView(generics.GenericAPIView):
     get=extend_schema(summary="List your sessions", responses=SessionSerializer(many=True)),
     post=extend_schema(
         summary="Create a session",
+        parameters=[IDEMPOTENCY_KEY],
         request=SessionCreateSerializer,
         responses={
             201: SessionSerializer,
             400: OpenApiResponse(description="Malformed id or body, or a model_config setting outside policy."),
             403: OpenApiResponse(description="A model_config setting reserved to staff."),
             409: OpenApiResponse(description="The session id is taken."),
+            422: OpenApiResponse(description="The Idempotency-Key was used with a different body."),
         },
     ),
 )
@@ -72,14 +88,22 @@ class SessionListCreateView(_ApiView, generics.ListCreateAPIView):
     def create(self, request: Request, *args, **kwargs) -> Response:
         body = SessionCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        session = services.session_create(
-            owner=request.user,
-            session_id=body.validated_data.get("id") or None,
-            title=body.validated_data.get("title", ""),
-            model_config=body.validated_data.get("model_config") or {},
+        data = body.validated_data
+        session, created = services.idempotent(
+            user=request.user,
+            scope="sessions",
+            key=_idempotency_key(request),
+            body=request.data,
+            create=lambda: services.session_create(
+                owner=request.user,
+                session_id=data.get("id") or None,
+                title=data.get("title", ""),
+                model_config=data.get("model_config") or {},
+            ),
+            load=lambda pk: Session.objects.get(pk=pk),
         )
         session = selectors.session_get(user=request.user, session_id=session.id)
-        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
+        return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 @extend_schema(summary="Get one of your sessions", parameters=[SESSION_ID_PARAM])
@@ -95,12 +119,14 @@ class SessionDetailView(_ApiView, generics.RetrieveAPIView):
 
 @extend_schema(
     summary="Send an input to a session (queues a turn)",
-    parameters=[SESSION_ID_PARAM],
+    parameters=[SESSION_ID_PARAM, IDEMPOTENCY_KEY],
     request=TurnCreateSerializer,
     responses={
         202: TurnSerializer,
         400: OpenApiResponse(description="Missing, empty, non-string or too long input."),
         404: OpenApiResponse(description="No such session."),
+        409: OpenApiResponse(description="on_busy=reject and the session has a turn running or queued (named in `turn`)."),
+        422: OpenApiResponse(description="The Idempotency-Key was used with a different body."),
     },
 )
 class TurnCreateView(_ApiView):
@@ -113,7 +139,42 @@ class TurnCreateView(_ApiView):
         session = self.get_session()
         body = TurnCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        turn = services.turn_enqueue(session=session, input_text=body.validated_data["input"], user=request.user)
+        turn, _ = services.idempotent(
+            user=request.user,
+            scope=f"turns:{session.id}",
+            key=_idempotency_key(request),
+            body=request.data,
+            create=lambda: services.turn_enqueue(
+                session=session,
+                input_text=body.validated_data["input"],
+                user=request.user,
+                on_busy=body.validated_data["on_busy"],
+            ),
+            load=lambda pk: Turn.objects.get(pk=pk),
+        )
+        return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema(
+    summary="Cancel a turn",
+    parameters=[OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+    request=None,
+    responses={202: TurnSerializer, 404: OpenApiResponse(description="No such turn.")},
+)
+class TurnCancelView(_ApiView):
+    """``POST /api/turns/{id}/cancel/`` — a queued turn ends ``cancelled`` at once; a running one gets
+    ``turn/interrupt`` within a second and ends ``cancelled`` with what codex completed before it;
+    a finished turn is returned as it is."""
+
+    serializer_class = TurnSerializer
+    queryset = Turn.objects.none()
+
+    def post(self, request: Request, turn_id: str) -> Response:
+        try:
+            turn = selectors.turn_get(user=request.user, turn_id=turn_id)
+        except Turn.DoesNotExist as exc:
+            raise NotFound("No such turn.") from exc
+        turn = services.turn_cancel(turn=turn)
         return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -22,7 +22,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Session, Turn
-from .turns import _dispatch_next_on_commit, _dispatch_on_commit
+from . import turns
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def turns_sweep() -> SweepReport:
     heads = Turn.objects.filter(status=Turn.Status.QUEUED, created_at__lt=stale).exclude(Exists(earlier))
     for turn_id in list(heads.values_list("pk", flat=True)[:500]):
         with transaction.atomic():
-            _dispatch_on_commit(turn_id)
+            turns.dispatch_on_commit(turn_id)
         report.redispatched += 1
 
     ttl = now - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
@@ -84,11 +84,11 @@ def _take_back(turn_id) -> str:
                 " giving up — the binding is kept"
             )
             turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
-            _dispatch_next_on_commit(session)
+            turns.dispatch_next_on_commit(session)
             logger.warning("turn %s failed after %s lost workers", turn.pk, turn.attempt)
             return "failed"
         turn.status = Turn.Status.QUEUED
         turn.save(update_fields=["status", "claim_token", "lease_expires_at"])
-        _dispatch_on_commit(turn.pk)
+        turns.dispatch_on_commit(turn.pk)
         logger.warning("turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
         return "requeued"

@@ -75,11 +75,11 @@ def turn_enqueue(*, session: Session, input_text: str, user, on_busy: str = "enq
         locked.last_turn_seq += 1
         locked.save(update_fields=["last_turn_seq", "updated_at"])
         turn = Turn.objects.create(session=locked, seq=locked.last_turn_seq, input=text, created_by=user)
-        _dispatch_on_commit(turn.id)
+        dispatch_on_commit(turn.id)
     return turn
 
 
-def _dispatch_on_commit(turn_id: uuid.UUID) -> None:
+def dispatch_on_commit(turn_id: uuid.UUID) -> None:
     from ..tasks import run_turn  # tasks import services; import here to keep the cycle lazy
 
     transaction.on_commit(lambda: run_turn.apply_async(args=[str(turn_id)]))
@@ -182,7 +182,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
             turn.finished_at = timezone.now()
             turn.cancel_requested_at = turn.finished_at
             turn.save(update_fields=["status", "error", "finished_at", "cancel_requested_at"])
-            _dispatch_next_on_commit(session)
+            dispatch_next_on_commit(session)
         elif turn.status == Turn.Status.RUNNING and turn.cancel_requested_at is None:
             turn.cancel_requested_at = timezone.now()
             turn.save(update_fields=["cancel_requested_at"])
@@ -227,7 +227,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
         if status == Turn.Status.FAILED and not error:
             error = f"codex ended the turn with status {result.status!r}"
         _finish(turn, result, status=status, error=error)
-        _dispatch_next_on_commit(session)
+        dispatch_next_on_commit(session)
         return turn
 
 
@@ -247,7 +247,7 @@ def turn_fail(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str, result: Turn
         _append_messages(session, turn, result.messages)
         _apply_rotation(session, turn, result)
         _finish(turn, result, status=Turn.Status.FAILED, error=reason)
-        _dispatch_next_on_commit(session)
+        dispatch_next_on_commit(session)
         return turn
 
 
@@ -328,9 +328,9 @@ def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None
     turn.save()
 
 
-def _dispatch_next_on_commit(session: Session) -> None:
+def dispatch_next_on_commit(session: Session) -> None:
     nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").first()
     if nxt is not None:
-        _dispatch_on_commit(nxt.id)
+        dispatch_on_commit(nxt.id)
 
 

@@ -4,7 +4,8 @@
 Run as ``[sys.executable, __file__]``. Speaks newline-delimited JSON-RPC on stdin/stdout with the message
 shapes of the real transcripts (``shared/codex/transcripts``), abridged: handshake (``Not initialized`` /
 ``Already initialized``), ``thread/start``, ``thread/resume``, ``turn/start``, ``turn/interrupt``,
-``thread/unsubscribe``, ``thread/loaded/list``; other methods get ``-32600 Invalid request: unknown variant``.
+``thread/unsubscribe``, ``thread/loaded/list``, ``thread/turns/list`` (newest first; the userMessage item
+carries ``clientId`` = turn/start's ``clientUserMessageId``); other methods get ``-32600 Invalid request: unknown variant``.
 
 State lives in the directory named by env ``SCRIPTED_STATE_DIR`` so a "restart" is a new process on it:
 
@@ -210,7 +211,7 @@ def handle_turn_start(request_id, params, action):
     turn_id = str(uuid.uuid4())
     text = user_text(params)
     reply = f"echo: {text}"
-    user_item = {"type": "userMessage", "id": str(uuid.uuid4()), "clientId": None,
+    user_item = {"type": "userMessage", "id": str(uuid.uuid4()), "clientId": params.get("clientUserMessageId"),
                  "content": [{"type": "text", "text": text, "text_elements": []}]}
     agent_item = {"type": "agentMessage", "id": f"msg_{uuid.uuid4().hex[:16]}", "text": reply, "phase": None}
     failed = action.get("turn_status") == "failed"
@@ -218,8 +219,8 @@ def handle_turn_start(request_id, params, action):
              "cachedInputTokens": 0, "outputTokens": len(reply.split()), "reasoningOutputTokens": 0}
     items = [user_item] + list(action.get("turn_items") or []) + ([] if failed else [agent_item])
     with open(rollout_path(thread_id), "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"id": turn_id, "items": items, "usage": usage,
-                             "status": "failed" if failed else "completed"}) + "\n")
+        status = "failed" if failed else "inProgress" if action.get("no_completion") else "completed"
+        fh.write(json.dumps({"id": turn_id, "items": items, "usage": usage, "status": status}) + "\n")
 
     respond(request_id, {"turn": turn_obj(turn_id, "inProgress")})
     ids = {"threadId": thread_id, "turnId": turn_id}
@@ -296,6 +297,13 @@ def handle_request(request_id, method, params, action):
     if method == "thread/unsubscribe":
         loaded_threads.discard(params.get("threadId"))
         return respond(request_id, {})
+    if method == "thread/turns/list":  # newest first, as codex 0.169.0 defaults to
+        thread_id = params.get("threadId")
+        if not os.path.exists(rollout_path(thread_id)):
+            return respond_error(request_id, -32600, f"no rollout found for thread id {thread_id}")
+        turns = [turn_obj(t["id"], t["status"], t["items"], items_view="full") for t in read_rollout(thread_id)]
+        return respond(request_id, {"data": turns[::-1][: params.get("limit") or None], "nextCursor": None,
+                                    "backwardsCursor": None})
     if method == "thread/loaded/list":
         return respond(request_id, {"data": sorted(loaded_threads), "nextCursor": None})
     return respond_error(request_id, -32600, f"Invalid request: unknown variant `{method}`")

@@ -76,3 +76,16 @@ def test_nul_bytes_and_lone_surrogates_from_codex_are_stored_safely(user, script
     tool_row = Message.objects.get(session=session, role="tool")
     assert tool_row.content == "out\ufffdput \ufffd end"
     assert Message.objects.get(session=session, role="user").content == "nul \ufffd in input"
+
+
+def test_approval_requests_are_declined_by_default(user, scripted_codex, run_turn_now):
+    import json as _json
+
+    session = services.session_create(owner=user)
+    request = {"method": "item/commandExecution/requestApproval",
+               "params": {"itemId": "call_1", "command": "rm -rf /", "cwd": "/"}}
+    scripted_codex.script({"turn/start": [{"server_request": request}]})
+    turn = run_turn_now(session=session, text="do it", user=user)
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    answers = [_json.loads(line) for line in (scripted_codex.state / "server_answers.jsonl").read_text().splitlines()]
+    assert [a["answer"].get("result") for a in answers] == [{"decision": "decline"}]

@@ -1,0 +1,54 @@
+"""How the worker launches codex: config.toml and an allow-listed environment (issue 3 §9)."""
+import pytest
+
+from hermes_sessions.codex.launch import app_server_env, ensure_codex_home, render_config_toml
+
+SECRETS = {
+    "DATABASE_URL": "postgres://u:S3CR3T@db/hermes",
+    "CELERY_BROKER_URL": "redis://:S3CR3T@redis/0",
+    "DJANGO_SECRET_KEY": "S3CR3T",
+    "AWS_SECRET_ACCESS_KEY": "S3CR3T",
+    "ANTHROPIC_API_KEY": "S3CR3T",
+    "OPENAI_API_KEY": "sk-S3CR3T",
+}
+
+
+@pytest.fixture
+def worker_env(monkeypatch, codex_dirs, settings, real_codex_bin):
+    settings.CODEX_BIN = real_codex_bin
+    settings.CODEX_APP_SERVER_COMMAND = ""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_worker_secrets_never_reach_codex(worker_env, settings):
+    settings.CODEX_MODEL_PROVIDER = "stand-in"
+    env = app_server_env()
+    assert not set(SECRETS) & set(env)
+    assert not any("S3CR3T" in value for value in env.values())
+    assert env["CODEX_HOME"] == str(settings.CODEX_HOME) and env["HOME"] == str(settings.CODEX_USER_HOME)
+
+
+def test_only_the_model_providers_key_is_passed(worker_env, settings):
+    settings.CODEX_MODEL_PROVIDER = "openai"
+    env = app_server_env()
+    assert env["OPENAI_API_KEY"] == "sk-S3CR3T"
+    assert not (set(SECRETS) - {"OPENAI_API_KEY"}) & set(env)
+    assert 'env_key = "OPENAI_API_KEY"' in render_config_toml()
+
+
+def test_operator_can_grant_extra_variables_explicitly(worker_env, settings, monkeypatch):
+    monkeypatch.setenv("CODEX_PASS_ENV", "ANTHROPIC_API_KEY")
+    assert app_server_env()["ANTHROPIC_API_KEY"] == "S3CR3T"
+
+
+def test_config_is_offline_and_written_atomically(codex_dirs, settings):
+    settings.CODEX_MODEL_PROVIDER = "stand-in"
+    settings.CODEX_STAND_IN_URL = "http://127.0.0.1:9/v1"
+    home = ensure_codex_home()
+    text = (home / "config.toml").read_text()
+    for line in ('plugins = false', 'unbounded_connection_retries = false', 'request_max_retries = 0',
+                 'base_url = "http://127.0.0.1:9/v1"', 'sandbox_mode = "read-only"', 'approval_policy = "never"'):
+        assert line in text
+    assert home.is_absolute()
+    assert sorted(p.name for p in home.iterdir()) == ["config.toml"]

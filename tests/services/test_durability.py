@@ -1,0 +1,211 @@
+"""Crashes, duplicates, double-texting and cancels (issue 3): nothing lost, doubled or stuck."""
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from hermes_sessions import services
+from hermes_sessions.models import CodexBinding, Message, Notice, Turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fast_clock(settings):
+    settings.HERMES_HEARTBEAT_SECONDS = 0.1
+    settings.HERMES_RETRY_DELAYS = (0.05,)
+
+
+def expire_lease(turn):
+    Turn.objects.filter(pk=turn.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def transcript(session):
+    return list(Message.objects.filter(session=session).order_by("seq").values_list("seq", "role", "content"))
+
+
+def test_turn_of_a_dead_worker_is_taken_back_and_run_once(user, scripted_codex, run_turn_now):
+    session = services.session_create(owner=user)
+    run_turn_now(session=session, text="hello one", user=user)
+    turn = services.turn_enqueue(session=session, input_text="hello two", user=user)  # on_commit ran it…
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.SUCCEEDED
+    # …so simulate the crash on a fresh turn: claimed by a worker that then vanished.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+        lost = services.turn_enqueue(session=session, input_text="hello three", user=user)
+    claim = services.turn_claim(turn_id=lost.id)
+    assert claim is not None
+    expire_lease(lost)
+
+    report = services.turns_sweep()  # re-queues and dispatches (eager: runs it now)
+    assert report.requeued == 1
+    lost.refresh_from_db()
+    assert (lost.status, lost.attempt, lost.thread_action) == (Turn.Status.SUCCEEDED, 2, "resumed"), lost.error
+    rows = transcript(session)
+    assert [r[2] for r in rows].count("hello three") == 1  # the user row was not written twice
+    assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
+    # The dead worker's claim token is gone: its late commit changes nothing.
+    assert services.turn_fail(turn_id=lost.id, token=claim.token, reason="late") is None
+    lost.refresh_from_db()
+    assert lost.status == Turn.Status.SUCCEEDED
+
+
+def test_rerun_adopts_the_turn_codex_completed_before_the_worker_died(user, scripted_codex, run_turn_now, monkeypatch):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+
+    class WorkerKilled(BaseException):
+        pass
+
+    def die(**kwargs):
+        raise WorkerKilled  # kill -9 between codex's turn/completed and our commit
+
+    monkeypatch.setattr("hermes_sessions.services.execution.turn_finalize", die)
+    with pytest.raises(WorkerKilled):
+        run_turn_now(session=session, text="hello two", user=user)
+    monkeypatch.undo()
+    t2 = Turn.objects.get(session=session, seq=2)
+    assert t2.status == Turn.Status.RUNNING
+    expire_lease(t2)
+
+    services.turns_sweep()
+    t2.refresh_from_db()
+    assert (t2.status, t2.attempt, t2.codex_thread_id) == (Turn.Status.SUCCEEDED, 2, t1.codex_thread_id), t2.error
+    assert t2.final_text == "echo: hello two"
+    assert scripted_codex.turn_inputs() == ["hello one", "hello two"]  # codex ran the input once, not twice
+    assert "thread/turns/list" in scripted_codex.processes()[-1]
+    assert [r[2] for r in transcript(session)] == ["hello one", "echo: hello one", "hello two", "echo: hello two"]
+
+
+def test_a_turn_whose_workers_keep_dying_fails_after_max_attempts(user, scripted_codex, settings, monkeypatch):
+    settings.HERMES_MAX_ATTEMPTS = 2
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text="doomed", user=user)
+    for _ in range(2):
+        assert services.turn_claim(turn_id=turn.id) is not None
+        expire_lease(turn)
+        services.turns_sweep()
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.FAILED
+    assert "lost 2 time(s)" in turn.error
+
+
+def test_sweep_redispatches_a_queued_turn_whose_task_was_lost(user, scripted_codex, settings, monkeypatch):
+    settings.HERMES_REDISPATCH_SECONDS = 0
+    sent = []
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+    session = services.session_create(owner=user)
+    first = services.turn_enqueue(session=session, input_text="one", user=user)
+    services.turn_enqueue(session=session, input_text="two", user=user)  # not the head: not re-sent
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", sent.append)
+    time.sleep(0.01)
+    assert services.turns_sweep().redispatched == 1
+    assert sent == [first.id]
+
+
+def test_lease_lost_mid_turn_stops_the_worker_and_commits_nothing(user, scripted_codex, run_turn_now, settings):
+    settings.CODEX_TURN_TIMEOUT = 10.0
+    session = services.session_create(owner=user)
+    scripted_codex.script({"turn/start": [{"no_completion": True}]})
+
+    def steal():  # another party (the sweep) takes the turn back while codex works
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if Turn.objects.filter(session=session, status=Turn.Status.RUNNING).update(claim_token=None):
+                break
+            time.sleep(0.02)
+        connection.close()
+
+    thief = threading.Thread(target=steal)
+    thief.start()
+    started = time.monotonic()
+    turn = run_turn_now(session=session, text="hello", user=user)
+    thief.join()
+    assert time.monotonic() - started < 5  # noticed within a heartbeat or two, not at the turn deadline
+    assert turn.status == Turn.Status.RUNNING  # untouched by the worker that lost it
+    assert not CodexBinding.objects.exists()
+    assert Message.objects.filter(session=session).count() == 1  # only the user row from the claim
+
+
+def test_cancel_a_queued_turn_and_the_next_one_still_runs(user, scripted_codex, monkeypatch):
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+    session = services.session_create(owner=user)
+    first = services.turn_enqueue(session=session, input_text="one", user=user)
+    second = services.turn_enqueue(session=session, input_text="two", user=user)
+    monkeypatch.undo()
+    cancelled = services.turn_cancel(turn=first)
+    assert (cancelled.status, cancelled.error) == (Turn.Status.CANCELLED, "cancelled before it ran")
+    second.refresh_from_db()
+    assert second.status == Turn.Status.SUCCEEDED  # dispatched when the one before it ended
+    assert scripted_codex.turn_inputs() == ["two"]
+
+
+def test_cancel_a_running_turn_interrupts_codex(user, scripted_codex, run_turn_now, settings):
+    settings.CODEX_TURN_TIMEOUT = 10.0
+    session = services.session_create(owner=user)
+    run_turn_now(session=session, text="hello one", user=user)
+    item = {"type": "commandExecution", "id": "call_1", "command": "ls", "cwd": "/w", "status": "completed",
+            "aggregatedOutput": "a\n", "exitCode": 0}
+    scripted_codex.script({"turn/start": [{"no_completion": True, "turn_items": [item]}]})
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            running = Turn.objects.filter(session=session, status=Turn.Status.RUNNING).first()
+            if running:
+                services.turn_cancel(turn=running)
+                break
+            time.sleep(0.02)
+        connection.close()
+
+    canceller = threading.Thread(target=cancel_when_running)
+    canceller.start()
+    started = time.monotonic()
+    turn = run_turn_now(session=session, text="hello two", user=user)
+    canceller.join()
+    assert time.monotonic() - started < 5
+    assert turn.status == Turn.Status.CANCELLED, turn.error
+    assert "turn/interrupt" in [c["method"] for c in scripted_codex.calls()]
+    # What codex completed before the interrupt is stored, consistently.
+    roles = [(m.role, m.codex_item_id) for m in Message.objects.filter(turn=turn).order_by("seq")]
+    assert roles == [("user", ""), ("assistant", "call_1"), ("tool", "call_1")]
+    # The binding is kept and the session goes on.
+    t3 = run_turn_now(session=session, text="hello three", user=user)
+    assert (t3.status, t3.thread_action) == (Turn.Status.SUCCEEDED, "resumed")
+
+
+def test_on_busy_reject_names_the_running_turn(user, scripted_codex, monkeypatch):
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+    session = services.session_create(owner=user)
+    first = services.turn_enqueue(session=session, input_text="one", user=user)
+    services.turn_claim(turn_id=first.id)
+    with pytest.raises(services.SessionBusy) as info:
+        services.turn_enqueue(session=session, input_text="two", user=user, on_busy="reject")
+    assert info.value.turn_id == str(first.id)
+    assert Turn.objects.filter(session=session).count() == 1
+
+
+def test_on_busy_interrupt_asks_the_running_turn_to_stop(user, scripted_codex, monkeypatch):
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+    session = services.session_create(owner=user)
+    first = services.turn_enqueue(session=session, input_text="one", user=user)
+    services.turn_claim(turn_id=first.id)
+    second = services.turn_enqueue(session=session, input_text="two", user=user, on_busy="interrupt")
+    first.refresh_from_db()
+    assert first.cancel_requested_at is not None
+    assert (second.status, second.seq) == (Turn.Status.QUEUED, 2)
+    assert services.turn_heartbeat(turn_id=first.id, token=first.claim_token).cancel_requested
+
+
+def test_codex_error_text_with_nul_bytes_is_stored(user, scripted_codex, run_turn_now):
+    session = services.session_create(owner=user)
+    scripted_codex.script({"turn/start": [{"turn_status": "failed", "turn_error": {"message": "bad\x00thing \ud800"}}]})
+    turn = run_turn_now(session=session, text="x", user=user)
+    assert turn.status == Turn.Status.FAILED
+    assert "bad\ufffdthing \ufffd" in turn.error
+    assert not Notice.objects.exists()
