@@ -49,10 +49,13 @@ bench: install services
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/bench.py $(BENCH_ARGS)
 
 # Production-shaped local run (PostgreSQL + Redis): API server and a worker, in two terminals.
+HTTP_BIND ?= 127.0.0.1:8000
 run: install
-	$(VENV)/bin/gunicorn project.wsgi --bind 127.0.0.1:8000 --workers 2
+	$(VENV)/bin/gunicorn project.wsgi --bind $(HTTP_BIND) --workers 2
+# -B embeds the beat scheduler (the sweep that recovers turns of dead workers); with several
+# workers run one `celery -A project beat` instead.
 worker: install
-	$(VENV)/bin/celery -A project worker -Q turns,celery --concurrency 2 --loglevel info
+	$(VENV)/bin/celery -A project worker -B -Q turns,celery --concurrency 2 --loglevel info
 
 clean:
 	rm -rf var .pytest_cache

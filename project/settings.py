@@ -41,11 +41,13 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from here, not a CDN
     "hermes_sessions",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's static files under gunicorn and runserver
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -95,6 +97,12 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# Serve straight from the apps' static folders, so no collectstatic step is needed to run.
+WHITENOISE_USE_FINDERS = True
+try:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns when it is missing
+except OSError:
+    pass
 
 # Largest request body the API accepts (bytes); bigger bodies are refused.
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("HERMES_MAX_BODY_BYTES", str(1024 * 1024)))
@@ -112,6 +120,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "hermes_sessions API",
     "DESCRIPTION": "Durable agent sessions whose turns run through the OpenAI Codex app-server.",
     "VERSION": "0.1.0",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Celery -------------------------------------------------------------------------------------

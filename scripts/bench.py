@@ -111,7 +111,7 @@ def main() -> int:
         "CODEX_WORK_ROOT": str(work),
         "CODEX_MODEL_PROVIDER": "stand-in",
         "HERMES_LOG_LEVEL": "WARNING",
-        "HERMES_TURN_QUEUE": "bench-turns",
+        "HERMES_TURN_QUEUE": f"bench-turns-{os.getpid()}",
     }
     env.pop("CODEX_APP_SERVER_COMMAND", None)
     try:
@@ -145,7 +145,7 @@ def main() -> int:
         http_port = free_port()
         procs.append(subprocess.Popen([str(BASE / ".venv/bin/gunicorn"), "project.wsgi", "--bind", f"127.0.0.1:{http_port}",
                                        "--workers", "1", "--log-level", "warning"], cwd=BASE, env=env))
-        procs.append(subprocess.Popen([sys.executable, "-m", "celery", "-A", "project", "worker", "-Q", "bench-turns",
+        procs.append(subprocess.Popen([sys.executable, "-m", "celery", "-A", "project", "worker", "-Q", env["HERMES_TURN_QUEUE"],
                                        "-c", "1", "--without-gossip", "--without-mingle", "--without-heartbeat",
                                        "-l", "warning"], cwd=BASE, env=env, start_new_session=True,
                                       stdout=subprocess.DEVNULL))
