@@ -166,6 +166,9 @@ class CodexBinding(models.Model):
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="bindings")
     thread_id = models.CharField(max_length=64)
+    # Where the thread's rollout lives (settings.CODEX_HOME_ID of the worker that bound it): a worker
+    # with another CODEX_HOME cannot see the rollout, and must not take its absence for a dead thread.
+    codex_home = models.CharField(max_length=300, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by_turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")

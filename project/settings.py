@@ -47,6 +47,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "hermes_sessions.middleware.RejectNulMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's static files under gunicorn and runserver
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -82,6 +83,7 @@ DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
         conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "60")),
+        conn_health_checks=True,  # a persistent connection killed by a database restart is replaced, not a 500
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -114,6 +116,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PARSER_CLASSES": ["hermes_sessions.api.parsers.SafeJSONParser"],
     "EXCEPTION_HANDLER": "hermes_sessions.api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
@@ -140,6 +143,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A POST must not hang on a dead broker: try briefly, then leave the turn to the sweep.
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 # Redis redelivers an unacknowledged task after this many seconds; it must exceed the longest turn.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("HERMES_VISIBILITY_TIMEOUT", "3600"))}
 CELERY_BEAT_SCHEDULE = {
@@ -154,6 +160,9 @@ CODEX_NODE_MODULES = Path(os.environ.get("CODEX_NODE_MODULES", BASE_DIR / "node_
 # Full argv override (JSON list). Tests point this at the scripted app-server stand-in.
 CODEX_APP_SERVER_COMMAND = os.environ.get("CODEX_APP_SERVER_COMMAND", "")
 CODEX_HOME = Path(os.environ.get("CODEX_HOME", VAR_DIR / "codex" / "home")).resolve()
+# Names this CODEX_HOME in bindings. Workers that share one CODEX_HOME (one host, or one shared
+# filesystem) must share this id; the default is host:path.
+CODEX_HOME_ID = os.environ.get("CODEX_HOME_ID", "")  # empty: f"{hostname}:{CODEX_HOME}"
 # HOME given to codex, so the operator's own ~/.codex never leaks in.
 CODEX_USER_HOME = Path(os.environ.get("CODEX_USER_HOME", VAR_DIR / "codex" / "user_home")).resolve()
 # Per-session working directories are created under this root.

@@ -1,6 +1,7 @@
 """Pagination for the API's lists."""
 from __future__ import annotations
 
+from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 
 
@@ -20,3 +21,14 @@ class TranscriptPagination(CursorPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+
+    def decode_cursor(self, request):
+        """DRF's cursor, with the position checked: ``seq`` is an integer, so a forged cursor whose
+        position is not one is refused like any other invalid cursor (404), never a 500."""
+        cursor = super().decode_cursor(request)
+        if cursor is not None and cursor.position is not None:
+            try:
+                int(cursor.position)
+            except (TypeError, ValueError):
+                raise NotFound(self.invalid_cursor_message) from None
+        return cursor

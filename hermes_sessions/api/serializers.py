@@ -45,7 +45,7 @@ class SessionCreateSerializer(serializers.Serializer):
         max_length=64,
         help_text="Optional client-chosen id: 1-64 of letters, digits, '.', '_', ':' or '-', starting with a letter or digit.",
     )
-    title = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+    title = StrictTextField(required=False, allow_blank=True, max_length=200, default="")
     model_config = serializers.DictField(
         required=False,
         default=dict,

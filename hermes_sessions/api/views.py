@@ -11,13 +11,13 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from .. import selectors, services
 from ..models import Message, Notice, Session, Turn
 from .pagination import StandardPagination, TranscriptPagination
+from .parsers import SafeJSONParser
 from .serializers import (
     MessageSerializer,
     NoticeSerializer,
@@ -51,7 +51,7 @@ class _ApiView(generics.GenericAPIView):
     which enforces ``settings.DATA_UPLOAD_MAX_MEMORY_SIZE`` (``RequestDataTooBig`` → 413 in
     ``api.errors``)."""
 
-    parser_classes = [JSONParser]
+    parser_classes = [SafeJSONParser]
 
     def get_session(self) -> Session:
         """The caller's session named by the ``session_id`` URL segment, or 404."""

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import queue
+import re
 import select
 import signal
 import subprocess
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 ServerRequestHandler = Callable[[str, dict], dict]
 
 _STDERR_LINE_MAX_CHARS = 1000  # one huge log line must not swamp the error message
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _STDOUT_JUNK_PREVIEW_CHARS = 300
 
 
@@ -433,6 +435,7 @@ class AppServerClient:
             self._remember_stderr(chunk.decode("utf-8", "replace").rstrip("\r\n"))
 
     def _remember_stderr(self, text: str) -> None:
+        text = _ANSI_ESCAPE.sub("", text)  # codex colours its log lines; the tail ends up in error texts
         if len(text) > _STDERR_LINE_MAX_CHARS:
             text = text[:_STDERR_LINE_MAX_CHARS] + "…"
         with self._stderr_lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import socket
 from pathlib import Path
 
 from django.conf import settings
@@ -38,6 +39,12 @@ enabled = false
 
 [feedback]
 enabled = false
+
+# Commands the model runs see only the basics (HOME, PATH, …), never the provider key or
+# anything else in the app-server's environment.
+[shell_environment_policy]
+inherit = "core"
+exclude = ["*KEY*", "*SECRET*", "*TOKEN*", "*PASSWORD*"]
 
 [features]
 plugins = false
@@ -91,6 +98,12 @@ def ensure_codex_home() -> Path:
         tmp.write_text(content)
         os.replace(tmp, target)
     return home
+
+
+def codex_home_id() -> str:
+    """This worker's ``CODEX_HOME`` identity (``settings.CODEX_HOME_ID`` or ``<hostname>:<path>``),
+    recorded on each binding so a worker can tell "rollout gone" from "rollout elsewhere"."""
+    return settings.CODEX_HOME_ID or f"{socket.gethostname()}:{Path(settings.CODEX_HOME).resolve()}"
 
 
 def codex_binary() -> str:

@@ -41,7 +41,11 @@ THREAD_NOT_FOUND_PREFIX = "thread not found: "
 
 _SANDBOX_POLICY = {
     "read-only": lambda cwd: {"type": "readOnly"},
-    "workspace-write": lambda cwd: {"type": "workspaceWrite", "writableRoots": [cwd], "networkAccess": False},
+    # Only the session's own directory is writable: not /tmp, not $TMPDIR (shared with other sessions).
+    "workspace-write": lambda cwd: {
+        "type": "workspaceWrite", "writableRoots": [cwd], "networkAccess": False,
+        "excludeTmpdirEnvVar": True, "excludeSlashTmp": True,
+    },
     "danger-full-access": lambda cwd: {"type": "dangerFullAccess"},
 }
 
@@ -67,6 +71,9 @@ class TurnSpec:
     client_turn_id: str | None = None
     adopt_completed: bool = False
     control: TurnControl | None = None
+    # Set when the bound thread's rollout was written under another CODEX_HOME (another host): its
+    # absence here proves nothing, so "no rollout found" must not rotate.
+    thread_elsewhere: str = ""
 
 
 class TurnControl:
@@ -134,11 +141,7 @@ def _describe(step: str, exc: BaseException) -> str:
         text = f"codex {step} failed ({exc.code}): {exc.message}"
     else:
         text = f"codex {step} failed: {exc}"
-    hint = {
-        ErrorClass.RETRY: "the binding is kept; the turn can be retried",
-        ErrorClass.FAIL: "the binding is kept",
-    }.get(classify(exc))
-    return f"{text} — {hint}" if hint else text
+    return f"{text} — the binding is kept"
 
 
 def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
@@ -162,12 +165,21 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
         try:
             # A plain resume (no overrides) writes nothing to the rollout (portability.md §4);
             # excludeTurns: our transcript is the source of truth (I5), and it is faster.
-            _request(client, "thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
-            out.thread_action, out.thread_id = "resumed", spec.thread_id
+            resumed = _request(client, "thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
+            # codex's own spelling of the id from here on: notifications are matched against it.
+            out.thread_action, out.thread_id = "resumed", _thread_id(resumed) or spec.thread_id
         except CodexError as exc:
             if not is_thread_gone(exc):
                 out.methods = client.sent_methods[first:]
                 raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
+            if spec.thread_elsewhere:
+                out.methods = client.sent_methods[first:]
+                raise TurnRunError(
+                    f"codex has no rollout for thread {spec.thread_id} in this worker's CODEX_HOME, but the thread "
+                    f"was bound in {spec.thread_elsewhere!r}; not rotating — run this session's turns on workers "
+                    "that share that CODEX_HOME (CODEX_HOME_ID) — the binding is kept",
+                    out,
+                ) from exc
             out.rotated_from, out.rotation_reason = spec.thread_id, exc.message  # type: ignore[attr-defined]
     if not out.thread_action:
         try:
@@ -297,8 +309,11 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
                     _interrupt(client, out)
             left = deadline - time.monotonic()
             if left <= 0:
-                _interrupt_after_timeout(client, out, projector)
-                raise TurnTimeout(f"turn/completed did not arrive within {spec.turn_timeout:g} s; the turn was interrupted")
+                stopped = _interrupt_after_timeout(client, out, projector)
+                raise TurnTimeout(
+                    f"turn/completed did not arrive within {spec.turn_timeout:g} s; "
+                    + ("the turn was interrupted" if stopped else "turn/interrupt got no answer either; the app-server was stopped")
+                )
             note = client.next_notification(timeout=min(left, POLL_SECONDS))
             if note is None:
                 continue
@@ -340,20 +355,22 @@ def _interrupt(client: AppServerClient, out: TurnOutcome) -> bool:
         return False
 
 
-def _interrupt_after_timeout(client: AppServerClient, out: TurnOutcome, projector: ItemProjector) -> None:
-    """Best effort: ask codex to stop the turn and collect what it completed meanwhile."""
+def _interrupt_after_timeout(client: AppServerClient, out: TurnOutcome, projector: ItemProjector) -> bool:
+    """Best effort: ask codex to stop the turn and collect what it completed meanwhile.
+    Returns whether codex acknowledged the interrupt."""
     if not _interrupt(client, out):
-        return
+        return False
     end = time.monotonic() + INTERRUPT_GRACE_SECONDS
     while time.monotonic() < end:
         try:
             note = client.next_notification(timeout=POLL_SECONDS)
         except TransportError:
-            return
+            return True
         if not note:
             continue
         params = note.get("params") or {}
         if note.get("method") == "item/completed":
             projector.add(params.get("item") or {})
         elif note.get("method") == "turn/completed":
-            return
+            return True
+    return True

@@ -17,12 +17,12 @@ import time
 import uuid
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from .. import policy
 from ..codex.client import AppServerClient
 from ..codex.errors import ErrorClass, classify
-from ..codex.launch import app_server_argv, app_server_env, ensure_codex_home
+from ..codex.launch import app_server_argv, app_server_env, codex_home_id, ensure_codex_home
 from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, run_turn
 from ..codex.server_requests import make_server_request_handler
 from ..history_seed import seeded_input
@@ -30,6 +30,9 @@ from ..models import Turn
 from .turns import TurnClaim, history_seed, turn_claim, turn_fail, turn_finalize, turn_heartbeat
 
 logger = logging.getLogger(__name__)
+
+DB_RETRY_DELAYS = (0.5, 1.0, 2.0)
+STDERR_TAIL_LINES = 12  # what goes into a failed turn's error text
 
 
 def turn_execute(*, turn_id: uuid.UUID | str) -> Turn | None:
@@ -63,15 +66,31 @@ def _run_with_retries(claim: TurnClaim, control: TurnControl) -> Turn | None:
                 logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
                 time.sleep(delay)
                 continue
-            return turn_fail(turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
+            return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
         except _StartupError as exc:
             if exc.retryable and delays and not control.abandon.is_set():
                 delay = delays.pop(0)
                 logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
                 time.sleep(delay)
                 continue
-            return turn_fail(turn_id=claim.turn_id, token=claim.token, reason=str(exc))
-        return turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome)
+            return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
+        return _commit(turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome)
+
+
+def _commit(write, **kwargs):
+    """Run a finalize write, retrying a lost database connection a few times: codex's work is done
+    and must not wait for the sweep (which would still recover it, by adopting the codex turn)."""
+    for delay in (*DB_RETRY_DELAYS, None):
+        try:
+            return write(**kwargs)
+        except (OperationalError, InterfaceError):
+            if delay is None:
+                raise
+            logger.warning("database connection lost while committing a turn; retrying in %.1f s", delay, exc_info=True)
+            time.sleep(delay)
+            close_old_connections()
+            connection.close()
+    raise AssertionError("unreachable")
 
 
 class _StartupError(Exception):
@@ -95,6 +114,7 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
             cwd=str(workdir),
             request_timeout=settings.CODEX_REQUEST_TIMEOUT,
             max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
+            stderr_tail_lines=STDERR_TAIL_LINES,
             server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
         )
         client.start()
@@ -119,6 +139,7 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         client_turn_id=str(claim.turn_id),
         adopt_completed=claim.attempt > 1,
         control=control,
+        thread_elsewhere=claim.thread_home if claim.thread_home and claim.thread_home != codex_home_id() else "",
     )
     try:
         outcome = run_turn(client, spec)

@@ -21,10 +21,12 @@ from datetime import timedelta
 from typing import Any, Iterable
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from .. import policy
+from ..codex.launch import codex_home_id
 from ..codex.runner import TurnOutcome
 from ..history_seed import render_history_seed
 from ..models import CodexBinding, Message, Notice, Session, Turn
@@ -80,9 +82,20 @@ def turn_enqueue(*, session: Session, input_text: str, user, on_busy: str = "enq
 
 
 def dispatch_on_commit(turn_id: uuid.UUID) -> None:
+    """Send ``run_turn`` for the turn once the current transaction commits.
+
+    The turn row is durable before the send, so a broker that is down loses nothing: the failure
+    is logged and the sweep re-sends the turn (``HERMES_REDISPATCH_SECONDS``). The client still
+    gets its 202 — the input was accepted."""
     from ..tasks import run_turn  # tasks import services; import here to keep the cycle lazy
 
-    transaction.on_commit(lambda: run_turn.apply_async(args=[str(turn_id)]))
+    def send() -> None:
+        try:
+            run_turn.apply_async(args=[str(turn_id)])
+        except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors
+            logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
+
+    transaction.on_commit(send)
 
 
 # --- turns: claim ----------------------------------------------------------------------------------
@@ -97,6 +110,7 @@ class TurnClaim:
     token: uuid.UUID
     input_text: str
     thread_id: str | None  # the active binding's thread, if any
+    thread_home: str = ""  # the CODEX_HOME id its rollout lives in ("" for bindings from before that was kept)
     config: dict[str, Any] = field(default_factory=dict)  # policy.effective_config(...)
     attempt: int = 1  # >1: an earlier worker died holding this turn
 
@@ -118,7 +132,7 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
     with transaction.atomic():
         try:
             turn = Turn.objects.only("session_id").get(pk=turn_id)
-        except (Turn.DoesNotExist, ValueError, TypeError):
+        except (Turn.DoesNotExist, ValueError, TypeError, ValidationError):
             logger.warning("turn %s does not exist; nothing to run", turn_id)
             return None
         session = Session.objects.select_for_update().get(pk=turn.session_id)
@@ -146,6 +160,7 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
             token=token,
             input_text=turn.input,
             thread_id=binding.thread_id if binding else None,
+            thread_home=binding.codex_home if binding else "",
             config=policy.effective_config(session.model_config),
             attempt=turn.attempt,
         )
@@ -220,7 +235,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
             return None
         _append_messages(session, turn, result.messages)
         _apply_rotation(session, turn, result)
-        if result.status is not None and result.thread_action in (Turn.ThreadAction.STARTED, Turn.ThreadAction.ROTATED) and result.thread_id:
+        if result.status is not None and result.thread_id:
             _bind(session, turn, result.thread_id)
         status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
         error = result.error
@@ -297,8 +312,12 @@ def _apply_rotation(session: Session, turn: Turn, result: TurnOutcome) -> None:
 
 
 def _bind(session: Session, turn: Turn, thread_id: str) -> None:
+    home = codex_home_id()
     active = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
     if active and active.thread_id == thread_id:
+        if active.codex_home != home:  # resumed here: the rollout is in this CODEX_HOME now
+            active.codex_home = home
+            active.save(update_fields=["codex_home"])
         return
     if active:
         active.status = CodexBinding.Status.ENDED
@@ -306,7 +325,9 @@ def _bind(session: Session, turn: Turn, thread_id: str) -> None:
         active.ended_reason = "replaced by a newer thread"
         active.ended_by_turn = turn
         active.save(update_fields=["status", "ended_at", "ended_reason", "ended_by_turn"])
-    CodexBinding.objects.create(session=session, thread_id=clean_text(thread_id, max_chars=64), created_by_turn=turn)
+    CodexBinding.objects.create(
+        session=session, thread_id=clean_text(thread_id, max_chars=64), codex_home=home, created_by_turn=turn
+    )
 
 
 def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None:

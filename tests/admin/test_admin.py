@@ -165,4 +165,6 @@ def test_turn_admin_is_view_only(admin_client):
 
 def test_malformed_session_id_in_admin_url_is_not_a_500(admin_client):
     response = admin_client.get("/admin/hermes_sessions/session/bad%00id/change/")
-    assert response.status_code == 302  # the admin's "doesn't exist" redirect to the list
+    assert response.status_code == 400  # RejectNulMiddleware: no URL of ours may carry NUL
+    response = admin_client.get("/admin/hermes_sessions/session/bad%0Aid/change/")
+    assert response.status_code == 404  # a newline: not an id the admin can resolve; not a 500

@@ -162,11 +162,15 @@ def test_detail_of_another_users_session_is_404(client):
     assert response.json()["detail"]
 
 
-@pytest.mark.parametrize("path", ["/api/sessions/nope/", "/api/sessions/%00/", "/api/sessions/" + "x" * 300 + "/"])
+@pytest.mark.parametrize("path", ["/api/sessions/nope/", "/api/sessions/a%0A/", "/api/sessions/" + "x" * 300 + "/"])
 def test_unknown_or_malformed_session_id_is_json_404(client, path):
     response = client.get(path)
     assert response.status_code == 404
     assert response["Content-Type"].startswith("application/json")
+
+
+def test_nul_in_a_session_url_is_400(client):
+    assert client.get("/api/sessions/%00/").status_code == 400
 
 
 def test_detail_shows_fields(client, user):

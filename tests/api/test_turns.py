@@ -177,7 +177,7 @@ def test_another_users_turn_is_404(client):
     assert client.get(f"/api/turns/{turn.id}/").status_code == 404
 
 
-@pytest.mark.parametrize("turn_id", [str(uuid.uuid4()), "not-a-uuid", "123", "%00"])
+@pytest.mark.parametrize("turn_id", [str(uuid.uuid4()), "not-a-uuid", "123", "%0A"])
 def test_unknown_or_non_uuid_turn_id_is_json_404(client, turn_id):
     response = client.get(f"/api/turns/{turn_id}/")
     assert response.status_code == 404

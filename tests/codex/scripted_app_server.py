@@ -202,8 +202,13 @@ def token_usage(thread_id, turn_id):
             "tokenUsage": {"total": total, "last": last, "modelContextWindow": 258400}}
 
 
+def canonical(thread_id):
+    """codex parses thread ids as UUIDs and answers in their canonical lower-case spelling."""
+    return thread_id.lower() if isinstance(thread_id, str) else thread_id
+
+
 def handle_turn_start(request_id, params, action):
-    thread_id = params.get("threadId")
+    thread_id = canonical(params.get("threadId"))
     if thread_id not in loaded_threads:
         return respond_error(request_id, -32600, f"thread not found: {thread_id}")
     if thread_id in active_turns:  # steering into the running turn, as codex 0.169 does
@@ -272,7 +277,7 @@ def handle_request(request_id, method, params, action):
         respond(request_id, session_result(thread, params))
         return notify("thread/started", {"thread": thread})
     if method == "thread/resume":
-        thread_id = params.get("threadId")
+        thread_id = canonical(params.get("threadId"))
         if not thread_id:
             return respond_error(request_id, -32600, "Invalid request: missing field `threadId`")
         if not os.path.exists(rollout_path(thread_id)):

@@ -197,3 +197,31 @@ def test_a_second_delivery_of_a_finished_turn_changes_nothing(user, scripted_cod
     before = (Message.objects.count(), CodexBinding.objects.count(), len(scripted_codex.calls()))
     assert run_turn(str(t1.id)) == "skipped"
     assert (Message.objects.count(), CodexBinding.objects.count(), len(scripted_codex.calls())) == before
+
+
+def test_a_thread_bound_under_another_codex_home_is_not_rotated(user, scripted_codex, run_turn_now, settings):
+    """Two hosts, two CODEX_HOMEs: the other host's "no rollout found" is not proof the thread is dead."""
+    settings.CODEX_HOME_ID = "host-a:/srv/codex"
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    assert active_binding(session).codex_home == "host-a:/srv/codex"
+
+    settings.CODEX_HOME_ID = "host-b:/srv/codex"
+    scripted_codex.remove_rollout(t1.codex_thread_id)  # host b cannot see host a's rollout
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert t2.status == Turn.Status.FAILED
+    assert "host-a:/srv/codex" in t2.error and "not rotating" in t2.error
+    assert scripted_codex.processes()[-1] == ["initialize", "thread/resume"]
+    assert active_binding(session).thread_id == t1.codex_thread_id
+    assert not Notice.objects.exists()
+
+
+def test_resume_uses_codex_spelling_of_the_thread_id(user, scripted_codex, run_turn_now):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    CodexBinding.objects.filter(session=session).update(thread_id=t1.codex_thread_id.upper())
+    # The scripted stand-in, like codex, accepts the upper-case id but answers and notifies with
+    # its own canonical (lower-case) spelling.
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t2.status, t2.final_text) == (Turn.Status.SUCCEEDED, "echo: hello two"), t2.error
+    assert t2.codex_thread_id == t1.codex_thread_id

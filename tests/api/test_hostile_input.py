@@ -1,0 +1,78 @@
+"""Hostile input never reaches a 500 (I6): nesting bombs, forged cursors, NUL in URLs, wrong types."""
+import json
+
+import pytest
+from kombu.exceptions import OperationalError
+from rest_framework.test import APIClient
+
+from hermes_sessions import services, tasks
+from hermes_sessions.models import Turn
+from tests.factories import SessionFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def user():
+    return UserFactory()
+
+
+@pytest.fixture
+def client(user):
+    api = APIClient()
+    api.force_authenticate(user)
+    return api
+
+
+@pytest.mark.parametrize("path", ["/api/sessions/", "/api/sessions/s1/turns/"])
+def test_deeply_nested_json_is_400(client, user, path):
+    SessionFactory(owner=user, id="s1")
+    body = '{"input": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    resp = client.post(path, data=body, content_type="application/json")
+    assert resp.status_code == 400
+    assert "nested too deeply" in resp.json()["detail"]
+
+
+def test_forged_cursor_is_404_not_500(client, user):
+    SessionFactory(owner=user, id="s1")
+    resp = client.get("/api/sessions/s1/messages/?cursor=cD1hYmM=")  # base64 of "p=abc"
+    assert resp.status_code == 404
+
+
+@pytest.mark.parametrize("url", [
+    "/api/sessions/?page=%00",
+    "/api/sessions/s1/messages/?cursor=%00",
+    "/admin/hermes_sessions/turn/?status__exact=%00",
+    "/admin/hermes_sessions/notice/?kind__exact=%00",
+])
+def test_nul_in_the_query_string_is_400(admin_client, client, user, url):
+    SessionFactory(owner=user, id="s1")
+    who = admin_client if url.startswith("/admin/") else client
+    assert who.get(url).status_code == 400
+
+
+def test_non_string_title_is_400(client):
+    resp = client.post("/api/sessions/", data=json.dumps({"title": 42}), content_type="application/json")
+    assert resp.status_code == 400
+
+
+def test_broker_down_still_accepts_the_turn_and_the_sweep_resends_it(client, user, monkeypatch, settings,
+                                                                     django_capture_on_commit_callbacks):
+    session = SessionFactory(owner=user, id="s1")
+
+    def broker_down(*args, **kwargs):
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+
+    monkeypatch.setattr(tasks.run_turn, "apply_async", broker_down)
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = client.post("/api/sessions/s1/turns/", data=json.dumps({"input": "hi"}), content_type="application/json")
+    assert resp.status_code == 202
+    turn = Turn.objects.get(pk=resp.json()["id"], session=session)
+    assert turn.status == Turn.Status.QUEUED  # durable: nothing lost, nothing half-written
+
+    sent = []
+    monkeypatch.setattr(tasks.run_turn, "apply_async", lambda *a, **k: sent.append(k["args"][0]))
+    settings.HERMES_REDISPATCH_SECONDS = 0
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.turns_sweep().redispatched == 1
+    assert sent == [str(turn.id)]
