@@ -37,14 +37,32 @@ class _ReadOnlyInline(admin.TabularInline):
         return False
 
 
+PREVIEW_CHARS = 2_000
+
+
 class MessageInline(_ReadOnlyInline):
-    """The transcript, in ``seq`` order."""
+    """The transcript, in ``seq`` order; long texts are cut to ``PREVIEW_CHARS`` so a session with
+    huge turns still renders (the API serves the full rows)."""
 
     model = Message
     verbose_name = "transcript message"
     verbose_name_plural = "transcript"
-    fields = ("seq", "role", "content", "tool_calls", "tool_call_id", "reasoning", "codex_item_id", "turn", "created_at")
+    fields = ("seq", "role", "content_preview", "tool_calls", "tool_call_id", "reasoning_preview", "codex_item_id", "turn", "created_at")
     ordering = ("seq",)
+
+    @admin.display(description="content")
+    def content_preview(self, obj: Message) -> str:
+        return _preview(obj.content)
+
+    @admin.display(description="reasoning")
+    def reasoning_preview(self, obj: Message) -> str:
+        return _preview(obj.reasoning)
+
+
+def _preview(text: str) -> str:
+    if len(text) <= PREVIEW_CHARS:
+        return text
+    return f"{text[:PREVIEW_CHARS]}… [{len(text) - PREVIEW_CHARS} more characters; full text in the API]"
 
 
 class CodexBindingInline(_ReadOnlyInline):
@@ -85,6 +103,17 @@ class SessionAdmin(admin.ModelAdmin):
     readonly_fields = fields
     inlines = (MessageInline, CodexBindingInline, TurnInline)
     show_full_result_count = False
+    actions = ("end_codex_binding",)
+
+    @admin.action(description="End the codex binding (the next turn starts a new, seeded thread)", permissions=["end_binding"])
+    def end_codex_binding(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        """The way out when codex can no longer read a thread but its error is not the one that
+        rotates (e.g. a damaged rollout: -32603 "failed to read session metadata")."""
+        ended = sum(services.binding_end(session=s, reason=f"ended by operator {request.user}") for s in queryset)
+        self.message_user(request, f"Ended {ended} codex binding(s).", messages.SUCCESS)
+
+    def has_end_binding_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("hermes_sessions.change_codexbinding")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
         return selectors.session_admin_list()

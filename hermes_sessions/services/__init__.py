@@ -8,7 +8,7 @@ from .errors import IdempotencyMismatch, InvalidInput, ServiceError, SessionBusy
 from .execution import turn_execute
 from .idempotency import idempotent
 from .recovery import SweepReport, turns_sweep
-from .sessions import notice_acknowledge, session_create
+from .sessions import NOTICE_BINDING_ENDED, binding_end, notice_acknowledge, session_create
 from .turns import (
     MAX_INPUT_CHARS,
     NOTICE_THREAD_ROTATED,
@@ -25,7 +25,7 @@ from .turns import (
 
 __all__ = [
     "IdempotencyMismatch", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken",
-    "turn_execute", "idempotent", "SweepReport", "turns_sweep", "notice_acknowledge", "session_create",
+    "turn_execute", "idempotent", "NOTICE_BINDING_ENDED", "binding_end", "SweepReport", "turns_sweep", "notice_acknowledge", "session_create",
     "MAX_INPUT_CHARS", "NOTICE_THREAD_ROTATED", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
     "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat",
 ]

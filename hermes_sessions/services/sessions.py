@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .. import policy
-from ..models import Notice, Session
+from ..models import CodexBinding, Notice, Session
 from ..sanitize import clean_json, clean_text
 from .errors import SessionIdTaken
 
@@ -34,6 +34,22 @@ def session_create(*, owner, session_id: str | None = None, title: str = "", mod
     return session
 
 
+
+
+NOTICE_BINDING_ENDED = "Codex thread binding ended by an operator; the next turn starts a new one."
+
+
+def binding_end(*, session: Session, reason: str) -> bool:
+    """End the session's active binding (an operator's decision) and record a notice; the next turn
+    then starts a fresh thread seeded with the transcript. Returns False when there was none."""
+    with transaction.atomic():
+        Session.objects.select_for_update().get(pk=session.pk)
+        ended = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).update(
+            status=CodexBinding.Status.ENDED, ended_at=timezone.now(), ended_reason=clean_text(reason, max_chars=1000)
+        )
+        if ended:
+            Notice.objects.create(session=session, kind=Notice.Kind.LIFECYCLE, text=NOTICE_BINDING_ENDED)
+        return bool(ended)
 
 
 # --- notices ---------------------------------------------------------------------------------------

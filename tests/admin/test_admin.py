@@ -168,3 +168,19 @@ def test_malformed_session_id_in_admin_url_is_not_a_500(admin_client):
     assert response.status_code == 400  # RejectNulMiddleware: no URL of ours may carry NUL
     response = admin_client.get("/admin/hermes_sessions/session/bad%0Aid/change/")
     assert response.status_code == 404  # a newline: not an id the admin can resolve; not a 500
+
+
+def test_end_binding_action_ends_the_active_binding_with_a_notice(admin_client):
+    from hermes_sessions.models import CodexBinding as Binding
+
+    session = SessionFactory(id="sess-stuck")
+    Binding.objects.create(session=session, thread_id="t-1")
+    response = admin_client.post(
+        "/admin/hermes_sessions/session/",
+        {"action": "end_codex_binding", "_selected_action": [session.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    binding = Binding.objects.get(session=session)
+    assert binding.status == Binding.Status.ENDED and "ended by operator" in binding.ended_reason
+    assert session.notices.count() == 1

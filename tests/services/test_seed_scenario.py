@@ -225,3 +225,19 @@ def test_resume_uses_codex_spelling_of_the_thread_id(user, scripted_codex, run_t
     t2 = run_turn_now(session=session, text="hello two", user=user)
     assert (t2.status, t2.final_text) == (Turn.Status.SUCCEEDED, "echo: hello two"), t2.error
     assert t2.codex_thread_id == t1.codex_thread_id
+
+
+def test_operator_ends_a_binding_codex_cannot_read_and_the_session_goes_on(user, scripted_codex, run_turn_now):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    damaged = {"error": {"code": -32603, "message": "failed to read session metadata"}}
+    scripted_codex.script({"thread/resume": [damaged]})
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert t2.status == Turn.Status.FAILED and active_binding(session).thread_id == t1.codex_thread_id
+
+    assert services.binding_end(session=session, reason="ended by operator admin") is True
+    t3 = run_turn_now(session=session, text="hello three", user=user)
+    assert (t3.status, t3.thread_action) == (Turn.Status.SUCCEEDED, "started")
+    assert "[USER]\nhello one" in scripted_codex.turn_inputs()[-1]  # seeded, not amnesic
+    assert active_binding(session).thread_id == t3.codex_thread_id
+    assert list(Notice.objects.values_list("text", flat=True)) == [services.NOTICE_BINDING_ENDED]
