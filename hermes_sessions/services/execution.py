@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
@@ -67,6 +68,11 @@ def _run_with_retries(claim: TurnClaim, control: TurnControl) -> Turn | None:
                 time.sleep(delay)
                 continue
             return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
+        except SoftTimeLimitExceeded:
+            # Celery's soft limit (a backstop behind CODEX_TURN_TIMEOUT): the app-server is already
+            # closed (``_run_once``'s finally), so codex has stopped; end the turn with the reason.
+            return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token,
+                           reason="the turn exceeded the worker's time limit; codex was stopped — the binding is kept")
         except _StartupError as exc:
             if exc.retryable and delays and not control.abandon.is_set():
                 delay = delays.pop(0)

@@ -106,9 +106,17 @@ def test_staff_may_choose_the_staff_only_sandbox():
     assert response.json()["model_config"] == {"sandbox": "danger-full-access"}
 
 
+def test_a_client_cannot_choose_the_working_directory(client):
+    response = post_json(client, LIST_URL, {"model_config": {"cwd": "/etc"}})
+    assert response.status_code == 403
+    assert response.json()["field"] == "model_config.cwd"
+    assert not Session.objects.exists()
+
+
 @pytest.mark.parametrize(
     "config",
-    [{"temperature": 2}, {"sandbox": "everything"}, {"approval_policy": "always"}, {"model": ""}],
+    [{"temperature": 2}, {"sandbox": "everything"}, {"approval_policy": "always"}, {"model": ""},
+     {"auto_approve": True}, {"approvals": "accept"}],
 )
 def test_model_config_outside_policy_is_400(client, config):
     response = post_json(client, LIST_URL, {"model_config": config})

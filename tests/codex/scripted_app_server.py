@@ -31,6 +31,7 @@ State lives in the directory named by env ``SCRIPTED_STATE_DIR`` so a "restart" 
                                ``turn/completed`` with status failed (no agentMessage)
   ``{"server_request": {"method", "params"}}``  send this request mid-turn, wait for the answer, record it
                                (other requests, except turn/start, are served meanwhile)
+  ``{"exit_mid_turn": code}``  ack, emit ``turn_items``, then exit with ``code`` (dies during a turn)
   ``{"no_completion": true}``  ack and emit items, but never send ``turn/completed`` (``turn/interrupt``
                                then ends it with status ``interrupted``)
 
@@ -240,6 +241,9 @@ def handle_turn_start(request_id, params, action):
         notify("serverRequest/resolved", {"threadId": thread_id, "requestId": answer.get("id")})
     for item in action.get("turn_items") or []:
         notify("item/completed", {"item": item, **ids, "completedAtMs": now_ms()})
+    if "exit_mid_turn" in action:  # the process dies after the ack and some items
+        sys.stdout.flush()
+        os._exit(int(action["exit_mid_turn"]))
     if action.get("no_completion"):
         active_turns[thread_id] = turn_id
         return None
