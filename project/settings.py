@@ -148,6 +148,7 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 # Redis redelivers an unacknowledged task after this many seconds; it must exceed the longest turn.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("HERMES_VISIBILITY_TIMEOUT", "3600"))}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "sweep-turns": {"task": "hermes_sessions.tasks.sweep_turns", "schedule": float(os.environ.get("HERMES_SWEEP_SECONDS", "10"))},
 }
