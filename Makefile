@@ -8,7 +8,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # A queue of its own per run, so two test runs on one broker never take each other's turns.
 TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 
-.PHONY: install demo test e2e bench lint services migrate run worker clean
+.PHONY: install demo test e2e bench faults lint services migrate run worker clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test: install services lint
 e2e: install services
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
 		$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
+
+# Fault injection against the real stack (kill -9 workers, duplicate deliveries, 50 concurrent
+# posts, broker restarts); prints one row per scenario, exits 0 only if nothing was lost or doubled.
+faults: install services
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/faults.py $(FAULTS_ARGS)
 
 bench: install services
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/bench.py $(BENCH_ARGS)

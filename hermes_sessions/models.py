@@ -93,6 +93,7 @@ class Turn(models.Model):
     claim_token = models.UUIDField(null=True, blank=True)
     # The claiming worker renews this while it runs the turn; past it, the sweep takes the turn back.
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)  # last time run_turn was sent for it
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

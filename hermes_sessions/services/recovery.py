@@ -4,8 +4,8 @@
   queued again and dispatched, up to ``HERMES_MAX_ATTEMPTS`` claims in all, else ``failed`` with the
   reason. The old worker, should it still be alive, can no longer commit (its claim token is gone).
   The re-run resumes the thread and adopts the turn if codex had already completed it.
-* A ``queued`` turn that is its session's next turn and has waited longer than
-  ``HERMES_REDISPATCH_SECONDS`` is dispatched again (a task lost with a broker restart).
+* A ``queued`` turn that is its session's next turn and was last sent more than
+  ``HERMES_REDISPATCH_SECONDS`` ago is sent again (a task lost with a broker restart).
 * ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted.
 
 Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``.
@@ -19,6 +19,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Session, Turn
@@ -51,7 +52,12 @@ def turns_sweep() -> SweepReport:
     earlier = Turn.objects.filter(
         session=OuterRef("session"), seq__lt=OuterRef("seq"), status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING)
     )
-    heads = Turn.objects.filter(status=Turn.Status.QUEUED, created_at__lt=stale).exclude(Exists(earlier))
+    heads = (
+        Turn.objects.filter(status=Turn.Status.QUEUED)
+        .annotate(last_sent=Coalesce("dispatched_at", "created_at"))
+        .filter(last_sent__lt=stale)
+        .exclude(Exists(earlier))
+    )
     for turn_id in list(heads.values_list("pk", flat=True)[:500]):
         with transaction.atomic():
             turns.dispatch_on_commit(turn_id)

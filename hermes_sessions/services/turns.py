@@ -89,6 +89,8 @@ def dispatch_on_commit(turn_id: uuid.UUID) -> None:
     gets its 202 — the input was accepted."""
     from ..tasks import run_turn  # tasks import services; import here to keep the cycle lazy
 
+    Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
+
     def send() -> None:
         try:
             run_turn.apply_async(args=[str(turn_id)])
