@@ -85,6 +85,10 @@ class TurnControl:
         self.interrupt = threading.Event()
         self.abandon = threading.Event()
 
+    def stopping(self) -> bool:
+        """True once either signal is set: no point retrying."""
+        return self.interrupt.is_set() or self.abandon.is_set()
+
 
 class TurnAbandoned(CodexError):
     """The worker lost its claim on the turn (lease expired, turn taken back); nothing is committed."""
@@ -200,6 +204,9 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
         except CodexError as exc:
             raise TurnRunError(_describe("thread/turns/list", exc), out, exc) from exc
     out.timings["thread_ms"] = _ms(t0)
+    if spec.control is not None and spec.control.interrupt.is_set():
+        out.status = "interrupted"  # cancelled before codex saw the input: nothing ran
+        return out
 
     turn_params: dict[str, Any] = {
         "threadId": out.thread_id,

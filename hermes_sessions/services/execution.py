@@ -62,10 +62,14 @@ def _run_with_retries(claim: TurnClaim, control: TurnControl) -> Turn | None:
             if isinstance(exc.cause, TurnAbandoned):
                 logger.warning("turn %s: claim lost mid-run; committing nothing", claim.turn_id)
                 return None
-            if exc.error_class is ErrorClass.RETRY and exc.before_turn_start and delays and not control.abandon.is_set():
+            if exc.before_turn_start and control.interrupt.is_set():
+                # Cancelled while codex was not yet running it: end cancelled, not failed.
+                exc.outcome.status, exc.outcome.error = "interrupted", f"cancelled before codex ran it ({exc})"
+                return _commit(turn_finalize, turn_id=claim.turn_id, token=claim.token, result=exc.outcome)
+            if exc.error_class is ErrorClass.RETRY and exc.before_turn_start and delays and not control.stopping():
                 delay = delays.pop(0)
                 logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
-                time.sleep(delay)
+                control.interrupt.wait(delay)  # a cancel cuts the backoff short
                 continue
             return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
         except SoftTimeLimitExceeded:
@@ -74,10 +78,10 @@ def _run_with_retries(claim: TurnClaim, control: TurnControl) -> Turn | None:
             return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token,
                            reason="the turn exceeded the worker's time limit; codex was stopped — the binding is kept")
         except _StartupError as exc:
-            if exc.retryable and delays and not control.abandon.is_set():
+            if exc.retryable and delays and not control.stopping():
                 delay = delays.pop(0)
                 logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
-                time.sleep(delay)
+                control.interrupt.wait(delay)
                 continue
             return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
         return _commit(turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome)

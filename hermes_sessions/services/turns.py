@@ -237,7 +237,9 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
             return None
         _append_messages(session, turn, result.messages)
         _apply_rotation(session, turn, result)
-        if result.status is not None and result.thread_id:
+        if result.status is not None and result.thread_id and result.codex_turn_id:
+            # Only a thread that ran this turn has a rollout to resume (I1); one started and then
+            # cancelled before turn/start is left unbound.
             _bind(session, turn, result.thread_id)
         status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
         error = result.error

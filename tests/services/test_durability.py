@@ -209,3 +209,31 @@ def test_codex_error_text_with_nul_bytes_is_stored(user, scripted_codex, run_tur
     assert turn.status == Turn.Status.FAILED
     assert "bad\ufffdthing \ufffd" in turn.error
     assert not Notice.objects.exists()
+
+
+def test_cancel_during_retry_backoff_ends_cancelled_without_running_codex(user, scripted_codex, run_turn_now, settings):
+    settings.HERMES_RETRY_DELAYS = (3.0, 3.0)
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    writer = {"error": {"code": -32600, "message": "thread {thread_id} already has an active writer"}}
+    scripted_codex.script({"thread/resume": [writer, writer, writer]})
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            running = Turn.objects.filter(session=session, status=Turn.Status.RUNNING).first()
+            if running:
+                services.turn_cancel(turn=running)
+                break
+            time.sleep(0.02)
+        connection.close()
+
+    canceller = threading.Thread(target=cancel_when_running)
+    canceller.start()
+    started = time.monotonic()
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    canceller.join()
+    assert time.monotonic() - started < 2.5  # the 3 s backoff was cut short
+    assert t2.status == Turn.Status.CANCELLED and "cancelled before codex ran it" in t2.error
+    assert "hello two" not in scripted_codex.turn_inputs()
+    assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
