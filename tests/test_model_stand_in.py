@@ -6,7 +6,6 @@ test drives the real codex 0.169.0 ``app-server`` binary against it. No database
 from __future__ import annotations
 
 import json
-import os
 import queue
 import socket
 import subprocess
@@ -21,8 +20,6 @@ import pytest
 from hermes_sessions.model_stand_in import ModelStandIn, last_user_text
 
 REPO = Path(__file__).resolve().parent.parent
-CODEX_BIN = REPO / "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
-CONFIG_TEMPLATE = Path("/work/shared/codex/probe/config.toml.template")
 
 ENV_CONTEXT = "<environment_context>\n  <cwd>/tmp/x</cwd>\n  <shell>bash</shell>\n</environment_context>"
 
@@ -342,23 +339,19 @@ class _AppServer:
         return reply["result"]
 
 
-@pytest.mark.skipif(not CODEX_BIN.exists(), reason="codex binary not installed (npm ci)")
-def test_real_codex_app_server_turn_goes_through_the_stand_in(tmp_path, model):
-    codex_home = (tmp_path / "codex_home").resolve()
-    codex_home.mkdir()
-    (codex_home / "config.toml").write_text(
-        CONFIG_TEMPLATE.read_text().replace("{BASE_URL}", model.base_url))
-    workdir = tmp_path / "work"
+def test_real_codex_app_server_turn_goes_through_the_stand_in(model, codex_dirs, settings, real_codex_bin):
+    """The real binary with the config.toml and environment the worker gives it (codex/launch.py)."""
+    from hermes_sessions.codex.launch import STAND_IN_KEY_ENV, app_server_env, ensure_codex_home
+
+    settings.CODEX_BIN = real_codex_bin
+    settings.CODEX_APP_SERVER_COMMAND = ""
+    settings.CODEX_MODEL_PROVIDER = "stand-in"
+    settings.CODEX_STAND_IN_URL = model.base_url
+    ensure_codex_home()
+    env = app_server_env()
+    workdir = codex_dirs / "work"
     workdir.mkdir()
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "CODEX_HOME": str(codex_home),
-        "FAKE_MODEL_API_KEY": "dummy",
-        "RUST_LOG": "warn",
-        "NO_PROXY": "127.0.0.1,localhost",
-    }
-    proc = subprocess.Popen([str(CODEX_BIN), "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([real_codex_bin, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, cwd=str(workdir), env=env)
     try:
         server = _AppServer(proc)
@@ -380,7 +373,7 @@ def test_real_codex_app_server_turn_goes_through_the_stand_in(tmp_path, model):
         assert len(recorded) == 1
         request = recorded[0]
         assert request["path"] == "/v1/responses"
-        assert request["headers"]["authorization"] == "Bearer dummy"
+        assert request["headers"]["authorization"] == f"Bearer {env[STAND_IN_KEY_ENV]}"
         assert request["body"]["stream"] is True
         assert request["body"]["prompt_cache_key"] == thread_id
         roles_texts = model.user_texts(request)
