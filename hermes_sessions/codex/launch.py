@@ -89,15 +89,21 @@ def ensure_codex_home() -> Path:
     """Create ``CODEX_HOME`` (absolute) and write ``config.toml`` if its content changed.
     The write is atomic (temp file + rename) so concurrent workers never see half a file."""
     home = Path(settings.CODEX_HOME).resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    Path(settings.CODEX_USER_HOME).resolve().mkdir(parents=True, exist_ok=True)
     target = home / "config.toml"
     content = render_config_toml()
+    if _written.get(str(target)) == content and target.exists():
+        return home  # this process wrote exactly this already: skip the read on the turn's hot path
+    home.mkdir(parents=True, exist_ok=True)
+    Path(settings.CODEX_USER_HOME).resolve().mkdir(parents=True, exist_ok=True)
     if not target.exists() or target.read_text() != content:
         tmp = home / f".config.toml.{os.getpid()}"
         tmp.write_text(content)
         os.replace(tmp, target)
+    _written[str(target)] = content
     return home
+
+
+_written: dict[str, str] = {}  # config.toml path → content this process last wrote or verified
 
 
 def codex_home_id() -> str:
@@ -112,10 +118,15 @@ def codex_binary() -> str:
     if settings.CODEX_BIN:
         return settings.CODEX_BIN
     pattern = str(Path(settings.CODEX_NODE_MODULES) / "@openai" / "codex-linux-*" / "vendor" / "*" / "bin" / "codex")
-    found = sorted(glob.glob(pattern))
-    if not found:
-        raise CodexNotInstalled(f"codex binary not found ({pattern}); run `make install` (npm ci)")
-    return found[0]
+    if pattern not in _found:
+        found = sorted(glob.glob(pattern))
+        if not found:
+            raise CodexNotInstalled(f"codex binary not found ({pattern}); run `make install` (npm ci)")
+        _found[pattern] = found[0]
+    return _found[pattern]
+
+
+_found: dict[str, str] = {}  # glob pattern → binary (the install does not move while a worker runs)
 
 
 def app_server_argv() -> list[str]:
