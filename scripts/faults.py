@@ -437,6 +437,18 @@ def recreate_database(url: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def drop_database(url: str) -> None:
+    """Remove the scratch database after a clean run (a failed run keeps it for inspection)."""
+    import psycopg
+
+    name = url.rsplit("/", 1)[1].split("?")[0]
+    try:
+        with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception as exc:  # noqa: BLE001 — leaving it behind is harmless
+        log(f"could not drop {name}: {exc}")
+
+
 # --------------------------------------------------------------------------------------- a scenario's record
 
 
@@ -954,7 +966,7 @@ def main() -> int:
     p.add_argument("--broker-before", type=float, default=4.0, help="seconds of posting before each kill")
     p.add_argument("--broker-down", type=float, default=3.0, help="seconds the broker stays down")
     p.add_argument("--broker-after", type=float, default=4.0, help="seconds of posting after the last restart")
-    p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs) afterwards")
+    p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs) and the *_faults database afterwards")
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args()
     chosen = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -1049,6 +1061,7 @@ def main() -> int:
         import shutil
 
         shutil.rmtree(scratch, ignore_errors=True)
+        drop_database(faults_db)
     print("faults: OK" if ok else "faults: FAILED")
     return 0 if ok else 1
 

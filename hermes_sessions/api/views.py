@@ -159,12 +159,17 @@ class TurnCreateView(_ApiView):
     summary="Cancel a turn",
     parameters=[OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
     request=None,
-    responses={202: TurnSerializer, 404: OpenApiResponse(description="No such turn.")},
+    responses={
+        202: TurnSerializer,
+        404: OpenApiResponse(description="No such turn."),
+        409: OpenApiResponse(description="The turn already finished (`turn` holds it)."),
+    },
 )
 class TurnCancelView(_ApiView):
-    """``POST /api/turns/{id}/cancel/`` — a queued turn ends ``cancelled`` at once; a running one gets
-    ``turn/interrupt`` within a second and ends ``cancelled`` with what codex completed before it;
-    a finished turn is returned as it is."""
+    """``POST /api/turns/{id}/cancel/`` → 202 with the turn as it is now: a queued turn is
+    ``cancelled`` at once; a running one is still ``running`` — its worker sends ``turn/interrupt``
+    within a second and it then ends ``cancelled`` with what codex completed before it. A finished
+    turn answers 409."""
 
     serializer_class = TurnSerializer
     queryset = Turn.objects.none()
@@ -174,6 +179,10 @@ class TurnCancelView(_ApiView):
             turn = selectors.turn_get(user=request.user, turn_id=turn_id)
         except Turn.DoesNotExist as exc:
             raise NotFound("No such turn.") from exc
+        if turn.is_terminal:
+            body = {"detail": f"turn already {turn.status}; nothing to cancel", "code": "turn_finished",
+                    "turn": TurnSerializer(turn).data}
+            return Response(body, status=status.HTTP_409_CONFLICT)
         turn = services.turn_cancel(turn=turn)
         return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
 

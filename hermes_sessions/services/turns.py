@@ -245,6 +245,8 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
         error = result.error
         if status == Turn.Status.FAILED and not error:
             error = f"codex ended the turn with status {result.status!r}"
+        elif status == Turn.Status.CANCELLED and not error:
+            error = "cancelled while running (turn/interrupt); what codex completed before it is kept"
         _finish(turn, result, status=status, error=error)
         dispatch_next_on_commit(session)
         return turn

@@ -134,3 +134,6 @@ def test_cancel_endpoint(client, user):
     other.force_authenticate(UserFactory())
     assert other.post(f"/api/turns/{queued.id}/cancel/").status_code == 404
     assert client.post("/api/turns/not-a-uuid/cancel/").status_code == 404
+    again = client.post(f"/api/turns/{queued.id}/cancel/")
+    assert again.status_code == 409 and again.json()["code"] == "turn_finished"
+    assert again.json()["turn"]["status"] == "cancelled"

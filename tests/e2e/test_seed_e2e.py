@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from hermes_sessions.model_stand_in import ModelStandIn
 from project.celery import app as celery_app
+from tests.conftest import codex_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -78,8 +79,19 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        leftover = subprocess.run(["pgrep", "-f", str(settings.CODEX_HOME)], capture_output=True, text=True).stdout
-        assert not leftover.strip(), f"codex processes left behind: {leftover}"
+        _forget_queue(settings.CELERY_BROKER_URL)
+        assert codex_processes(settings.CODEX_HOME) == [], "codex processes left behind"
+
+
+def _forget_queue(broker_url: str) -> None:
+    """Drop the per-run queue's binding keys, so test runs leave nothing behind on a shared Redis."""
+    if broker_url.startswith("redis"):
+        import redis
+
+        client = redis.Redis.from_url(broker_url)
+        for key in client.scan_iter(match=f"_kombu.binding*{TURN_QUEUE}*"):
+            client.delete(key)
+        client.delete(TURN_QUEUE)
 
 
 def _api(user) -> APIClient:

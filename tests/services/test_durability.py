@@ -170,6 +170,7 @@ def test_cancel_a_running_turn_interrupts_codex(user, scripted_codex, run_turn_n
     canceller.join()
     assert time.monotonic() - started < 5
     assert turn.status == Turn.Status.CANCELLED, turn.error
+    assert turn.error.startswith("cancelled while running")
     assert "turn/interrupt" in [c["method"] for c in scripted_codex.calls()]
     # What codex completed before the interrupt is stored, consistently.
     roles = [(m.role, m.codex_item_id) for m in Message.objects.filter(turn=turn).order_by("seq")]
