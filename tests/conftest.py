@@ -10,6 +10,10 @@ def pytest_configure(config):
         raise pytest.UsageError(
             "The test suite needs PostgreSQL: set DATABASE_URL=postgres://… (make test does this)."
         )
+    # Tasks run in the test process unless a test starts a real worker (tests/e2e flips this).
+    from project.celery import app
+
+    app.conf.task_always_eager = True
 
 
 import json  # noqa: E402

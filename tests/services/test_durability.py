@@ -238,3 +238,17 @@ def test_cancel_during_retry_backoff_ends_cancelled_without_running_codex(user, 
     assert t2.status == Turn.Status.CANCELLED and "cancelled before codex ran it" in t2.error
     assert "hello two" not in scripted_codex.turn_inputs()
     assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
+
+
+def test_a_second_delivery_of_a_running_turn_changes_nothing(user, scripted_codex, monkeypatch):
+    from hermes_sessions.tasks import run_turn
+
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text="one", user=user)
+    claim = services.turn_claim(turn_id=turn.id)
+    before = transcript(session)
+    assert run_turn(str(turn.id)) == "skipped"
+    turn.refresh_from_db()
+    assert (turn.status, turn.claim_token, turn.attempt) == (Turn.Status.RUNNING, claim.token, 1)
+    assert transcript(session) == before and scripted_codex.calls() == []
