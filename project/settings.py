@@ -86,6 +86,14 @@ DATABASES = {
         conn_health_checks=True,  # a persistent connection killed by a database restart is replaced, not a 500
     )
 }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The embedded default: writers wait for each other (BEGIN IMMEDIATE + a busy timeout) rather
+    # than failing with "database is locked" when the API and an eager turn write at once.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL;",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -138,7 +146,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_ROUTES = {"hermes_sessions.tasks.run_turn": {"queue": os.environ.get("HERMES_TURN_QUEUE", "turns")}}
+HERMES_TURN_QUEUE = os.environ.get("HERMES_TURN_QUEUE", "turns")
+# Turns get a queue of their own; the sweep stays on the default queue ("celery") so that long
+# turns occupying every turn slot never delay crash recovery. Workers consume both (-Q turns,celery).
+CELERY_TASK_ROUTES = {"hermes_sessions.tasks.run_turn": {"queue": HERMES_TURN_QUEUE}}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

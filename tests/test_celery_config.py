@@ -13,6 +13,7 @@ def test_turns_are_acknowledged_late_and_requeued_when_a_worker_is_lost():
 
 def test_turns_have_a_queue_of_their_own():
     assert app.amqp.router.route({}, run_turn.name)["queue"].name == settings.CELERY_TASK_ROUTES[run_turn.name]["queue"]
+    # The sweep stays on the default queue: long turns filling every turn slot cannot delay it.
     assert app.amqp.router.route({}, sweep_turns.name)["queue"].name == "celery"
 
 

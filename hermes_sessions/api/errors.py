@@ -77,6 +77,8 @@ def _translate(exc: Exception) -> tuple[Exception, dict[str, Any]]:
         return Conflict(str(exc), code="session_busy"), {"turn": exc.turn_id}
     if isinstance(exc, services.IdempotencyMismatch):
         return Unprocessable(str(exc), code="idempotency_key_reused"), {"field": "Idempotency-Key"}
+    if isinstance(exc, services.InvalidIdempotencyKey):
+        return BadRequest(str(exc), code="invalid_idempotency_key"), {"field": "Idempotency-Key"}
     if isinstance(exc, services.InvalidInput):
         return BadRequest(str(exc), code="invalid_input"), {"field": "input"}
     if isinstance(exc, services.ServiceError):

@@ -4,7 +4,7 @@
 ``execution`` (running a claimed turn through codex), ``recovery`` (the periodic sweep),
 ``idempotency`` (Idempotency-Key). Callers import from here.
 """
-from .errors import IdempotencyMismatch, InvalidInput, ServiceError, SessionBusy, SessionIdTaken
+from .errors import IdempotencyMismatch, InvalidIdempotencyKey, InvalidInput, ServiceError, SessionBusy, SessionIdTaken
 from .execution import turn_execute
 from .idempotency import idempotent
 from .recovery import SweepReport, turns_sweep
@@ -24,7 +24,7 @@ from .turns import (
 )
 
 __all__ = [
-    "IdempotencyMismatch", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken",
+    "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken",
     "turn_execute", "idempotent", "NOTICE_BINDING_ENDED", "binding_end", "SweepReport", "turns_sweep", "notice_acknowledge", "session_create",
     "MAX_INPUT_CHARS", "NOTICE_THREAD_ROTATED", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
     "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat",

@@ -14,6 +14,10 @@ class InvalidInput(ServiceError):
     """The turn input is empty or too long, or an option is unknown (HTTP 400)."""
 
 
+class InvalidIdempotencyKey(InvalidInput):
+    """The ``Idempotency-Key`` header is empty, too long or not printable ASCII (HTTP 400)."""
+
+
 class SessionBusy(ServiceError):
     """``on_busy="reject"`` and the session has a turn running or queued (HTTP 409).
     ``turn_id`` names that turn."""

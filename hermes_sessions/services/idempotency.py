@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..models import IdempotencyKey
-from .errors import IdempotencyMismatch, InvalidInput
+from .errors import IdempotencyMismatch, InvalidIdempotencyKey
 
 T = TypeVar("T")
 MAX_KEY_CHARS = 255
@@ -44,13 +44,14 @@ def idempotent(
 ) -> tuple[T, bool]:
     """Run ``create()`` once per ``(user, scope, key)``; return ``(object, created)``.
 
-    ``key`` None: no idempotency, just ``create()``. Raises ``InvalidInput`` for a malformed key and
+    ``key`` None: no idempotency, just ``create()``. Raises ``InvalidIdempotencyKey`` for a malformed key and
     ``IdempotencyMismatch`` when the key was used with a different ``body``.
     """
     if key is None:
         return create(), True
-    if not key or len(key) > MAX_KEY_CHARS or not key.isprintable():
-        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_KEY_CHARS} printable characters")
+    if not key or len(key) > MAX_KEY_CHARS or not (key.isascii() and key.isprintable()):
+        # ASCII only: HTTP headers arrive latin-1-decoded, so anything else would be judged by accident.
+        raise InvalidIdempotencyKey(f"Idempotency-Key must be 1-{MAX_KEY_CHARS} printable ASCII characters")
     digest = request_hash(body)
     with transaction.atomic():
         advisory_xact_lock(f"idempotency:{user.pk}:{scope}:{key}")

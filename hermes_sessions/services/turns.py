@@ -141,6 +141,12 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
         turn = Turn.objects.select_for_update().get(pk=turn_id)
         if turn.status != Turn.Status.QUEUED:
             return None
+        if turn.cancel_requested_at is not None:  # cancelled while its worker was lost: do not run it again
+            turn.status, turn.finished_at = Turn.Status.CANCELLED, timezone.now()
+            turn.error = turn.error or "cancelled; not run again after its worker was lost"
+            turn.save(update_fields=["status", "finished_at", "error"])
+            dispatch_next_on_commit(session)
+            return None
         siblings = Turn.objects.filter(session=session).exclude(pk=turn.pk)
         if siblings.filter(status=Turn.Status.RUNNING).exists():
             return None
@@ -240,7 +246,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
         if result.status is not None and result.thread_id and result.codex_turn_id:
             # Only a thread that ran this turn has a rollout to resume (I1); one started and then
             # cancelled before turn/start is left unbound.
-            _bind(session, turn, result.thread_id)
+            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)
         status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
         error = result.error
         if status == Turn.Status.FAILED and not error:
@@ -317,13 +323,17 @@ def _apply_rotation(session: Session, turn: Turn, result: TurnOutcome) -> None:
     Notice.objects.create(session=session, turn=turn, kind=Notice.Kind.LIFECYCLE, text=NOTICE_THREAD_ROTATED)
 
 
-def _bind(session: Session, turn: Turn, thread_id: str) -> None:
+def _bind(session: Session, turn: Turn, thread_id: str, *, resumed: bool) -> None:
     home = codex_home_id()
     active = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
     if active and active.thread_id == thread_id:
         if active.codex_home != home:  # resumed here: the rollout is in this CODEX_HOME now
             active.codex_home = home
             active.save(update_fields=["codex_home"])
+        return
+    if resumed:
+        # The binding this turn resumed was ended meanwhile (an operator's decision, made while
+        # the turn ran): honour it — the next turn starts a fresh thread.
         return
     if active:
         active.status = CodexBinding.Status.ENDED

@@ -137,3 +137,11 @@ def test_cancel_endpoint(client, user):
     again = client.post(f"/api/turns/{queued.id}/cancel/")
     assert again.status_code == 409 and again.json()["code"] == "turn_finished"
     assert again.json()["turn"]["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("key", ["über-1", "ключ", "emoji-\U0001F600", "tab\tkey", "x" * 256])
+def test_idempotency_keys_are_printable_ascii(client, key):
+    resp = client.post("/api/sessions/", data="{}", content_type="application/json",
+                       HTTP_IDEMPOTENCY_KEY=key.encode("utf-8").decode("latin-1"))
+    assert resp.status_code == 400
+    assert resp.json()["field"] == "Idempotency-Key"

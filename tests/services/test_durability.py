@@ -252,3 +252,35 @@ def test_a_second_delivery_of_a_running_turn_changes_nothing(user, scripted_code
     turn.refresh_from_db()
     assert (turn.status, turn.claim_token, turn.attempt) == (Turn.Status.RUNNING, claim.token, 1)
     assert transcript(session) == before and scripted_codex.calls() == []
+
+
+def test_binding_ended_by_an_operator_during_a_turn_stays_ended(user, scripted_codex, run_turn_now, monkeypatch):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    real_finalize = services.turn_finalize
+
+    def operator_acts_first(**kwargs):  # the admin action lands while codex runs turn 2
+        services.binding_end(session=session, reason="ended by operator admin")
+        return real_finalize(**kwargs)
+
+    monkeypatch.setattr("hermes_sessions.services.execution.turn_finalize", operator_acts_first)
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    monkeypatch.undo()
+    assert (t2.status, t2.thread_action) == (Turn.Status.SUCCEEDED, "resumed")
+    assert not CodexBinding.objects.filter(session=session, status="active").exists()
+    t3 = run_turn_now(session=session, text="hello three", user=user)
+    assert t3.thread_action == "started" and t3.codex_thread_id != t1.codex_thread_id
+
+
+def test_a_turn_cancelled_while_its_worker_was_lost_is_not_run_again(user, scripted_codex, monkeypatch):
+    monkeypatch.setattr("hermes_sessions.services.turns.dispatch_on_commit", lambda turn_id: None)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text="RUNCMD rm -rf something", user=user)
+    services.turn_claim(turn_id=turn.id)
+    services.turn_cancel(turn=turn)  # running: only marked
+    expire_lease(turn)
+    monkeypatch.undo()
+    services.turns_sweep()  # queued again and dispatched (eager)
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.CANCELLED and "not run again" in turn.error
+    assert scripted_codex.calls() == []
