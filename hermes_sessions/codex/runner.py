@@ -74,6 +74,10 @@ class TurnSpec:
     # Set when the bound thread's rollout was written under another CODEX_HOME (another host): its
     # absence here proves nothing, so "no rollout found" must not rotate.
     thread_elsewhere: str = ""
+    # Re-runs only: the fresh thread a lost worker started for this turn (not bound: I1).
+    previous_thread_id: str | None = None
+    # Called with a freshly started thread's id before turn/start, so a re-run can find it.
+    on_thread_started: Callable[[str], None] | None = None
 
 
 class TurnControl:
@@ -185,6 +189,20 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
                     out,
                 ) from exc
             out.rotated_from, out.rotation_reason = spec.thread_id, exc.message  # type: ignore[attr-defined]
+    reused = False
+    if not out.thread_action and spec.previous_thread_id:
+        # A re-run after a lost worker that had already started a fresh thread for this turn: that
+        # thread has a rollout only if codex saw our turn/start, so resume it (and adopt the turn if
+        # it completed) rather than start a second thread and run the input twice.
+        try:
+            resumed = _request(client, "thread/resume", {"threadId": spec.previous_thread_id, "excludeTurns": True})
+            out.thread_action = "rotated" if out.rotated_from else "started"
+            out.thread_id, reused = _thread_id(resumed) or spec.previous_thread_id, True
+        except CodexError as exc:
+            if not is_thread_gone(exc):
+                out.methods = client.sent_methods[first:]
+                raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
+            # no rollout: the lost worker never reached turn/start; start afresh below
     if not out.thread_action:
         try:
             result = _request(client, "thread/start", thread_params)
@@ -193,10 +211,12 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
             raise TurnRunError(_describe("thread/start", exc), out, exc) from exc
         out.thread_action = "rotated" if out.rotated_from else "started"
         out.thread_id = _thread_id(result)
+        if spec.on_thread_started is not None:
+            spec.on_thread_started(out.thread_id)
         if spec.fresh_input is not None:
             text = spec.fresh_input()
     out.methods = client.sent_methods[first:]
-    if out.thread_action == "resumed" and spec.adopt_completed and spec.client_turn_id:
+    if (out.thread_action == "resumed" or reused) and spec.adopt_completed and spec.client_turn_id:
         try:
             if _adopt_completed_turn(client, spec, out):
                 out.timings["thread_ms"] = _ms(t0)

@@ -21,11 +21,13 @@ from .turns import (
     turn_fail,
     turn_finalize,
     turn_heartbeat,
+    turn_note_thread,
+    turn_requeue,
 )
 
 __all__ = [
     "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken",
     "turn_execute", "idempotent", "NOTICE_BINDING_ENDED", "binding_end", "SweepReport", "turns_sweep", "notice_acknowledge", "session_create",
     "MAX_INPUT_CHARS", "NOTICE_THREAD_ROTATED", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
-    "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat",
+    "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat", "turn_note_thread", "turn_requeue",
 ]

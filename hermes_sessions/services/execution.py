@@ -28,7 +28,16 @@ from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError
 from ..codex.server_requests import make_server_request_handler
 from ..history_seed import seeded_input
 from ..models import Turn
-from .turns import TurnClaim, history_seed, turn_claim, turn_fail, turn_finalize, turn_heartbeat
+from .turns import (
+    TurnClaim,
+    history_seed,
+    turn_claim,
+    turn_fail,
+    turn_finalize,
+    turn_heartbeat,
+    turn_note_thread,
+    turn_requeue,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +80,10 @@ def _run_with_retries(claim: TurnClaim, control: TurnControl) -> Turn | None:
                 logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
                 control.interrupt.wait(delay)  # a cancel cuts the backoff short
                 continue
+            if exc.error_class is ErrorClass.RETRY and exc.before_turn_start and not control.stopping():
+                # Still busy after every retry (e.g. a hung worker's app-server holds the thread):
+                # back to the queue, within the attempt budget, rather than fail a live conversation.
+                return _commit(turn_requeue, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
             return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
         except SoftTimeLimitExceeded:
             # Celery's soft limit (a backstop behind CODEX_TURN_TIMEOUT): the app-server is already
@@ -150,6 +163,8 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         adopt_completed=claim.attempt > 1,
         control=control,
         thread_elsewhere=claim.thread_home if claim.thread_home and claim.thread_home != codex_home_id() else "",
+        previous_thread_id=claim.previous_thread_id,
+        on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
     )
     try:
         outcome = run_turn(client, spec)

@@ -115,6 +115,7 @@ class TurnClaim:
     thread_home: str = ""  # the CODEX_HOME id its rollout lives in ("" for bindings from before that was kept)
     config: dict[str, Any] = field(default_factory=dict)  # policy.effective_config(...)
     attempt: int = 1  # >1: an earlier worker died holding this turn
+    previous_thread_id: str | None = None  # the fresh thread that earlier worker had started, if any
 
 
 def _lease_deadline():
@@ -153,6 +154,7 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
         if siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists():
             return None
         token = uuid.uuid4()
+        previous_thread_id = turn.codex_thread_id or None  # only set here by turn_note_thread of a lost attempt
         turn.status = Turn.Status.RUNNING
         turn.started_at = timezone.now()
         turn.attempt += 1
@@ -171,7 +173,37 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
             thread_home=binding.codex_home if binding else "",
             config=policy.effective_config(session.model_config),
             attempt=turn.attempt,
+            previous_thread_id=previous_thread_id,
         )
+
+
+def turn_note_thread(*, turn_id: uuid.UUID, token: uuid.UUID, thread_id: str) -> None:
+    """Record the fresh thread a running turn started, before its ``turn/start``: not a binding
+    (I1), just a note that lets a re-run after a crash resume that thread instead of starting a
+    second one and running the input twice. One UPDATE, guarded by the claim token."""
+    Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(
+        codex_thread_id=clean_text(thread_id, max_chars=64)
+    )
+
+
+def turn_requeue(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str) -> Turn | None:
+    """Give a claimed turn back to the queue (codex could not take it yet, e.g. another process
+    still holds the thread), to be claimed again — at most ``HERMES_MAX_ATTEMPTS`` claims in all,
+    then it fails with ``reason``. Returns ``None`` when the claim is no longer held."""
+    with transaction.atomic():
+        session, turn = _lock_claimed(turn_id, token)
+        if turn is None:
+            return None
+        if turn.attempt >= settings.HERMES_MAX_ATTEMPTS:
+            _finish(turn, TurnOutcome(), status=Turn.Status.FAILED,
+                    error=f"{reason} (gave up after {turn.attempt} attempts)")
+            dispatch_next_on_commit(session)
+            return turn
+        turn.status, turn.claim_token, turn.lease_expires_at = Turn.Status.QUEUED, None, None
+        turn.error = clean_text(f"attempt {turn.attempt} put back in the queue: {reason}", max_chars=MAX_ERROR_CHARS)
+        turn.save(update_fields=["status", "claim_token", "lease_expires_at", "error"])
+        dispatch_on_commit(turn.pk)
+        return turn
 
 
 @dataclass(frozen=True)

@@ -284,3 +284,64 @@ def test_a_turn_cancelled_while_its_worker_was_lost_is_not_run_again(user, scrip
     turn.refresh_from_db()
     assert turn.status == Turn.Status.CANCELLED and "not run again" in turn.error
     assert scripted_codex.calls() == []
+
+
+class WorkerKilled(BaseException):
+    """kill -9 of the worker, as far as the code under test can tell."""
+
+
+def test_first_turn_rerun_resumes_the_thread_the_lost_worker_started_and_runs_once(user, scripted_codex, run_turn_now, monkeypatch):
+    session = services.session_create(owner=user)
+
+    def die(**kwargs):
+        raise WorkerKilled
+
+    monkeypatch.setattr("hermes_sessions.services.execution.turn_finalize", die)
+    with pytest.raises(WorkerKilled):
+        run_turn_now(session=session, text="RUNCMD charge the card", user=user)
+    monkeypatch.undo()
+    turn = Turn.objects.get(session=session)
+    provisional = turn.codex_thread_id
+    assert turn.status == Turn.Status.RUNNING and provisional  # noted before turn/start, not bound
+    assert not CodexBinding.objects.exists()
+    expire_lease(turn)
+
+    services.turns_sweep()
+    turn.refresh_from_db()
+    assert (turn.status, turn.thread_action, turn.codex_thread_id) == (Turn.Status.SUCCEEDED, "started", provisional)
+    assert scripted_codex.turn_inputs() == ["RUNCMD charge the card"]  # once, not twice
+    assert scripted_codex.processes()[-1] == ["initialize", "thread/resume", "thread/turns/list"]
+    assert CodexBinding.objects.get(session=session, status="active").thread_id == provisional
+
+
+def test_rerun_starts_afresh_when_the_lost_worker_died_before_turn_start(user, scripted_codex, run_turn_now, monkeypatch):
+    from hermes_sessions.services import turns as turn_ops
+
+    session = services.session_create(owner=user)
+
+    def note_then_die(**kwargs):
+        turn_ops.turn_note_thread(**kwargs)
+        raise WorkerKilled
+
+    monkeypatch.setattr("hermes_sessions.services.execution.turn_note_thread", note_then_die)
+    with pytest.raises(WorkerKilled):
+        run_turn_now(session=session, text="hello", user=user)
+    monkeypatch.undo()
+    turn = Turn.objects.get(session=session)
+    expire_lease(turn)
+
+    services.turns_sweep()
+    turn.refresh_from_db()
+    assert (turn.status, turn.thread_action) == (Turn.Status.SUCCEEDED, "started"), turn.error
+    assert scripted_codex.processes()[-1] == ["initialize", "thread/resume", "thread/start", "turn/start"]
+    assert scripted_codex.turn_inputs() == ["hello"]
+
+
+def test_a_thread_still_held_after_every_retry_goes_back_to_the_queue(user, scripted_codex, run_turn_now, settings):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    writer = {"error": {"code": -32600, "message": "thread {thread_id} already has an active writer"}}
+    scripted_codex.script({"thread/resume": [writer, writer, writer]})  # attempt 1: both tries; attempt 2: one
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t2.status, t2.attempt, t2.codex_thread_id) == (Turn.Status.SUCCEEDED, 2, t1.codex_thread_id), t2.error
+    assert t2.error == ""

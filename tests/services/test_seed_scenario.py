@@ -130,11 +130,12 @@ def test_transient_resume_errors_are_retried_never_rotated(bound_session, user, 
 
 def test_a_writer_that_never_lets_go_fails_the_turn_and_keeps_the_binding(bound_session, user, scripted_codex, run_turn_now):
     session, thread1 = bound_session
-    scripted_codex.script({"thread/resume": [ACTIVE_WRITER] * 3})
+    scripted_codex.script({"thread/resume": [ACTIVE_WRITER] * 9})
     t2 = run_turn_now(session=session, text="hello two", user=user)
     assert t2.status == Turn.Status.FAILED
     assert "already has an active writer" in t2.error and "binding is kept" in t2.error
-    assert len([p for p in scripted_codex.processes() if "thread/resume" in p]) == 3  # 1 + 2 retries
+    assert "gave up after 3 attempts" in t2.error and t2.attempt == 3  # back to the queue twice first
+    assert len([p for p in scripted_codex.processes() if "thread/resume" in p]) == 9  # 3 attempts × (1 + 2 retries)
     assert_untouched(session, thread1)
     t3 = run_turn_now(session=session, text="hello three", user=user)
     assert (t3.status, t3.thread_action, t3.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", thread1)
