@@ -6,6 +6,9 @@ Wire sequences before ``turn/start`` (design §3, pinned by tests):
     binding, thread alive                        ["thread/resume"]
     binding, codex answers -32600 "no rollout…"  ["thread/resume", "thread/start"]   (rotation)
 
+Re-runs after a lost worker add ``thread/turns/list`` (adopt the turn if codex completed it) and,
+when that worker had started a fresh thread, first try ``thread/resume`` of that thread.
+
 Only that one answer rotates (``errors.is_thread_gone``); every other failure ends the run with
 ``TurnRunError`` and leaves the binding alone. The runner touches no database: it returns a
 ``TurnOutcome`` that ``hermes_sessions.services`` commits in one transaction.
@@ -168,6 +171,57 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
     if spec.developer_instructions:
         thread_params["developerInstructions"] = spec.developer_instructions
 
+    text, reused = _open_thread(client, spec, out, thread_params, first)
+    out.methods = client.sent_methods[first:]
+    if (out.thread_action == "resumed" or reused) and spec.adopt_completed and spec.client_turn_id:
+        try:
+            if _adopt_completed_turn(client, spec, out):
+                out.timings["thread_ms"] = _ms(t0)
+                return out
+        except CodexError as exc:
+            raise TurnRunError(_describe("thread/turns/list", exc), out, exc) from exc
+    out.timings["thread_ms"] = _ms(t0)
+    if spec.control is not None and spec.control.interrupt.is_set():
+        out.status = "interrupted"  # cancelled before codex saw the input: nothing ran
+        return out
+
+    turn_params: dict[str, Any] = {
+        "threadId": out.thread_id,
+        "input": [{"type": "text", "text": text, "text_elements": []}],
+        "cwd": spec.cwd,
+        "approvalPolicy": spec.approval_policy,
+        "sandboxPolicy": _SANDBOX_POLICY[spec.sandbox](spec.cwd),
+    }
+    if spec.model:
+        turn_params["model"] = spec.model
+    if spec.client_turn_id:
+        turn_params["clientUserMessageId"] = spec.client_turn_id
+    t1 = time.monotonic()
+    try:
+        try:
+            started = _request(client, "turn/start", turn_params)
+        except JsonRpcError as exc:
+            # codex 0.169.0: "thread not found: <id>" when the thread is not loaded in this process
+            # (e.g. unloaded since the resume): resume it, then retry once.
+            if not exc.message.startswith(THREAD_NOT_FOUND_PREFIX):
+                raise
+            _request(client, "thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
+            started = _request(client, "turn/start", turn_params)
+        out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
+        _drive(client, spec, out)
+    except TurnRunError:
+        raise
+    except CodexError as exc:
+        raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=False) from exc
+    finally:
+        out.timings["turn_ms"] = _ms(t1)
+    return out
+
+
+def _open_thread(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, thread_params: dict, first: int) -> tuple[str, bool]:
+    """Resume the bound thread, or rotate, or (on a re-run) reuse the lost worker's fresh thread, or
+    start one. Fills ``out.thread_action``/``thread_id``/``rotated_from``; returns the input text to
+    send (seeded for a fresh thread) and whether the lost worker's thread was reused."""
     text = spec.text
     if spec.thread_id:
         try:
@@ -215,51 +269,7 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
             spec.on_thread_started(out.thread_id)
         if spec.fresh_input is not None:
             text = spec.fresh_input()
-    out.methods = client.sent_methods[first:]
-    if (out.thread_action == "resumed" or reused) and spec.adopt_completed and spec.client_turn_id:
-        try:
-            if _adopt_completed_turn(client, spec, out):
-                out.timings["thread_ms"] = _ms(t0)
-                return out
-        except CodexError as exc:
-            raise TurnRunError(_describe("thread/turns/list", exc), out, exc) from exc
-    out.timings["thread_ms"] = _ms(t0)
-    if spec.control is not None and spec.control.interrupt.is_set():
-        out.status = "interrupted"  # cancelled before codex saw the input: nothing ran
-        return out
-
-    turn_params: dict[str, Any] = {
-        "threadId": out.thread_id,
-        "input": [{"type": "text", "text": text, "text_elements": []}],
-        "cwd": spec.cwd,
-        "approvalPolicy": spec.approval_policy,
-        "sandboxPolicy": _SANDBOX_POLICY[spec.sandbox](spec.cwd),
-    }
-    if spec.model:
-        turn_params["model"] = spec.model
-    if spec.client_turn_id:
-        turn_params["clientUserMessageId"] = spec.client_turn_id
-    t1 = time.monotonic()
-    try:
-        try:
-            started = _request(client, "turn/start", turn_params)
-        except JsonRpcError as exc:
-            # codex 0.169.0: "thread not found: <id>" when the thread is not loaded in this process
-            # (e.g. unloaded since the resume): resume it, then retry once.
-            if not exc.message.startswith(THREAD_NOT_FOUND_PREFIX):
-                raise
-            _request(client, "thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
-            started = _request(client, "turn/start", turn_params)
-        out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
-        _drive(client, spec, out)
-    except TurnRunError:
-        raise
-    except CodexError as exc:
-        raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=False) from exc
-    finally:
-        out.timings["turn_ms"] = _ms(t1)
-    return out
-
+    return text, reused
 
 def _request(client: AppServerClient, method: str, params: dict) -> dict:
     """``client.request`` that backs off and retries on -32001 overload (codex's own advice)."""
