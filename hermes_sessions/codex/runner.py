@@ -284,23 +284,44 @@ def _request(client: AppServerClient, method: str, params: dict) -> dict:
     raise AssertionError("unreachable")
 
 
+# Items that only carry text: a turn cut off with nothing else in it did nothing in the world.
+_TEXT_ONLY_ITEMS = {"userMessage", "agentMessage", "reasoning", "plan", "contextCompaction"}
+
+
 def _adopt_completed_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> bool:
-    """If codex already completed this turn (its userMessage carries our ``clientId``), project that
-    turn into ``out`` and return True: a re-run after a crash must not run the input twice."""
+    """Look for this turn in codex's thread (its userMessage carries our ``clientId``) on a re-run
+    after a lost worker. Returns True when ``out`` is now final, without running the input again:
+
+    * codex completed it → adopted (``status`` completed, its items projected);
+    * codex cut it off after it ran commands, file changes or tool calls → ``status`` failed with
+      the reason and the items it completed: running the input again would repeat those actions.
+
+    Returns False — run the input — when codex never saw it, or cut it off before it did
+    anything but text."""
     page = _request(client, "thread/turns/list", {"threadId": out.thread_id, "limit": 10, "itemsView": "full"})
     for turn in page.get("data") or []:
         items = turn.get("items") or []
         ours = any(i.get("type") == "userMessage" and i.get("clientId") == spec.client_turn_id for i in items)
         if not ours:
             continue
-        if turn.get("status") != "completed":
-            return False  # it did not finish; run it again
+        status = turn.get("status")
+        acted = [i.get("type") for i in items if i.get("type") not in _TEXT_ONLY_ITEMS]
+        if status != "completed" and not acted:
+            return False  # cut off before doing anything: safe to run again
         projector = ItemProjector()
         for item in items:
             projector.add(item)
         out.codex_turn_id = str(turn.get("id") or "")
-        out.status = "completed"
         out.messages, out.final_text, out.adopted = projector.messages, projector.final_text, True
+        if status == "completed":
+            out.status = "completed"
+        else:
+            out.status = "failed"
+            out.error = (
+                f"the worker running this turn was lost after codex had started it; codex's turn "
+                f"{out.codex_turn_id} was cut off ({status}) after {', '.join(sorted(set(acted)))} — not run "
+                "again, so nothing it did is repeated; its completed items are kept"
+            )
         return True
     return False
 

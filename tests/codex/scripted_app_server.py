@@ -223,9 +223,10 @@ def handle_turn_start(request_id, params, action):
     failed = action.get("turn_status") == "failed"
     usage = {"totalTokens": 100 + len(text) + len(reply.split()), "inputTokens": 100 + len(text),
              "cachedInputTokens": 0, "outputTokens": len(reply.split()), "reasoningOutputTokens": 0}
-    items = [user_item] + list(action.get("turn_items") or []) + ([] if failed else [agent_item])
+    cut_off = failed or action.get("no_completion") or "exit_mid_turn" in action
+    items = [user_item] + list(action.get("turn_items") or []) + ([] if cut_off else [agent_item])
     with open(rollout_path(thread_id), "a", encoding="utf-8") as fh:
-        status = "failed" if failed else "inProgress" if action.get("no_completion") else "completed"
+        status = "failed" if failed else "interrupted" if cut_off else "completed"
         fh.write(json.dumps({"id": turn_id, "items": items, "usage": usage, "status": status}) + "\n")
 
     respond(request_id, {"turn": turn_obj(turn_id, "inProgress")})

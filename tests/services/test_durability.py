@@ -345,3 +345,49 @@ def test_a_thread_still_held_after_every_retry_goes_back_to_the_queue(user, scri
     t2 = run_turn_now(session=session, text="hello two", user=user)
     assert (t2.status, t2.attempt, t2.codex_thread_id) == (Turn.Status.SUCCEEDED, 2, t1.codex_thread_id), t2.error
     assert t2.error == ""
+
+
+def _die_mid_turn(monkeypatch):
+    def die(client, spec, out):
+        raise WorkerKilled  # kill -9 after codex accepted turn/start and began acting
+
+    monkeypatch.setattr("hermes_sessions.codex.runner._drive", die)
+
+
+def test_a_turn_cut_off_after_codex_ran_a_command_is_not_run_again(user, scripted_codex, run_turn_now, monkeypatch):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    command = {"type": "commandExecution", "id": "call_7", "command": "date >> ran.txt", "cwd": "/w",
+               "status": "completed", "aggregatedOutput": "", "exitCode": 0}
+    scripted_codex.script({"turn/start": [{"turn_items": [command], "no_completion": True}]})
+    _die_mid_turn(monkeypatch)
+    with pytest.raises(WorkerKilled):
+        run_turn_now(session=session, text="RUNCMD date >> ran.txt", user=user)
+    monkeypatch.undo()
+    t2 = Turn.objects.get(session=session, seq=2)
+    expire_lease(t2)
+
+    services.turns_sweep()
+    t2.refresh_from_db()
+    assert t2.status == Turn.Status.FAILED and "not run again" in t2.error and "commandExecution" in t2.error
+    assert scripted_codex.turn_inputs().count("RUNCMD date >> ran.txt") == 1  # the command ran once
+    rows = [(m.role, m.codex_item_id) for m in Message.objects.filter(turn=t2).order_by("seq")]
+    assert rows == [("user", ""), ("assistant", "call_7"), ("tool", "call_7")]  # what codex did is on record
+    assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
+
+
+def test_a_turn_cut_off_before_doing_anything_is_run_again(user, scripted_codex, run_turn_now, monkeypatch):
+    session = services.session_create(owner=user)
+    run_turn_now(session=session, text="hello one", user=user)
+    scripted_codex.script({"turn/start": [{"no_completion": True}]})
+    _die_mid_turn(monkeypatch)
+    with pytest.raises(WorkerKilled):
+        run_turn_now(session=session, text="just talk", user=user)
+    monkeypatch.undo()
+    t2 = Turn.objects.get(session=session, seq=2)
+    expire_lease(t2)
+
+    services.turns_sweep()
+    t2.refresh_from_db()
+    assert (t2.status, t2.final_text) == (Turn.Status.SUCCEEDED, "echo: just talk"), t2.error
+    assert scripted_codex.turn_inputs().count("just talk") == 2  # nothing had happened; safe to repeat
