@@ -3,25 +3,12 @@ import json
 
 import pytest
 from kombu.exceptions import OperationalError
-from rest_framework.test import APIClient
 
 from hermes_sessions import services, tasks
 from hermes_sessions.models import Turn
-from tests.factories import SessionFactory, UserFactory
+from tests.factories import SessionFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def user():
-    return UserFactory()
-
-
-@pytest.fixture
-def client(user):
-    api = APIClient()
-    api.force_authenticate(user)
-    return api
 
 
 @pytest.mark.parametrize("path", ["/api/sessions/", "/api/sessions/s1/turns/"])

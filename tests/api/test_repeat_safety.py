@@ -8,30 +8,15 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from hermes_sessions import tasks
 from hermes_sessions.models import IdempotencyKey, Session, Turn
 from tests.factories import SessionFactory, TurnFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def user():
-    return UserFactory()
-
-
-@pytest.fixture
-def client(user):
-    api = APIClient()
-    api.force_authenticate(user)
-    return api
-
-
 @pytest.fixture(autouse=True)
-def dispatched(monkeypatch):
-    sent: list[str] = []
-    monkeypatch.setattr(tasks.run_turn, "apply_async", lambda *a, **k: sent.append(str(k["args"][0])))
-    return sent
+def _no_codex(dispatched):
+    """Record dispatches instead of running codex (``dispatched`` in tests/api/conftest.py)."""
 
 
 def post(client, path, body, key=None):

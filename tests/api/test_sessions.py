@@ -16,18 +16,6 @@ pytestmark = pytest.mark.django_db
 LIST_URL = "/api/sessions/"
 
 
-@pytest.fixture
-def user():
-    return UserFactory()
-
-
-@pytest.fixture
-def client(user):
-    api = APIClient()
-    api.force_authenticate(user)
-    return api
-
-
 def post_json(client, url, body):
     return client.post(url, data=json.dumps(body), content_type="application/json")
 

@@ -6,24 +6,11 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from hermes_sessions.models import Message
-from tests.factories import MessageFactory, NoticeFactory, SessionFactory, TurnFactory, UserFactory
+from tests.factories import MessageFactory, NoticeFactory, SessionFactory, TurnFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def user():
-    return UserFactory()
-
-
-@pytest.fixture
-def client(user):
-    api = APIClient()
-    api.force_authenticate(user)
-    return api
 
 
 @pytest.fixture

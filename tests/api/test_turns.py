@@ -6,25 +6,12 @@ import uuid
 
 import pytest
 from django.utils import timezone
-from rest_framework.test import APIClient
 
-from hermes_sessions import services, tasks
+from hermes_sessions import services
 from hermes_sessions.models import Message, Session, Turn
-from tests.factories import SessionFactory, TurnFactory, UserFactory
+from tests.factories import SessionFactory, TurnFactory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def user():
-    return UserFactory()
-
-
-@pytest.fixture
-def client(user):
-    api = APIClient()
-    api.force_authenticate(user)
-    return api
 
 
 @pytest.fixture
@@ -33,16 +20,8 @@ def session(user):
 
 
 @pytest.fixture(autouse=True)
-def dispatched(monkeypatch):
-    """Record run_turn dispatches instead of running codex; returns the list of turn ids sent."""
-    sent: list[str] = []
-
-    def record(*args, **kwargs):
-        task_args = kwargs.get("args") if "args" in kwargs else (args[0] if args else [])
-        sent.append(str(task_args[0]))
-
-    monkeypatch.setattr(tasks.run_turn, "apply_async", record)
-    return sent
+def _no_codex(dispatched):
+    """Record dispatches instead of running codex (``dispatched`` in tests/api/conftest.py)."""
 
 
 def post_turn(client, session_id, body, *, raw=None):

@@ -27,6 +27,24 @@ def transcript(session):
     return list(Message.objects.filter(session=session).order_by("seq").values_list("seq", "role", "content"))
 
 
+def cancel_once_running(session) -> threading.Thread:
+    """Start a thread that cancels the session's turn as soon as a worker has claimed it."""
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            running = Turn.objects.filter(session=session, status=Turn.Status.RUNNING).first()
+            if running:
+                services.turn_cancel(turn=running)
+                break
+            time.sleep(0.02)
+        connection.close()
+
+    canceller = threading.Thread(target=cancel_when_running)
+    canceller.start()
+    return canceller
+
+
 def test_turn_of_a_dead_worker_is_taken_back_and_run_once(user, scripted_codex, run_turn_now):
     session = services.session_create(owner=user)
     run_turn_now(session=session, text="hello one", user=user)
@@ -153,18 +171,7 @@ def test_cancel_a_running_turn_interrupts_codex(user, scripted_codex, run_turn_n
             "aggregatedOutput": "a\n", "exitCode": 0}
     scripted_codex.script({"turn/start": [{"no_completion": True, "turn_items": [item]}]})
 
-    def cancel_when_running():
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            running = Turn.objects.filter(session=session, status=Turn.Status.RUNNING).first()
-            if running:
-                services.turn_cancel(turn=running)
-                break
-            time.sleep(0.02)
-        connection.close()
-
-    canceller = threading.Thread(target=cancel_when_running)
-    canceller.start()
+    canceller = cancel_once_running(session)
     started = time.monotonic()
     turn = run_turn_now(session=session, text="hello two", user=user)
     canceller.join()
@@ -219,18 +226,7 @@ def test_cancel_during_retry_backoff_ends_cancelled_without_running_codex(user, 
     writer = {"error": {"code": -32600, "message": "thread {thread_id} already has an active writer"}}
     scripted_codex.script({"thread/resume": [writer, writer, writer]})
 
-    def cancel_when_running():
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            running = Turn.objects.filter(session=session, status=Turn.Status.RUNNING).first()
-            if running:
-                services.turn_cancel(turn=running)
-                break
-            time.sleep(0.02)
-        connection.close()
-
-    canceller = threading.Thread(target=cancel_when_running)
-    canceller.start()
+    canceller = cancel_once_running(session)
     started = time.monotonic()
     t2 = run_turn_now(session=session, text="hello two", user=user)
     canceller.join()
