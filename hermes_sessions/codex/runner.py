@@ -91,6 +91,7 @@ class TurnControl:
     def __init__(self) -> None:
         self.interrupt = threading.Event()
         self.abandon = threading.Event()
+        self.running: tuple[str, str] | None = None  # (thread id, codex turn id) once turn/start answered
 
     def stopping(self) -> bool:
         """True once either signal is set: no point retrying."""
@@ -208,6 +209,8 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
             _request(client, "thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
             started = _request(client, "turn/start", turn_params)
         out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
+        if spec.control is not None:
+            spec.control.running = (out.thread_id, out.codex_turn_id)
         _drive(client, spec, out)
     except TurnRunError:
         raise

@@ -171,6 +171,14 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
     except TurnRunError as exc:
         exc.outcome.timings["initialize_ms"] = initialize_ms
         raise
+    except SoftTimeLimitExceeded:
+        if control.running:  # Celery's soft limit: ask codex to stop the turn before the app-server goes
+            thread_id, turn_id = control.running
+            try:
+                client.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id}, timeout=2.0)
+            except Exception:  # noqa: BLE001 — best effort; closing the app-server stops it anyway
+                logger.info("turn %s: turn/interrupt at the soft time limit got no answer", claim.turn_id)
+        raise
     finally:
         # Close before committing: the thread's writer lock must be free before the next turn of
         # this session can be dispatched (codex allows one writer per thread).

@@ -103,13 +103,15 @@ def test_unknown_notifications_and_server_requests_do_not_disturb_a_turn(bound, 
     assert_kept_and_clean(session, thread, scripted_codex)
 
 
-def test_celery_soft_time_limit_fails_the_turn_and_stops_codex(bound, user, scripted_codex, run_turn_now, monkeypatch):
+def test_celery_soft_time_limit_interrupts_codex_fails_the_turn_and_stops_codex(bound, user, scripted_codex, run_turn_now, monkeypatch):
     session, thread = bound
+    scripted_codex.script({"turn/start": [{"no_completion": True}]})
 
-    def over_time(client, spec):
+    def over_time(client, spec, out):  # the soft limit fires while the turn streams
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setattr("hermes_sessions.services.execution.run_turn", over_time)
+    monkeypatch.setattr("hermes_sessions.codex.runner._drive", over_time)
     turn = run_turn_now(session=session, text="hello two", user=user)
     assert turn.status == Turn.Status.FAILED and "time limit" in turn.error
+    assert [c["method"] for c in scripted_codex.calls()][-1] == "turn/interrupt"
     assert_kept_and_clean(session, thread, scripted_codex)
