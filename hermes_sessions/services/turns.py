@@ -269,25 +269,16 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
     final state, usage and timings. Returns the turn, or ``None`` when the claim is no longer
     held (a duplicate delivery or a lost claim) — then nothing is written.
     """
-    with transaction.atomic():
-        session, turn = _lock_claimed(turn_id, token)
-        if turn is None:
-            return None
-        _append_messages(session, turn, result.messages)
-        _apply_rotation(session, turn, result)
-        if result.status is not None and result.thread_id and result.codex_turn_id:
-            # Only a thread that ran this turn has a rollout to resume (I1); one started and then
-            # cancelled before turn/start is left unbound.
-            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)
-        status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
-        error = result.error
-        if status == Turn.Status.FAILED and not error:
-            error = f"codex ended the turn with status {result.status!r}"
-        elif status == Turn.Status.CANCELLED and not error:
-            error = "cancelled while running (turn/interrupt); what codex completed before it is kept"
-        _finish(turn, result, status=status, error=error)
-        dispatch_next_on_commit(session)
-        return turn
+    status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
+    error = result.error
+    if status == Turn.Status.FAILED and not error:
+        error = f"codex ended the turn with status {result.status!r}"
+    elif status == Turn.Status.CANCELLED and not error:
+        error = "cancelled while running (turn/interrupt); what codex completed before it is kept"
+    # Only a thread that ran this turn has a rollout to resume (I1); one started and then
+    # cancelled before turn/start is left unbound.
+    bind = result.status is not None and bool(result.thread_id and result.codex_turn_id)
+    return _commit_turn(turn_id, token, result, status=status, error=error, bind=bind)
 
 
 def turn_fail(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str, result: TurnOutcome | None = None) -> Turn | None:
@@ -298,14 +289,20 @@ def turn_fail(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str, result: Turn
     next turn starts a fresh, seeded thread. Items codex completed before the failure are stored.
     Returns ``None`` when the claim is no longer held.
     """
-    result = result or TurnOutcome()
+    return _commit_turn(turn_id, token, result or TurnOutcome(), status=Turn.Status.FAILED, error=reason, bind=False)
+
+
+def _commit_turn(turn_id, token, result: TurnOutcome, *, status: str, error: str, bind: bool) -> Turn | None:
+    """The one transaction that ends a claimed turn: rows, rotation, binding, state, next dispatch."""
     with transaction.atomic():
         session, turn = _lock_claimed(turn_id, token)
         if turn is None:
             return None
         _append_messages(session, turn, result.messages)
         _apply_rotation(session, turn, result)
-        _finish(turn, result, status=Turn.Status.FAILED, error=reason)
+        if bind:
+            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)
+        _finish(turn, result, status=status, error=error)
         dispatch_next_on_commit(session)
         return turn
 

@@ -343,11 +343,20 @@ def test_a_thread_still_held_after_every_retry_goes_back_to_the_queue(user, scri
     assert t2.error == ""
 
 
-def _die_mid_turn(monkeypatch):
-    def die(client, spec, out):
-        raise WorkerKilled  # kill -9 after codex accepted turn/start and began acting
+def _crash_mid_turn(run_turn_now, monkeypatch, *, session, text, user) -> Turn:
+    """Run a turn whose worker dies (kill -9) after codex accepted turn/start; return it with its
+    lease expired, ready for the sweep."""
 
-    monkeypatch.setattr("hermes_sessions.codex.runner._drive", die)
+    def die(client, spec, out):
+        raise WorkerKilled
+
+    with monkeypatch.context() as patched:
+        patched.setattr("hermes_sessions.codex.runner._drive", die)
+        with pytest.raises(WorkerKilled):
+            run_turn_now(session=session, text=text, user=user)
+    turn = Turn.objects.filter(session=session).order_by("-seq").first()
+    expire_lease(turn)
+    return turn
 
 
 def test_a_turn_cut_off_after_codex_ran_a_command_is_not_run_again(user, scripted_codex, run_turn_now, monkeypatch):
@@ -356,12 +365,7 @@ def test_a_turn_cut_off_after_codex_ran_a_command_is_not_run_again(user, scripte
     command = {"type": "commandExecution", "id": "call_7", "command": "date >> ran.txt", "cwd": "/w",
                "status": "completed", "aggregatedOutput": "", "exitCode": 0}
     scripted_codex.script({"turn/start": [{"turn_items": [command], "no_completion": True}]})
-    _die_mid_turn(monkeypatch)
-    with pytest.raises(WorkerKilled):
-        run_turn_now(session=session, text="RUNCMD date >> ran.txt", user=user)
-    monkeypatch.undo()
-    t2 = Turn.objects.get(session=session, seq=2)
-    expire_lease(t2)
+    t2 = _crash_mid_turn(run_turn_now, monkeypatch, session=session, text="RUNCMD date >> ran.txt", user=user)
 
     services.turns_sweep()
     t2.refresh_from_db()
@@ -376,12 +380,7 @@ def test_a_turn_cut_off_before_doing_anything_is_run_again(user, scripted_codex,
     session = services.session_create(owner=user)
     run_turn_now(session=session, text="hello one", user=user)
     scripted_codex.script({"turn/start": [{"no_completion": True}]})
-    _die_mid_turn(monkeypatch)
-    with pytest.raises(WorkerKilled):
-        run_turn_now(session=session, text="just talk", user=user)
-    monkeypatch.undo()
-    t2 = Turn.objects.get(session=session, seq=2)
-    expire_lease(t2)
+    t2 = _crash_mid_turn(run_turn_now, monkeypatch, session=session, text="just talk", user=user)
 
     services.turns_sweep()
     t2.refresh_from_db()
