@@ -198,6 +198,7 @@ HERMES_MAX_ATTEMPTS = int(os.environ.get("HERMES_MAX_ATTEMPTS", "3"))  # claims 
 HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # queued this long at the head: send again
 # Backoff (seconds) for retryable codex failures before turn/start (active writer, transport blip).
 HERMES_RETRY_DELAYS = tuple(float(x) for x in os.environ.get("HERMES_RETRY_DELAYS", "0.5,1,2,4,8").split(",") if x)
+HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see services/retry_policy.py
 HERMES_IDEMPOTENCY_TTL = int(os.environ.get("HERMES_IDEMPOTENCY_TTL", str(24 * 3600)))
 
 LOGGING = {

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import METHOD_NOT_FOUND, CodexError, JsonRpcError, RequestTimeout, TransportError
+from .errors import METHOD_NOT_FOUND, CodexError, RequestTimeout, TransportError, error_from_response
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +213,8 @@ class AppServerClient:
         """Send ``method`` and wait for its response; return ``result``.
 
         ``params`` defaults to ``{}`` (codex 0.169 rejects a request without ``params``). ``timeout`` (seconds)
-        defaults to ``request_timeout``. Raises :class:`JsonRpcError` on an error response,
+        defaults to ``request_timeout``. Raises the :class:`~.errors.JsonRpcError` subclass that
+        :func:`~.errors.error_from_response` picks for an error response (``ThreadGone``, ``ThreadBusy``, …),
         :class:`RequestTimeout` past the deadline (the process is left running: the caller decides), and
         :class:`TransportError` as soon as the process is gone or the stream is broken.
         """
@@ -251,14 +252,7 @@ class AppServerClient:
                     raise RequestTimeout(method, timeout, stderr_tail=self.stderr_tail())
                 self._cv.wait(remaining)
         if "error" in response:
-            error = response["error"] if isinstance(response["error"], dict) else {"message": response["error"]}
-            code = error.get("code")
-            raise JsonRpcError(
-                method,
-                code if isinstance(code, int) else 0,
-                str(error.get("message", "")),
-                error.get("data"),
-            )
+            raise error_from_response(method, response["error"])
         result = response.get("result")
         return {} if result is None else result
 

@@ -1,33 +1,45 @@
-"""Errors raised while talking to ``codex app-server``, and the one place that classifies them.
+"""Errors raised while talking to ``codex app-server``, as types.
 
-Callers branch on :func:`classify` (rotate / retry / fail), never on message strings.
+:func:`error_from_response` is the only code in the project that reads codex's JSON-RPC error codes and
+message texts; :class:`~.client.AppServerClient` raises what it returns. Everyone else — the turn runner
+(``runner.py``) and the services — decides by ``isinstance``, never by message text.
 
-Observed on codex 0.169.0 (and 0.171.0), ``shared/codex/protocol.md`` §3.2 and §6. Nearly every error a
-client meets is JSON-RPC code ``-32600`` (invalid request); the message tells them apart:
+Observed on codex 0.169.0 and 0.171.0 (``shared/codex/protocol.md`` §3.2, §3.4 and §6). Nearly every refusal
+is JSON-RPC code ``-32600`` (invalid request); the message tells them apart, so a type is chosen on code
+**and** message prefix:
 
-========================================================  ======================================  =======
-situation                                                 ``error.message``                       class
-========================================================  ======================================  =======
-resume/fork/archive of an unknown thread, of a thread     ``no rollout found for thread id <id>``  rotate
-that never ran a turn, or whose rollout file is gone
-another live app-server (same ``CODEX_HOME``) holds it    ``thread <id> already has an active      retry
-                                                          writer``
-server overloaded (code ``-32001``)                       ``Server overloaded; retry later.``      retry
-resume of an archived thread                              ``session <id> is archived. Run           fail
-                                                          `codex unarchive <id>` to unarchive it
-                                                          first.``
-resume with a non-UUID id                                 ``invalid session id: invalid             fail
-                                                          character: …``
-``turn/start`` on a thread not loaded in this process     ``thread not found: <id>``               fail
-========================================================  ======================================  =======
+=======================  =====================================================  ==========================================
+type                     codex answer                                           what happens (runner, then services)
+=======================  =====================================================  ==========================================
+:class:`ThreadGone`      ``-32600`` ``no rollout found for thread id <id>``     **rotate**: start a fresh, seeded thread; the
+                         (resume of an unknown thread, of one that never ran    old binding ends with one notice — unless
+                         a turn, or whose rollout file is gone)                 the binding was made under another
+                                                                                ``CODEX_HOME``: then **fail**, binding kept
+:class:`ThreadBusy`      ``-32600`` ``thread <id> already has an active         **retry** the whole run on a new app-server
+                         writer`` (another live app-server holds the thread)    (``RetryPolicy``), then requeue, then fail
+:class:`Overloaded`      ``-32001`` (any message; codex sends ``Server          **retry**, as ``ThreadBusy``
+                         overloaded; retry later.``)
+:class:`TransportError`  process died, stdout EOF, frame too large, non-JSON    **retry** when it happened before
+                         line, broken stdin pipe                                ``turn/start`` was sent; after it, **fail**
+                                                                                (codex may have run the input)
+:class:`RequestTimeout`  no answer within the request deadline                  as ``TransportError``
+:class:`ThreadNotLoaded` ``-32600`` ``thread not found: <id>`` (seen on         ``turn/start``: **resume and retry once**;
+                         ``turn/start`` for a thread not loaded in this         a second one **fails**, binding kept
+                         process)
+:class:`ThreadArchived`  ``-32600`` ``session <id> is archived. Run `codex       **fail**, binding kept
+                         unarchive <id>` to unarchive it first.``
+:class:`InvalidThreadId` ``-32600`` ``invalid session id: invalid character:    **fail**, binding kept
+                         …`` (a non-UUID thread id)
+:class:`JsonRpcError`    anything else (unknown codes and messages)             **fail**, binding kept
+:class:`CodexError`      the app-server could not be spawned (missing binary,   **fail**, binding kept
+                         bad cwd); the runner's ``TurnTimeout``
+=======================  =====================================================  ==========================================
 
-Transport failures (the process died, stdout EOF, a frame too large, a non-JSON line, a broken pipe, a
-request past its deadline) are retryable: the thread still exists, only the process is gone.
+:func:`retryable` is the **retry** column by type; the runner reports whether ``turn/start`` had been sent.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 #: JSON-RPC code codex uses for almost every refusal (``codex-rs/app-server/src/error_code.rs``).
@@ -36,9 +48,6 @@ INVALID_REQUEST = -32600
 OVERLOADED = -32001
 #: What we answer to a server-initiated request we do not handle (JSON-RPC "method not found").
 METHOD_NOT_FOUND = -32601
-
-THREAD_GONE_PREFIX = "no rollout found for thread id "
-ACTIVE_WRITER_SUFFIX = " already has an active writer"
 
 
 class CodexError(Exception):
@@ -96,7 +105,8 @@ class TurnTimeout(CodexError):
 class JsonRpcError(CodexError):
     """Codex answered ``method`` with a JSON-RPC error object ``{code, message, data?}``.
 
-    ``code`` and ``message`` are verbatim; codex 0.169.0 sent no ``data`` in any error observed.
+    ``code`` and ``message`` are verbatim; codex 0.169.0 sent no ``data`` in any error observed. The
+    subclasses below name the answers the runner acts on; build them with :func:`error_from_response`.
     """
 
     def __init__(self, method: str, code: int, message: str, data: Any = None) -> None:
@@ -107,49 +117,75 @@ class JsonRpcError(CodexError):
         super().__init__(f"codex {method} failed: JSON-RPC error {code}: {message}")
 
 
-class ErrorClass(enum.Enum):
-    """What a caller does about a failure."""
-
-    ROTATE = "rotate"  # the thread is gone for good: start a new one (once, with a notice)
-    RETRY = "retry"  # transient: keep the binding, try the turn again later
-    FAIL = "fail"  # keep the binding, fail the turn with the reason
+class ThreadGone(JsonRpcError):
+    """``-32600 no rollout found for thread id <id>``: codex cannot hand the thread back, ever (unknown
+    id, a thread that never ran a turn, or a deleted rollout file — codex 0.169.0). The one answer that
+    rotates."""
 
 
-def is_thread_gone(exc: BaseException) -> bool:
-    """True only for ``-32600`` ``no rollout found for thread id <id>``: codex cannot hand the thread back.
+class ThreadBusy(JsonRpcError):
+    """``-32600 thread <id> already has an active writer``: another live app-server on this
+    ``CODEX_HOME`` holds the thread (codex releases it as soon as that process dies or closes stdin)."""
 
-    That is the one answer that proves the thread is unrecoverable (codex 0.169.0: unknown id, a thread
-    that never ran a turn, or a deleted rollout file). Everything else keeps the thread.
+
+class ThreadNotLoaded(JsonRpcError):
+    """``-32600 thread not found: <id>``: ``turn/start`` on a thread this process has not resumed
+    (codex 0.169.0 answers so even when the rollout exists on disk)."""
+
+
+class ThreadArchived(JsonRpcError):
+    """``-32600 session <id> is archived. Run `codex unarchive <id>` …``: an operator must unarchive it."""
+
+
+class InvalidThreadId(JsonRpcError):
+    """``-32600 invalid session id: …``: the stored thread id is not a UUID codex can parse."""
+
+
+class Overloaded(JsonRpcError):
+    """``-32001 Server overloaded; retry later.``: codex's request queue is full."""
+
+
+# (prefix, suffix, type) for code -32600; the first match wins. Exact texts: protocol.md §3.2, §3.4, §6.
+_INVALID_REQUEST_TYPES: tuple[tuple[str, str, type[JsonRpcError]], ...] = (
+    ("no rollout found for thread id ", "", ThreadGone),
+    ("thread not found: ", "", ThreadNotLoaded),
+    ("invalid session id: ", "", InvalidThreadId),
+    ("thread ", " already has an active writer", ThreadBusy),
+    ("session ", " to unarchive it first.", ThreadArchived),
+)
+
+
+def error_from_response(method: str, error: object) -> JsonRpcError:
+    """The typed exception for codex's JSON-RPC ``error`` member answering ``method``.
+
+    ``error`` is the raw member: normally ``{"code": int, "message": str, "data"?: any}``; anything else
+    (a bare string, a non-integer code) still gives a :class:`JsonRpcError` (code 0 when missing) rather
+    than a crash. ``-32001`` is :class:`Overloaded` whatever its message; the ``-32600`` subclasses need
+    the message's exact prefix (and suffix); every other answer is a plain :class:`JsonRpcError`.
     """
-    return (
-        isinstance(exc, JsonRpcError)
-        and exc.code == INVALID_REQUEST
-        and isinstance(exc.message, str)
-        and exc.message.startswith(THREAD_GONE_PREFIX)
-    )
+    fields = error if isinstance(error, dict) else {"message": error}
+    raw_code = fields.get("code")
+    code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) else 0
+    message = str(fields.get("message", ""))
+    return _error_type(code, message)(method, code, message, fields.get("data"))
 
 
-def _is_active_writer(exc: JsonRpcError) -> bool:
-    # "thread <id> already has an active writer": another live process holds the thread lock.
-    message = exc.message if isinstance(exc.message, str) else ""
-    return (
-        exc.code == INVALID_REQUEST
-        and message.startswith("thread ")
-        and message.endswith(ACTIVE_WRITER_SUFFIX)
-    )
+def _error_type(code: int, message: str) -> type[JsonRpcError]:
+    if code == OVERLOADED:
+        return Overloaded
+    if code == INVALID_REQUEST:
+        for prefix, suffix, error_type in _INVALID_REQUEST_TYPES:
+            if message.startswith(prefix) and message.endswith(suffix):
+                return error_type
+    return JsonRpcError
 
 
-def classify(exc: BaseException) -> ErrorClass:
-    """Classify a codex failure (table in the module docstring).
+#: The failures worth another try on a new app-server (the thread still exists; only the process or
+#: codex's capacity was in the way). The table's **retry** column.
+RETRYABLE: tuple[type[CodexError], ...] = (TransportError, ThreadBusy, Overloaded)
 
-    ROTATE: :func:`is_thread_gone` only. RETRY: any :class:`TransportError` (timeouts included),
-    ``-32001`` overloaded, ``-32600`` ``thread <id> already has an active writer``. FAIL: everything else,
-    including archived sessions, invalid ids, ``thread not found``, unknown codes and non-codex exceptions.
-    """
-    if is_thread_gone(exc):
-        return ErrorClass.ROTATE
-    if isinstance(exc, TransportError):
-        return ErrorClass.RETRY
-    if isinstance(exc, JsonRpcError) and (exc.code == OVERLOADED or _is_active_writer(exc)):
-        return ErrorClass.RETRY
-    return ErrorClass.FAIL
+
+def retryable(exc: BaseException) -> bool:
+    """True for :data:`RETRYABLE` types — a transient failure that keeps the thread. Whether a retry is
+    safe also needs ``turn/start`` not to have been sent; the runner reports that."""
+    return isinstance(exc, RETRYABLE)

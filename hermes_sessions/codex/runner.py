@@ -9,9 +9,18 @@ Wire sequences before ``turn/start`` (design §3, pinned by tests):
 Re-runs after a lost worker add ``thread/turns/list`` (adopt the turn if codex completed it) and,
 when that worker had started a fresh thread, first try ``thread/resume`` of that thread.
 
-Only that one answer rotates (``errors.is_thread_gone``); every other failure ends the run with
-``TurnRunError`` and leaves the binding alone. The runner touches no database: it returns a
-``TurnOutcome`` that ``hermes_sessions.services`` commits in one transaction.
+Decisions are made on the error's type (the table in ``errors.py``): only ``ThreadGone`` on the bound
+thread rotates (unless ``TurnSpec.rotation_refusal`` forbids it); ``ThreadNotLoaded`` on ``turn/start``
+resumes and retries once; every other failure ends the run with ``TurnRunError`` — its ``cause`` the
+typed error, ``before_turn_start`` whether codex can have run the input — and leaves the binding alone.
+The runner never retries or sleeps: the caller applies the one retry policy
+(``services/retry_policy.py``). It touches no database: it returns a ``TurnOutcome`` that
+``hermes_sessions.services`` commits in one transaction.
+
+Notifications are read only after ``turn/start`` answers: the client queues those that arrive
+earlier (codex may send ``turn/started``, the items and even ``turn/completed`` before its response),
+and they are then matched against the turn id from the response; a stdout EOF after
+``turn/completed`` cannot fail a turn that has already ended.
 """
 from __future__ import annotations
 
@@ -22,25 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .client import AppServerClient
-from .errors import (
-    OVERLOADED,
-    CodexError,
-    ErrorClass,
-    JsonRpcError,
-    TransportError,
-    TurnTimeout,
-    classify,
-    is_thread_gone,
-)
+from .errors import CodexError, JsonRpcError, ThreadGone, ThreadNotLoaded, TransportError, TurnTimeout
 from .projection import ItemProjector
 
 logger = logging.getLogger(__name__)
 
 INTERRUPT_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.25
-# codex answers -32001 "Server overloaded; retry later." when its queue is full: back off and retry.
-OVERLOAD_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 4.0)
-THREAD_NOT_FOUND_PREFIX = "thread not found: "
 
 _SANDBOX_POLICY = {
     "read-only": lambda cwd: {"type": "readOnly"},
@@ -74,9 +71,9 @@ class TurnSpec:
     client_turn_id: str | None = None
     adopt_completed: bool = False
     control: TurnControl | None = None
-    # Set when the bound thread's rollout was written under another CODEX_HOME (another host): its
-    # absence here proves nothing, so "no rollout found" must not rotate.
-    thread_elsewhere: str = ""
+    # Non-empty: codex's "no rollout found" for the bound thread must not rotate it, and this is the
+    # failure reason to give instead (decided by ``services.bindings.rotation_refusal``).
+    rotation_refusal: str = ""
     # Re-runs only: the fresh thread a lost worker started for this turn (not bound: I1).
     previous_thread_id: str | None = None
     # Called with a freshly started thread's id before turn/start, so a re-run can find it.
@@ -128,14 +125,21 @@ class TurnOutcome:
 
 class TurnRunError(CodexError):
     """The turn could not be run to ``turn/completed``. ``outcome`` holds what was learnt before
-    the failure (notably ``rotated_from``); ``error_class`` is ``errors.classify`` of the cause."""
+    the failure (notably ``rotated_from``); ``cause`` is the typed error (``errors.py``), or ``None``;
+    ``before_turn_start`` is True when codex cannot have run the input (``turn/start`` was never sent,
+    or codex answered it with an error), so the whole run may be tried again."""
 
-    def __init__(self, reason: str, outcome: TurnOutcome, cause: BaseException | None = None, *, before_turn_start: bool = True):
+    def __init__(
+        self,
+        reason: str,
+        outcome: TurnOutcome,
+        cause: BaseException | None = None,
+        *,
+        before_turn_start: bool = True,
+    ) -> None:
         super().__init__(reason)
         self.outcome = outcome
         self.cause = cause
-        self.error_class = classify(cause) if cause is not None else ErrorClass.FAIL
-        # True when codex never saw turn/start: the whole run can be retried without running the input twice.
         self.before_turn_start = before_turn_start
 
 
@@ -156,23 +160,14 @@ def _describe(step: str, exc: BaseException) -> str:
     return f"{text} — the binding is kept"
 
 
-def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
+def drive_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
     """Resume or start the thread on ``client`` (already initialized), run one turn, return the
-    outcome. Raises ``TurnRunError`` for anything short of ``turn/completed``."""
+    outcome (``status`` completed | failed | interrupted). Raises ``TurnRunError`` for anything short
+    of ``turn/completed``; it never retries (the caller's ``RetryPolicy`` does)."""
     out = TurnOutcome()
     first = len(client.sent_methods)
     t0 = time.monotonic()
-    thread_params: dict[str, Any] = {
-        "cwd": spec.cwd,
-        "sandbox": spec.sandbox,
-        "approvalPolicy": spec.approval_policy,
-    }
-    if spec.model:
-        thread_params["model"] = spec.model
-    if spec.developer_instructions:
-        thread_params["developerInstructions"] = spec.developer_instructions
-
-    text, reused = _open_thread(client, spec, out, thread_params, first)
+    text, reused = _open_thread(client, spec, out, first)
     out.methods = client.sent_methods[first:]
     if (out.thread_action == "resumed" or reused) and spec.adopt_completed and spec.client_turn_id:
         try:
@@ -185,106 +180,128 @@ def run_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
     if spec.control is not None and spec.control.interrupt.is_set():
         out.status = "interrupted"  # cancelled before codex saw the input: nothing ran
         return out
+    t1 = time.monotonic()
+    try:
+        _start_turn(client, spec, out, text)
+        try:
+            _drive(client, spec, out)
+        except CodexError as exc:  # codex has the input: never run it again
+            raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=False) from exc
+    finally:
+        out.timings["turn_ms"] = _ms(t1)
+    return out
 
-    turn_params: dict[str, Any] = {
-        "threadId": out.thread_id,
+
+def _thread_params(spec: TurnSpec) -> dict[str, Any]:
+    params: dict[str, Any] = {"cwd": spec.cwd, "sandbox": spec.sandbox, "approvalPolicy": spec.approval_policy}
+    if spec.model:
+        params["model"] = spec.model
+    if spec.developer_instructions:
+        params["developerInstructions"] = spec.developer_instructions
+    return params
+
+
+def _turn_params(spec: TurnSpec, thread_id: str, text: str) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "threadId": thread_id,
         "input": [{"type": "text", "text": text, "text_elements": []}],
         "cwd": spec.cwd,
         "approvalPolicy": spec.approval_policy,
         "sandboxPolicy": _SANDBOX_POLICY[spec.sandbox](spec.cwd),
     }
     if spec.model:
-        turn_params["model"] = spec.model
+        params["model"] = spec.model
     if spec.client_turn_id:
-        turn_params["clientUserMessageId"] = spec.client_turn_id
-    t1 = time.monotonic()
+        params["clientUserMessageId"] = spec.client_turn_id
+    return params
+
+
+def _start_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, text: str) -> None:
+    """Send ``turn/start`` and record codex's turn id. A ``ThreadNotLoaded`` answer (codex 0.169.0:
+    ``thread not found: <id>`` when the thread is not loaded in this process, e.g. unloaded since the
+    resume) resumes the thread and sends ``turn/start`` once more."""
+    params = _turn_params(spec, out.thread_id, text)
     try:
         try:
-            started = _request(client, "turn/start", turn_params)
-        except JsonRpcError as exc:
-            # codex 0.169.0: "thread not found: <id>" when the thread is not loaded in this process
-            # (e.g. unloaded since the resume): resume it, then retry once.
-            if not exc.message.startswith(THREAD_NOT_FOUND_PREFIX):
-                raise
-            _request(client, "thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
-            started = _request(client, "turn/start", turn_params)
-        out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
-        if spec.control is not None:
-            spec.control.running = (out.thread_id, out.codex_turn_id)
-        _drive(client, spec, out)
-    except TurnRunError:
-        raise
-    except CodexError as exc:
+            started = client.request("turn/start", params)
+        except ThreadNotLoaded:
+            client.request("thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
+            started = client.request("turn/start", params)
+    except JsonRpcError as exc:
+        # codex refused turn/start: it never ran the input, so the run may be tried again.
+        raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=True) from exc
+    except TransportError as exc:
+        # No answer: codex may have started the turn; running the input again could repeat it.
         raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=False) from exc
-    finally:
-        out.timings["turn_ms"] = _ms(t1)
-    return out
+    out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
+    if spec.control is not None:
+        spec.control.running = (out.thread_id, out.codex_turn_id)
 
 
-def _open_thread(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, thread_params: dict, first: int) -> tuple[str, bool]:
+def _open_thread(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, first: int) -> tuple[str, bool]:
     """Resume the bound thread, or rotate, or (on a re-run) reuse the lost worker's fresh thread, or
     start one. Fills ``out.thread_action``/``thread_id``/``rotated_from``; returns the input text to
     send (seeded for a fresh thread) and whether the lost worker's thread was reused."""
-    text = spec.text
-    if spec.thread_id:
-        try:
-            # A plain resume (no overrides) writes nothing to the rollout (portability.md §4);
-            # excludeTurns: our transcript is the source of truth (I5), and it is faster.
-            resumed = _request(client, "thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
-            # codex's own spelling of the id from here on: notifications are matched against it.
-            out.thread_action, out.thread_id = "resumed", _thread_id(resumed) or spec.thread_id
-        except CodexError as exc:
-            if not is_thread_gone(exc):
-                out.methods = client.sent_methods[first:]
-                raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
-            if spec.thread_elsewhere:
-                out.methods = client.sent_methods[first:]
-                raise TurnRunError(
-                    f"codex has no rollout for thread {spec.thread_id} in this worker's CODEX_HOME, but the thread "
-                    f"was bound in {spec.thread_elsewhere!r}; not rotating — run this session's turns on workers "
-                    "that share that CODEX_HOME (CODEX_HOME_ID) — the binding is kept",
-                    out,
-                ) from exc
-            out.rotated_from, out.rotation_reason = spec.thread_id, exc.message  # type: ignore[attr-defined]
-    reused = False
-    if not out.thread_action and spec.previous_thread_id:
-        # A re-run after a lost worker that had already started a fresh thread for this turn: that
-        # thread has a rollout only if codex saw our turn/start, so resume it (and adopt the turn if
-        # it completed) rather than start a second thread and run the input twice.
-        try:
-            resumed = _request(client, "thread/resume", {"threadId": spec.previous_thread_id, "excludeTurns": True})
-            out.thread_action = "rotated" if out.rotated_from else "started"
-            out.thread_id, reused = _thread_id(resumed) or spec.previous_thread_id, True
-        except CodexError as exc:
-            if not is_thread_gone(exc):
-                out.methods = client.sent_methods[first:]
-                raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
-            # no rollout: the lost worker never reached turn/start; start afresh below
-    if not out.thread_action:
-        try:
-            result = _request(client, "thread/start", thread_params)
-        except CodexError as exc:
-            out.methods = client.sent_methods[first:]
-            raise TurnRunError(_describe("thread/start", exc), out, exc) from exc
-        out.thread_action = "rotated" if out.rotated_from else "started"
-        out.thread_id = _thread_id(result)
-        if spec.on_thread_started is not None:
-            spec.on_thread_started(out.thread_id)
-        if spec.fresh_input is not None:
-            text = spec.fresh_input()
-    return text, reused
+    try:
+        if spec.thread_id:
+            _resume_bound(client, spec, out)
+        reused = not out.thread_action and bool(spec.previous_thread_id) and _resume_previous(client, spec, out)
+        if out.thread_action:
+            return spec.text, reused
+        result = _request_step(client, out, "thread/start", _thread_params(spec))
+    except TurnRunError:
+        out.methods = client.sent_methods[first:]
+        raise
+    out.thread_action = "rotated" if out.rotated_from else "started"
+    out.thread_id = _thread_id(result)
+    if spec.on_thread_started is not None:
+        spec.on_thread_started(out.thread_id)
+    text = spec.fresh_input() if spec.fresh_input is not None else spec.text
+    return text, False
 
-def _request(client: AppServerClient, method: str, params: dict) -> dict:
-    """``client.request`` that backs off and retries on -32001 overload (codex's own advice)."""
-    for delay in (*OVERLOAD_BACKOFF_SECONDS, None):
-        try:
-            return client.request(method, params)
-        except JsonRpcError as exc:
-            if exc.code != OVERLOADED or delay is None:
-                raise
-            logger.info("codex %s overloaded; retrying in %.1f s", method, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+
+def _resume_bound(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
+    """``thread/resume`` the bound thread. ``ThreadGone`` marks the rotation in ``out`` (the caller then
+    starts a fresh thread) unless ``spec.rotation_refusal`` says why it must not rotate here."""
+    assert spec.thread_id  # the caller checks: only a bound thread is resumed
+    try:
+        # A plain resume (no overrides) writes nothing to the rollout (portability.md §4);
+        # excludeTurns: our transcript is the source of truth (I5), and it is faster.
+        resumed = client.request("thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
+    except ThreadGone as exc:
+        if spec.rotation_refusal:
+            raise TurnRunError(spec.rotation_refusal, out, exc) from exc
+        out.rotated_from, out.rotation_reason = spec.thread_id, exc.message
+        return
+    except CodexError as exc:
+        raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
+    # codex's own spelling of the id from here on: notifications are matched against it.
+    out.thread_action, out.thread_id = "resumed", _thread_id(resumed) or spec.thread_id
+
+
+def _resume_previous(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> bool:
+    """A re-run after a lost worker that had already started a fresh thread for this turn: that
+    thread has a rollout only if codex saw our ``turn/start``, so resume it (and adopt the turn if it
+    completed) rather than start a second thread and run the input twice. False: no rollout, the lost
+    worker never reached ``turn/start`` — start afresh."""
+    assert spec.previous_thread_id  # the caller checks
+    try:
+        resumed = client.request("thread/resume", {"threadId": spec.previous_thread_id, "excludeTurns": True})
+    except ThreadGone:
+        return False
+    except CodexError as exc:
+        raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
+    out.thread_action = "rotated" if out.rotated_from else "started"
+    out.thread_id = _thread_id(resumed) or spec.previous_thread_id
+    return True
+
+
+def _request_step(client: AppServerClient, out: TurnOutcome, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``client.request`` for a step before ``turn/start``: any codex failure becomes ``TurnRunError``."""
+    try:
+        return client.request(method, params)
+    except CodexError as exc:
+        raise TurnRunError(_describe(method, exc), out, exc) from exc
 
 
 # Items that only carry text: a turn cut off with nothing else in it did nothing in the world.
@@ -301,7 +318,7 @@ def _adopt_completed_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutc
 
     Returns False — run the input — when codex never saw it, or cut it off before it did
     anything but text."""
-    page = _request(client, "thread/turns/list", {"threadId": out.thread_id, "limit": 10, "itemsView": "full"})
+    page = client.request("thread/turns/list", {"threadId": out.thread_id, "limit": 10, "itemsView": "full"})
     for turn in page.get("data") or []:
         items = turn.get("items") or []
         ours = any(i.get("type") == "userMessage" and i.get("clientId") == spec.client_turn_id for i in items)

@@ -4,10 +4,13 @@ No transaction is open while codex works. A heartbeat thread renews the claim's 
 cancel requests; if the claim is lost (the sweep took the turn back after the lease expired), the
 run stops and commits nothing.
 
-Failures before codex saw ``turn/start`` that ``codex.errors.classify`` calls *retry* — the dead
-worker's app-server still holding the thread (``thread <id> already has an active writer``), a
-transport failure while spawning or resuming — are retried on a new app-server with backoff
-(``HERMES_RETRY_DELAYS``); they never rotate the thread. Everything else ends the turn with a reason.
+Retries follow the one ``RetryPolicy`` (``retry_policy.py``; its docstring has the worst case). A
+failure before codex can have run the input whose type ``codex.errors.retryable`` accepts —
+``ThreadBusy`` (the dead worker's app-server still holds the thread), ``Overloaded``, a
+``TransportError`` while spawning or resuming — is retried on a new app-server after the policy's
+next delay; once the claim's budget is spent the turn goes back to the queue (at most
+``max_claims`` claims). These never rotate the thread. An app-server that cannot start is retried the
+same way and then fails. Everything else ends the turn with a reason.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -22,12 +27,14 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from .. import policy
 from ..codex.client import AppServerClient
-from ..codex.errors import ErrorClass, classify
-from ..codex.launch import app_server_argv, app_server_env, codex_home_id, ensure_codex_home
-from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, run_turn
+from ..codex.errors import retryable
+from ..codex.launch import app_server_argv, app_server_env, ensure_codex_home
+from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, drive_turn
 from ..codex.server_requests import make_server_request_handler
 from ..history_seed import seeded_input
 from ..models import Turn
+from .bindings import rotation_refusal
+from .retry_policy import RetryPolicy, retry_policy
 from .turns import (
     TurnClaim,
     history_seed,
@@ -41,15 +48,16 @@ from .turns import (
 
 logger = logging.getLogger(__name__)
 
-DB_RETRY_DELAYS = (0.5, 1.0, 2.0)
 STDERR_TAIL_LINES = 12  # what goes into a failed turn's error text
+T = TypeVar("T")
 
 
 def turn_execute(*, turn_id: uuid.UUID | str) -> Turn | None:
     """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
     this call's to run (not the session's next turn, already running or finished — a duplicate
-    delivery changes nothing) or when this worker lost its claim mid-run. Every codex failure ends
-    the turn ``failed`` with a readable reason; none escapes."""
+    delivery changes nothing), when it went back to the queue, or when this worker lost its claim
+    mid-run. Every codex failure ends the turn ``failed`` (or requeued) with a readable reason;
+    none escapes."""
     claim = turn_claim(turn_id=turn_id)
     if claim is None:
         return None
@@ -57,71 +65,98 @@ def turn_execute(*, turn_id: uuid.UUID | str) -> Turn | None:
     beat = _Heartbeat(claim, control)
     beat.start()
     try:
-        return _run_with_retries(claim, control)
+        return _run_with_retries(claim, control, retry_policy())
     finally:
         beat.stop()
 
 
-def _run_with_retries(claim: TurnClaim, control: TurnControl) -> Turn | None:
-    delays = list(settings.HERMES_RETRY_DELAYS)
+def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy) -> Turn | None:
+    started = time.monotonic()
+    retries = 0
     while True:
         try:
             outcome = _run_once(claim, control)
         except TurnRunError as exc:
-            if isinstance(exc.cause, TurnAbandoned):
-                logger.warning("turn %s: claim lost mid-run; committing nothing", claim.turn_id)
-                return None
-            if exc.before_turn_start and control.interrupt.is_set():
-                # Cancelled while codex was not yet running it: end cancelled, not failed.
-                exc.outcome.status, exc.outcome.error = "interrupted", f"cancelled before codex ran it ({exc})"
-                return _commit(turn_finalize, turn_id=claim.turn_id, token=claim.token, result=exc.outcome)
-            if exc.error_class is ErrorClass.RETRY and exc.before_turn_start and delays and not control.stopping():
-                delay = delays.pop(0)
-                logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
-                control.interrupt.wait(delay)  # a cancel cuts the backoff short
-                continue
-            if exc.error_class is ErrorClass.RETRY and exc.before_turn_start and not control.stopping():
-                # Still busy after every retry (e.g. a hung worker's app-server holds the thread):
-                # back to the queue, within the attempt budget, rather than fail a live conversation.
-                return _commit(turn_requeue, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
-            return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc), result=exc.outcome)
+            if not _backoff(claim, control, budget, exc, retries=retries, started=started):
+                return _after_run_error(claim, control, budget, exc)
+        except _StartupError as exc:
+            if not _backoff(claim, control, budget, exc, retries=retries, started=started):
+                return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
         except SoftTimeLimitExceeded:
             # Celery's soft limit (a backstop behind CODEX_TURN_TIMEOUT): the app-server is already
             # closed (``_run_once``'s finally), so codex has stopped; end the turn with the reason.
-            return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token,
+            return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token,
                            reason="the turn exceeded the worker's time limit; codex was stopped — the binding is kept")
-        except _StartupError as exc:
-            if exc.retryable and delays and not control.stopping():
-                delay = delays.pop(0)
-                logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
-                control.interrupt.wait(delay)
-                continue
-            return _commit(turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
-        return _commit(turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome)
+        else:
+            return _commit(budget, turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome)
+        retries += 1
 
 
-def _commit(write, **kwargs):
-    """Run a finalize write, retrying a lost database connection a few times: codex's work is done
-    and must not wait for the sweep (which would still recover it, by adopting the codex turn)."""
-    for delay in (*DB_RETRY_DELAYS, None):
+def _may_retry(exc: TurnRunError | _StartupError) -> bool:
+    """Retrying is safe and useful: codex cannot have run the input, and the cause is transient."""
+    if isinstance(exc, TurnRunError):
+        return exc.before_turn_start and retryable(exc.cause)
+    return retryable(exc.cause)
+
+
+def _backoff(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: TurnRunError | _StartupError,
+             *, retries: int, started: float) -> bool:
+    """Wait the policy's next delay and return True when ``exc`` is to be retried in this claim."""
+    if control.stopping() or not _may_retry(exc):
+        return False
+    delay = budget.next_delay(retries=retries, elapsed=time.monotonic() - started)
+    if delay is None:
+        return False
+    logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
+    control.interrupt.wait(delay)  # a cancel cuts the backoff short
+    return True
+
+
+def _after_run_error(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: TurnRunError) -> Turn | None:
+    """End a run the policy does not (or no longer) retry: nothing (claim lost), cancelled, back to
+    the queue (a retryable cause with the claim's budget spent), or failed."""
+    ids = {"turn_id": claim.turn_id, "token": claim.token}
+    if isinstance(exc.cause, TurnAbandoned):
+        logger.warning("turn %s: claim lost mid-run; committing nothing", claim.turn_id)
+        return None
+    if exc.before_turn_start and control.interrupt.is_set():
+        # Cancelled while codex was not yet running it: end cancelled, not failed.
+        exc.outcome.status, exc.outcome.error = "interrupted", f"cancelled before codex ran it ({exc})"
+        return _commit(budget, turn_finalize, **ids, result=exc.outcome)
+    if _may_retry(exc) and not control.stopping():
+        # Still failing after this claim's retries (e.g. a hung worker's app-server holds the thread):
+        # back to the queue, within max_claims, rather than fail a live conversation.
+        return _commit(budget, turn_requeue, **ids, reason=str(exc))
+    return _commit(budget, turn_fail, **ids, reason=str(exc), result=exc.outcome)
+
+
+def _commit(budget: RetryPolicy, write: Callable[..., T], **kwargs: object) -> T:
+    """Run a worker's commit (finalize, fail, requeue), retrying a lost database connection by the
+    policy: codex's work is done and must not wait for the sweep (which would still recover it, by
+    adopting the codex turn). Raises the database error once the policy gives up."""
+    started = time.monotonic()
+    retries = 0
+    while True:
         try:
             return write(**kwargs)
         except (OperationalError, InterfaceError):
+            delay = budget.next_delay(retries=retries, elapsed=time.monotonic() - started)
             if delay is None:
                 raise
             logger.warning("database connection lost while committing a turn; retrying in %.1f s", delay, exc_info=True)
             time.sleep(delay)
             close_old_connections()
             connection.close()
-    raise AssertionError("unreachable")
+            retries += 1
 
 
 class _StartupError(Exception):
-    """The app-server could not be started or initialized (binary missing, process died, …)."""
+    """The app-server could not be started or initialized (binary missing, process died, …);
+    ``cause`` is the error ``AppServerClient.start`` raised."""
 
-    def __init__(self, reason: str, *, retryable: bool):
+    def __init__(self, reason: str, *, cause: BaseException) -> None:
         super().__init__(reason)
-        self.retryable = retryable
+        self.cause = cause
 
 
 def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
@@ -143,9 +178,7 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         client.start()
     except Exception as exc:  # noqa: BLE001 — any start-up trouble fails (or retries) the turn, not the worker
         logger.warning("turn %s: codex app-server did not start: %s", claim.turn_id, exc)
-        raise _StartupError(
-            f"codex app-server could not be started: {exc}", retryable=classify(exc) is ErrorClass.RETRY
-        ) from exc
+        raise _StartupError(f"codex app-server could not be started: {exc}", cause=exc) from exc
     initialize_ms = round((time.monotonic() - t0) * 1000, 1)
     spec = TurnSpec(
         text=claim.input_text,
@@ -162,12 +195,12 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         client_turn_id=str(claim.turn_id),
         adopt_completed=claim.attempt > 1,
         control=control,
-        thread_elsewhere=claim.thread_home if claim.thread_home and claim.thread_home != codex_home_id() else "",
+        rotation_refusal=rotation_refusal(thread_id=claim.thread_id, thread_home=claim.thread_home),
         previous_thread_id=claim.previous_thread_id,
         on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
     )
     try:
-        outcome = run_turn(client, spec)
+        outcome = drive_turn(client, spec)
     except TurnRunError as exc:
         exc.outcome.timings["initialize_ms"] = initialize_ms
         raise

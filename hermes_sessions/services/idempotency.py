@@ -14,11 +14,12 @@ from datetime import timedelta
 from typing import Any, Callable, TypeVar
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from ..models import IdempotencyKey
 from .errors import IdempotencyMismatch, InvalidIdempotencyKey
+from .locks import advisory_xact_lock
 
 T = TypeVar("T")
 MAX_KEY_CHARS = 255
@@ -27,16 +28,6 @@ MAX_KEY_CHARS = 255
 def request_hash(body: Any) -> str:
     """sha256 of the canonical JSON of ``body`` (key order ignored)."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def advisory_xact_lock(name: str) -> None:
-    """Take a PostgreSQL transaction-scoped advisory lock named by ``name`` (a no-op elsewhere:
-    SQLite serializes writers anyway). Call inside ``transaction.atomic``."""
-    if connection.vendor != "postgresql":
-        return
-    key = int.from_bytes(hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()[:8], "big", signed=True)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
 def idempotent(

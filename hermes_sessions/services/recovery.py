@@ -13,6 +13,7 @@ Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,8 +23,9 @@ from django.db.models import Exists, OuterRef
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from ..models import IdempotencyKey, Session, Turn
-from . import turns
+from ..models import IdempotencyKey, Turn
+from . import dispatch
+from .locks import lock_session_and_turn
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ def turns_sweep() -> SweepReport:
     )
     for turn_id in list(heads.values_list("pk", flat=True)[:500]):
         with transaction.atomic():
-            turns.dispatch_on_commit(turn_id)
+            dispatch.turn_dispatch_on_commit(turn_id)
         report.redispatched += 1
 
     ttl = now - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
@@ -70,13 +72,14 @@ def turns_sweep() -> SweepReport:
     return report
 
 
-def _take_back(turn_id) -> str:
-    with transaction.atomic():
-        turn = Turn.objects.filter(pk=turn_id).only("session_id").first()
-        if turn is None:
+def _take_back(turn_id: uuid.UUID) -> str:
+    """Requeue (or, past ``HERMES_MAX_ATTEMPTS``, fail) a running turn whose lease expired; returns
+    ``"requeued"``, ``"failed"`` or ``""`` (renewed or finished meanwhile). A durable transaction."""
+    with transaction.atomic(durable=True):
+        locked = lock_session_and_turn(turn_id)
+        if locked is None:
             return ""
-        session = Session.objects.select_for_update().get(pk=turn.session_id)
-        turn = Turn.objects.select_for_update().get(pk=turn_id)
+        session, turn = locked
         if turn.status != Turn.Status.RUNNING or turn.lease_expires_at is None or turn.lease_expires_at >= timezone.now():
             return ""  # renewed or finished meanwhile
         lost_at = turn.lease_expires_at
@@ -90,11 +93,11 @@ def _take_back(turn_id) -> str:
                 " giving up — the binding is kept"
             )
             turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
-            turns.dispatch_next_on_commit(session)
+            dispatch.session_dispatch_next_on_commit(session)
             logger.warning("turn %s failed after %s lost workers", turn.pk, turn.attempt)
             return "failed"
         turn.status = Turn.Status.QUEUED
         turn.save(update_fields=["status", "claim_token", "lease_expires_at"])
-        turns.dispatch_on_commit(turn.pk)
+        dispatch.turn_dispatch_on_commit(turn.pk)
         logger.warning("turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
         return "requeued"

@@ -10,32 +10,35 @@ while codex works (invariant I3). The turn lifecycle:
     turn_cancel    (API)     → a queued turn is cancelled; a running one is asked to interrupt
 
 ``turn_finalize`` and ``turn_fail`` are guarded by the claim token, so a second delivery of the same
-task, or a worker that lost its claim, changes nothing (invariant I2).
+task, or a worker that lost its claim, changes nothing (invariant I2). The worker's writes (claim,
+heartbeat, requeue, finalize/fail) are ``transaction.atomic(durable=True)``: each is a commit point and
+must never be folded into a caller's transaction. Celery tasks are sent through ``dispatch.py``.
 """
 from __future__ import annotations
 
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from .. import policy
-from ..codex.launch import codex_home_id
 from ..codex.runner import TurnOutcome
 from ..history_seed import render_history_seed
-from ..models import CodexBinding, Message, Notice, Session, Turn
+from ..models import CodexBinding, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
+from . import bindings, dispatch
 from .errors import InvalidInput, SessionBusy
+from .locks import lock_session_and_turn
 
 logger = logging.getLogger(__name__)
 
-NOTICE_THREAD_ROTATED = "Codex thread could not be resumed; starting a new one."
 MAX_INPUT_CHARS = 200_000
 MAX_ERROR_CHARS = 8_000
 ON_BUSY = ("enqueue", "reject", "interrupt")
@@ -44,7 +47,9 @@ ON_BUSY = ("enqueue", "reject", "interrupt")
 # --- turns: accept ---------------------------------------------------------------------------------
 
 
-def turn_enqueue(*, session: Session, input_text: str, user, on_busy: str = "enqueue") -> Turn:
+def turn_enqueue(
+    *, session: Session, input_text: str, user: AbstractBaseUser | None, on_busy: str = "enqueue"
+) -> Turn:
     """Accept one user input for ``session`` as a queued turn and schedule it.
 
     ``on_busy`` says what to do when the session already has a turn running or queued:
@@ -77,27 +82,8 @@ def turn_enqueue(*, session: Session, input_text: str, user, on_busy: str = "enq
         locked.last_turn_seq += 1
         locked.save(update_fields=["last_turn_seq", "updated_at"])
         turn = Turn.objects.create(session=locked, seq=locked.last_turn_seq, input=text, created_by=user)
-        dispatch_on_commit(turn.id)
+        dispatch.turn_dispatch_on_commit(turn.id)
     return turn
-
-
-def dispatch_on_commit(turn_id: uuid.UUID) -> None:
-    """Send ``run_turn`` for the turn once the current transaction commits.
-
-    The turn row is durable before the send, so a broker that is down loses nothing: the failure
-    is logged and the sweep re-sends the turn (``HERMES_REDISPATCH_SECONDS``). The client still
-    gets its 202 — the input was accepted."""
-    from ..tasks import run_turn  # tasks import services; import here to keep the cycle lazy
-
-    Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
-
-    def send() -> None:
-        try:
-            run_turn.apply_async(args=[str(turn_id)])
-        except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors
-            logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
-
-    transaction.on_commit(send)
 
 
 # --- turns: claim ----------------------------------------------------------------------------------
@@ -118,7 +104,7 @@ class TurnClaim:
     previous_thread_id: str | None = None  # the fresh thread that earlier worker had started, if any
 
 
-def _lease_deadline():
+def _lease_deadline() -> datetime:
     return timezone.now() + timedelta(seconds=settings.HERMES_LEASE_SECONDS)
 
 
@@ -131,78 +117,90 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
     the order turns actually run. The claim holds a lease of ``HERMES_LEASE_SECONDS`` that the
     worker renews (``turn_heartbeat``). A turn that is not runnable yet is not lost: the turn
     before it dispatches it when it ends, and the sweep re-dispatches any that were dropped.
+    A durable transaction: raises ``RuntimeError`` inside another ``atomic`` block.
     """
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         try:
-            turn = Turn.objects.only("session_id").get(pk=turn_id)
-        except (Turn.DoesNotExist, ValueError, TypeError, ValidationError):
+            locked = lock_session_and_turn(turn_id)
+        except (ValueError, TypeError, ValidationError):
+            locked = None
+        if locked is None:
             logger.warning("turn %s does not exist; nothing to run", turn_id)
             return None
-        session = Session.objects.select_for_update().get(pk=turn.session_id)
-        turn = Turn.objects.select_for_update().get(pk=turn_id)
-        if turn.status != Turn.Status.QUEUED:
+        session, turn = locked
+        if turn.status != Turn.Status.QUEUED or not _runnable(session, turn):
             return None
-        if turn.cancel_requested_at is not None:  # cancelled while its worker was lost: do not run it again
-            turn.status, turn.finished_at = Turn.Status.CANCELLED, timezone.now()
-            turn.error = turn.error or "cancelled; not run again after its worker was lost"
-            turn.save(update_fields=["status", "finished_at", "error"])
-            dispatch_next_on_commit(session)
-            return None
-        siblings = Turn.objects.filter(session=session).exclude(pk=turn.pk)
-        if siblings.filter(status=Turn.Status.RUNNING).exists():
-            return None
-        if siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists():
-            return None
-        token = uuid.uuid4()
-        previous_thread_id = turn.codex_thread_id or None  # only set here by turn_note_thread of a lost attempt
-        turn.status = Turn.Status.RUNNING
-        turn.started_at = timezone.now()
-        turn.attempt += 1
-        turn.claim_token = token
-        turn.lease_expires_at = _lease_deadline()
-        turn.save(update_fields=["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
-        if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
-            _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
-        binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
-        return TurnClaim(
-            turn_id=turn.id,
-            session_id=session.id,
-            token=token,
-            input_text=turn.input,
-            thread_id=binding.thread_id if binding else None,
-            thread_home=binding.codex_home if binding else "",
-            config=policy.effective_config(session.model_config),
-            attempt=turn.attempt,
-            previous_thread_id=previous_thread_id,
-        )
+        return _start_claim(session, turn)
+
+
+def _runnable(session: Session, turn: Turn) -> bool:
+    """Whether the queued ``turn`` may run now (caller holds the locks). A turn cancelled while its
+    worker was lost ends ``cancelled`` here instead (not run again)."""
+    if turn.cancel_requested_at is not None:
+        turn.status, turn.finished_at = Turn.Status.CANCELLED, timezone.now()
+        turn.error = turn.error or "cancelled; not run again after its worker was lost"
+        turn.save(update_fields=["status", "finished_at", "error"])
+        dispatch.session_dispatch_next_on_commit(session)
+        return False
+    siblings = Turn.objects.filter(session=session).exclude(pk=turn.pk)
+    if siblings.filter(status=Turn.Status.RUNNING).exists():
+        return False
+    return not siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists()
+
+
+def _start_claim(session: Session, turn: Turn) -> TurnClaim:
+    token = uuid.uuid4()
+    previous_thread_id = turn.codex_thread_id or None  # only set here by turn_note_thread of a lost attempt
+    turn.status = Turn.Status.RUNNING
+    turn.started_at = timezone.now()
+    turn.attempt += 1
+    turn.claim_token = token
+    turn.lease_expires_at = _lease_deadline()
+    turn.save(update_fields=["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
+    if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
+        _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
+    binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
+    return TurnClaim(
+        turn_id=turn.id,
+        session_id=session.id,
+        token=token,
+        input_text=turn.input,
+        thread_id=binding.thread_id if binding else None,
+        thread_home=binding.codex_home if binding else "",
+        config=policy.effective_config(session.model_config),
+        attempt=turn.attempt,
+        previous_thread_id=previous_thread_id,
+    )
 
 
 def turn_note_thread(*, turn_id: uuid.UUID, token: uuid.UUID, thread_id: str) -> None:
     """Record the fresh thread a running turn started, before its ``turn/start``: not a binding
     (I1), just a note that lets a re-run after a crash resume that thread instead of starting a
     second one and running the input twice. One UPDATE, guarded by the claim token."""
-    Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(
-        codex_thread_id=clean_text(thread_id, max_chars=64)
-    )
+    with transaction.atomic(durable=True):
+        Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(
+            codex_thread_id=clean_text(thread_id, max_chars=64)
+        )
 
 
 def turn_requeue(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str) -> Turn | None:
     """Give a claimed turn back to the queue (codex could not take it yet, e.g. another process
     still holds the thread), to be claimed again — at most ``HERMES_MAX_ATTEMPTS`` claims in all,
     then it fails with ``reason``. Returns ``None`` when the claim is no longer held."""
-    with transaction.atomic():
-        session, turn = _lock_claimed(turn_id, token)
-        if turn is None:
+    with transaction.atomic(durable=True):
+        locked = _lock_claimed(turn_id, token)
+        if locked is None:
             return None
+        session, turn = locked
         if turn.attempt >= settings.HERMES_MAX_ATTEMPTS:
             _finish(turn, TurnOutcome(), status=Turn.Status.FAILED,
                     error=f"{reason} (gave up after {turn.attempt} attempts)")
-            dispatch_next_on_commit(session)
+            dispatch.session_dispatch_next_on_commit(session)
             return turn
         turn.status, turn.claim_token, turn.lease_expires_at = Turn.Status.QUEUED, None, None
         turn.error = clean_text(f"attempt {turn.attempt} put back in the queue: {reason}", max_chars=MAX_ERROR_CHARS)
         turn.save(update_fields=["status", "claim_token", "lease_expires_at", "error"])
-        dispatch_on_commit(turn.pk)
+        dispatch.turn_dispatch_on_commit(turn.pk)
         return turn
 
 
@@ -217,10 +215,11 @@ class Heartbeat:
 
 def turn_heartbeat(*, turn_id: uuid.UUID, token: uuid.UUID) -> Heartbeat:
     """Renew the claim's lease to now + ``HERMES_LEASE_SECONDS``; one UPDATE, no row lock held."""
-    held = Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(
-        lease_expires_at=_lease_deadline()
-    )
-    cancel = held and Turn.objects.filter(pk=turn_id, cancel_requested_at__isnull=False).exists()
+    with transaction.atomic(durable=True):
+        held = Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(
+            lease_expires_at=_lease_deadline()
+        )
+        cancel = held and Turn.objects.filter(pk=turn_id, cancel_requested_at__isnull=False).exists()
     return Heartbeat(held=bool(held), cancel_requested=bool(cancel))
 
 
@@ -229,15 +228,17 @@ def turn_cancel(*, turn: Turn) -> Turn:
     worker sends ``turn/interrupt`` within a heartbeat (it then ends ``cancelled`` with the items
     codex completed before the interrupt); a finished turn is returned unchanged."""
     with transaction.atomic():
-        session = Session.objects.select_for_update().get(pk=turn.session_id)
-        turn = Turn.objects.select_for_update().get(pk=turn.pk)
+        locked = lock_session_and_turn(turn.pk)
+        if locked is None:  # deleted meanwhile: nothing left to cancel
+            return turn
+        session, turn = locked
         if turn.status == Turn.Status.QUEUED:
             turn.status = Turn.Status.CANCELLED
             turn.error = "cancelled before it ran"
             turn.finished_at = timezone.now()
             turn.cancel_requested_at = turn.finished_at
             turn.save(update_fields=["status", "error", "finished_at", "cancel_requested_at"])
-            dispatch_next_on_commit(session)
+            dispatch.session_dispatch_next_on_commit(session)
         elif turn.status == Turn.Status.RUNNING and turn.cancel_requested_at is None:
             turn.cancel_requested_at = timezone.now()
             turn.save(update_fields=["cancel_requested_at"])
@@ -292,31 +293,36 @@ def turn_fail(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str, result: Turn
     return _commit_turn(turn_id, token, result or TurnOutcome(), status=Turn.Status.FAILED, error=reason, bind=False)
 
 
-def _commit_turn(turn_id, token, result: TurnOutcome, *, status: str, error: str, bind: bool) -> Turn | None:
+def _commit_turn(
+    turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool
+) -> Turn | None:
     """The one transaction that ends a claimed turn: rows, rotation, binding, state, next dispatch."""
-    with transaction.atomic():
-        session, turn = _lock_claimed(turn_id, token)
-        if turn is None:
+    with transaction.atomic(durable=True):
+        locked = _lock_claimed(turn_id, token)
+        if locked is None:
             return None
+        session, turn = locked
         _append_messages(session, turn, result.messages)
-        _apply_rotation(session, turn, result)
+        if result.rotated_from:
+            bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
+                                    reason=result.rotation_reason)
         if bind:
-            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)
+            bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,
+                                     resumed=result.thread_action == Turn.ThreadAction.RESUMED)
         _finish(turn, result, status=status, error=error)
-        dispatch_next_on_commit(session)
+        dispatch.session_dispatch_next_on_commit(session)
         return turn
 
 
-def _lock_claimed(turn_id, token) -> tuple[Session | None, Turn | None]:
-    turn = Turn.objects.filter(pk=turn_id).only("session_id").first()
-    if turn is None:
-        return None, None
-    session = Session.objects.select_for_update().get(pk=turn.session_id)
-    turn = Turn.objects.select_for_update().get(pk=turn_id)
-    if turn.status != Turn.Status.RUNNING or turn.claim_token != token:
-        logger.info("turn %s: claim %s no longer held (status %s); not writing", turn_id, token, turn.status)
-        return session, None
-    return session, turn
+def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:
+    """``lock_session_and_turn``, or ``None`` unless the turn is running under claim ``token``."""
+    locked = lock_session_and_turn(turn_id)
+    if locked is None:
+        return None
+    if locked[1].status != Turn.Status.RUNNING or locked[1].claim_token != token:
+        logger.info("turn %s: claim %s no longer held (status %s); not writing", turn_id, token, locked[1].status)
+        return None
+    return locked
 
 
 def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]]) -> None:
@@ -342,39 +348,6 @@ def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]
         session.save(update_fields=["last_message_seq", "updated_at"])
 
 
-def _apply_rotation(session: Session, turn: Turn, result: TurnOutcome) -> None:
-    if not result.rotated_from:
-        return
-    reason = clean_text(f"codex could not resume the thread: {result.rotation_reason}", max_chars=MAX_ERROR_CHARS)
-    CodexBinding.objects.filter(
-        session=session, status=CodexBinding.Status.ACTIVE, thread_id=result.rotated_from
-    ).update(status=CodexBinding.Status.ENDED, ended_at=timezone.now(), ended_reason=reason, ended_by_turn=turn)
-    Notice.objects.create(session=session, turn=turn, kind=Notice.Kind.LIFECYCLE, text=NOTICE_THREAD_ROTATED)
-
-
-def _bind(session: Session, turn: Turn, thread_id: str, *, resumed: bool) -> None:
-    home = codex_home_id()
-    active = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
-    if active and active.thread_id == thread_id:
-        if active.codex_home != home:  # resumed here: the rollout is in this CODEX_HOME now
-            active.codex_home = home
-            active.save(update_fields=["codex_home"])
-        return
-    if resumed:
-        # The binding this turn resumed was ended meanwhile (an operator's decision, made while
-        # the turn ran): honour it — the next turn starts a fresh thread.
-        return
-    if active:
-        active.status = CodexBinding.Status.ENDED
-        active.ended_at = timezone.now()
-        active.ended_reason = "replaced by a newer thread"
-        active.ended_by_turn = turn
-        active.save(update_fields=["status", "ended_at", "ended_reason", "ended_by_turn"])
-    CodexBinding.objects.create(
-        session=session, thread_id=clean_text(thread_id, max_chars=64), codex_home=home, created_by_turn=turn
-    )
-
-
 def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None:
     turn.status = status
     turn.thread_action = result.thread_action or ""
@@ -392,11 +365,3 @@ def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None
     turn.claim_token = None
     turn.lease_expires_at = None
     turn.save()
-
-
-def dispatch_next_on_commit(session: Session) -> None:
-    nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").first()
-    if nxt is not None:
-        dispatch_on_commit(nxt.id)
-
-

@@ -12,12 +12,11 @@ import pytest
 from hermes_sessions.codex.client import AppServerClient
 from hermes_sessions.codex.errors import (
     CodexError,
-    ErrorClass,
     JsonRpcError,
     RequestTimeout,
+    ThreadGone,
     TransportError,
-    classify,
-    is_thread_gone,
+    retryable,
 )
 from hermes_sessions.codex.server_requests import make_server_request_handler
 
@@ -132,7 +131,7 @@ def test_json_rpc_error_keeps_code_message_and_method_and_client_stays_usable(st
         assert (info.value.method, info.value.code) == ("thread/resume", -32600)
         assert info.value.message == f"no rollout found for thread id {missing}"
         assert info.value.data is None
-        assert is_thread_gone(info.value) and classify(info.value) is ErrorClass.ROTATE
+        assert type(info.value) is ThreadGone and not retryable(info.value)
         with pytest.raises(JsonRpcError) as unknown:
             client.request("no/such/method")
         assert unknown.value.message.startswith("Invalid request: unknown variant")
@@ -181,7 +180,7 @@ def test_eof_fails_every_pending_request_at_once_with_stderr_tail(state_dir):
     assert not isinstance(exc, RequestTimeout)
     assert "exit code 7" in str(exc) and "closed its stdout" in str(exc)
     assert "stderr line 3 of 3" in exc.stderr_tail and "stderr line 3 of 3" in str(exc)
-    assert classify(exc) is ErrorClass.RETRY
+    assert retryable(exc)
     assert isinstance(other["exc"], TransportError) and not isinstance(other["exc"], RequestTimeout)
     assert other["at"] - started < 3
 
@@ -194,7 +193,7 @@ def test_request_past_deadline_raises_request_timeout_and_client_stays_usable(st
             client.request("thread/start", timeout=0.3)
         assert 0.3 <= time.monotonic() - started < 2
         assert (info.value.method, info.value.timeout) == ("thread/start", 0.3)
-        assert classify(info.value) is ErrorClass.RETRY
+        assert retryable(info.value)
         assert client.alive()
         assert client.request("thread/start")["thread"]["id"]
 

@@ -1,73 +1,110 @@
-"""classify / is_thread_gone, one row per failure codex 0.169.0 was seen to produce (protocol.md §3.2, §6)."""
+"""error_from_response / retryable: one row per answer codex 0.169.0 was seen to give (protocol.md §3.2, §3.4,
+§6), and the edges where the text or code is only nearly right."""
 import pytest
 
+from hermes_sessions.codex import errors
 from hermes_sessions.codex.errors import (
     CodexError,
-    ErrorClass,
+    InvalidThreadId,
     JsonRpcError,
+    Overloaded,
     RequestTimeout,
+    ThreadArchived,
+    ThreadBusy,
+    ThreadGone,
+    ThreadNotLoaded,
     TransportError,
     TurnTimeout,
-    classify,
-    is_thread_gone,
+    error_from_response,
+    retryable,
 )
 
 TID = "01a2283c-94e3-7b03-b6fc-1f6e4954ec81"
 
 
-def rpc(code, message, method="thread/resume"):
-    return JsonRpcError(method, code, message)
+def answer(code, message, method="thread/resume"):
+    return error_from_response(method, {"code": code, "message": message})
 
 
-CASES = [
-    # (exception, class, thread gone)
-    (rpc(-32600, "no rollout found for thread id 3a71980c-6ec3-4335-8781-2e95cf463185"), ErrorClass.ROTATE, True),
-    (rpc(-32600, f"no rollout found for thread id {TID}"), ErrorClass.ROTATE, True),
-    (rpc(-32600, f"no rollout found for thread id {TID}", method="thread/fork"), ErrorClass.ROTATE, True),
-    (rpc(-32600, f"thread {TID} already has an active writer"), ErrorClass.RETRY, False),
-    (rpc(-32001, "Server overloaded; retry later."), ErrorClass.RETRY, False),
-    (TransportError("codex app-server (pid 1, exit code 1) closed its stdout (EOF)"), ErrorClass.RETRY, False),
-    (TransportError("codex app-server (pid 1) sent a frame too large", stderr_tail="x"), ErrorClass.RETRY, False),
-    (RequestTimeout("thread/resume", 30.0), ErrorClass.RETRY, False),
-    (
-        rpc(-32600, f"session {TID} is archived. Run `codex unarchive {TID}` to unarchive it first."),
-        ErrorClass.FAIL,
-        False,
-    ),
-    (
-        rpc(
-            -32600,
-            "invalid session id: invalid character: expected an optional prefix of `urn:uuid:` "
-            "followed by [0-9a-fA-F-], found `n` at 1",
-        ),
-        ErrorClass.FAIL,
-        False,
-    ),
-    (rpc(-32600, f"thread not found: {TID}", method="turn/start"), ErrorClass.FAIL, False),
-    (rpc(-32600, "Invalid request: missing field `threadId`"), ErrorClass.FAIL, False),
-    (rpc(-32600, "no active turn to interrupt", method="turn/interrupt"), ErrorClass.FAIL, False),
-    (rpc(-32600, "Not initialized"), ErrorClass.FAIL, False),
-    (rpc(-32603, "internal error"), ErrorClass.FAIL, False),
-    (rpc(12345, "something new"), ErrorClass.FAIL, False),
-    # The thread-gone message only counts with code -32600, and only as a prefix.
-    (rpc(-32001, f"no rollout found for thread id {TID}"), ErrorClass.RETRY, False),
-    (rpc(-32603, f"no rollout found for thread id {TID}"), ErrorClass.FAIL, False),
-    (rpc(-32600, f"error: no rollout found for thread id {TID}"), ErrorClass.FAIL, False),
-    (rpc(-32600, f"thread {TID} already has an active writer, and more"), ErrorClass.FAIL, False),
-    (TurnTimeout("turn/completed never came", thread_id=TID, turn_id="t", timeout=600), ErrorClass.FAIL, False),
-    (CodexError("could not start codex app-server"), ErrorClass.FAIL, False),
-    (ValueError(f"no rollout found for thread id {TID}"), ErrorClass.FAIL, False),
+# (method, error member, exact type, retryable) — the module docstring's table, row by row.
+RESPONSES = [
+    ("thread/resume", {"code": -32600, "message": "no rollout found for thread id 3a71980c-6ec3-4335-8781-2e95cf463185"},
+     ThreadGone, False),
+    ("thread/resume", {"code": -32600, "message": f"no rollout found for thread id {TID}"}, ThreadGone, False),
+    ("thread/fork", {"code": -32600, "message": f"no rollout found for thread id {TID}"}, ThreadGone, False),
+    ("thread/resume", {"code": -32600, "message": f"thread {TID} already has an active writer"}, ThreadBusy, True),
+    ("thread/resume", {"code": -32001, "message": "Server overloaded; retry later."}, Overloaded, True),
+    ("turn/start", {"code": -32001, "message": "Server overloaded; retry later."}, Overloaded, True),
+    ("turn/start", {"code": -32600, "message": f"thread not found: {TID}"}, ThreadNotLoaded, False),
+    ("thread/resume",
+     {"code": -32600, "message": f"session {TID} is archived. Run `codex unarchive {TID}` to unarchive it first."},
+     ThreadArchived, False),
+    ("thread/resume",
+     {"code": -32600, "message": "invalid session id: invalid character: expected an optional prefix of `urn:uuid:` "
+                                 "followed by [0-9a-fA-F-], found `n` at 1"},
+     InvalidThreadId, False),
+    ("thread/resume", {"code": -32600, "message": "Invalid request: missing field `threadId`"}, JsonRpcError, False),
+    ("turn/interrupt", {"code": -32600, "message": "no active turn to interrupt"}, JsonRpcError, False),
+    ("thread/start", {"code": -32600, "message": "Not initialized"}, JsonRpcError, False),
+    ("thread/resume", {"code": -32603, "message": "internal error"}, JsonRpcError, False),
+    ("thread/resume", {"code": 12345, "message": "something new"}, JsonRpcError, False),
+    # The code decides first: overload whatever the text; the -32600 texts only with -32600 …
+    ("thread/resume", {"code": -32001, "message": f"no rollout found for thread id {TID}"}, Overloaded, True),
+    ("thread/resume", {"code": -32603, "message": f"no rollout found for thread id {TID}"}, JsonRpcError, False),
+    ("turn/start", {"code": -32603, "message": f"thread not found: {TID}"}, JsonRpcError, False),
+    # … and only as the exact prefix (and suffix).
+    ("thread/resume", {"code": -32600, "message": f"error: no rollout found for thread id {TID}"}, JsonRpcError, False),
+    ("thread/resume", {"code": -32600, "message": f"thread {TID} already has an active writer, and more"},
+     JsonRpcError, False),
+    ("thread/resume", {"code": -32600, "message": f"session {TID} is archived"}, JsonRpcError, False),
+    # Malformed error members still give an error, never a crash.
+    ("thread/resume", "plain string error", JsonRpcError, False),
+    ("thread/resume", {"code": "-32600", "message": f"no rollout found for thread id {TID}"}, JsonRpcError, False),
+    ("thread/resume", {"code": True, "message": "x"}, JsonRpcError, False),
+    ("thread/resume", {}, JsonRpcError, False),
 ]
 
 
-def case_id(value):
-    return str(value)[:60] if isinstance(value, BaseException) else None
+def row_id(value):
+    return str(value)[:60] if isinstance(value, dict | str) else None
 
 
-@pytest.mark.parametrize(("exc", "expected", "gone"), CASES, ids=case_id)
-def test_classify_and_is_thread_gone_per_observed_error(exc, expected, gone):
-    assert classify(exc) is expected
-    assert is_thread_gone(exc) is gone
+@pytest.mark.parametrize(("method", "error", "expected", "retry"), RESPONSES, ids=row_id)
+def test_error_from_response_types_each_observed_answer(method, error, expected, retry):
+    exc = error_from_response(method, error)
+    assert type(exc) is expected
+    assert retryable(exc) is retry
+    assert exc.method == method
+
+
+@pytest.mark.parametrize(
+    ("exc", "retry"),
+    [
+        (TransportError("codex app-server (pid 1, exit code 1) closed its stdout (EOF)"), True),
+        (TransportError("codex app-server (pid 1) sent a frame too large", stderr_tail="x"), True),
+        (RequestTimeout("thread/resume", 30.0), True),
+        (TurnTimeout("turn/completed never came", thread_id=TID, turn_id="t", timeout=600), False),
+        (CodexError("could not start codex app-server"), False),
+        (ValueError(f"no rollout found for thread id {TID}"), False),
+    ],
+    ids=row_id,
+)
+def test_retryable_is_decided_by_type_alone(exc, retry):
+    assert retryable(exc) is retry
+
+
+def test_every_typed_answer_is_a_json_rpc_error_with_the_verbatim_fields():
+    exc = error_from_response("thread/resume", {"code": -32600, "message": f"no rollout found for thread id {TID}",
+                                                "data": {"x": 1}})
+    assert isinstance(exc, JsonRpcError) and isinstance(exc, CodexError)
+    assert (exc.method, exc.code, exc.message, exc.data) == (
+        "thread/resume", -32600, f"no rollout found for thread id {TID}", {"x": 1})
+    assert f"-32600: no rollout found for thread id {TID}" in str(exc)
+
+
+def test_a_missing_or_non_integer_code_reads_as_zero():
+    assert answer(None, "x").code == 0
+    assert error_from_response("m", "just text").message == "just text"
 
 
 def test_request_timeout_is_a_transport_error_with_method_and_timeout():
@@ -77,7 +114,9 @@ def test_request_timeout_is_a_transport_error_with_method_and_timeout():
     assert "turn/start" in str(exc) and "WARN something" in str(exc)
 
 
-def test_json_rpc_error_message_is_verbatim():
-    exc = rpc(-32600, f"no rollout found for thread id {TID}")
-    assert (exc.method, exc.code, exc.message, exc.data) == ("thread/resume", -32600, exc.message, None)
-    assert f"-32600: no rollout found for thread id {TID}" in str(exc)
+def test_the_docstring_table_names_every_typed_error():
+    """The table in errors.py is the contract; a new type must get its row."""
+    table = errors.__doc__ or ""
+    for exc_type in (ThreadGone, ThreadBusy, Overloaded, TransportError, RequestTimeout, ThreadNotLoaded,
+                     ThreadArchived, InvalidThreadId, JsonRpcError, CodexError):
+        assert f":class:`{exc_type.__name__}`" in table, exc_type.__name__

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from hermes_sessions.codex.errors import JsonRpcError, TransportError, is_thread_gone
+from hermes_sessions.codex.errors import JsonRpcError, ThreadGone, TransportError
 
 from .test_client import read_jsonl, scripted_client, text_input, until_turn_completed
 
 
-def run_turn(client, thread_id, text):
+def start_turn_and_wait(client, thread_id, text):
     client.request("turn/start", {"threadId": thread_id, "input": text_input(text)})
     return until_turn_completed(client)
 
@@ -17,7 +17,7 @@ def test_restart_needs_resume_and_resume_returns_the_rollout(state_dir):
     with scripted_client(state_dir) as first:
         first.start()
         thread_id = first.request("thread/start")["thread"]["id"]
-        run_turn(first, thread_id, "hello one")
+        start_turn_and_wait(first, thread_id, "hello one")
 
     with scripted_client(state_dir) as second:
         second.start()
@@ -28,7 +28,7 @@ def test_restart_needs_resume_and_resume_returns_the_rollout(state_dir):
         [turn] = thread["turns"]
         assert [i["type"] for i in turn["items"]] == ["userMessage", "agentMessage"]
         assert turn["items"][1]["text"] == "echo: hello one"
-        notes = run_turn(second, thread_id, "hello two")
+        notes = start_turn_and_wait(second, thread_id, "hello two")
         usage = next(n for n in notes if n["method"] == "thread/tokenUsage/updated")["params"]["tokenUsage"]
         assert usage["total"]["totalTokens"] > usage["last"]["totalTokens"]  # both turns counted
 
@@ -44,7 +44,7 @@ def test_thread_without_a_turn_is_gone_after_restart(state_dir):
         second.start()
         with pytest.raises(JsonRpcError) as info:
             second.request("thread/resume", {"threadId": thread_id})
-        assert is_thread_gone(info.value)
+        assert isinstance(info.value, ThreadGone)
 
 
 def test_script_actions_are_consumed_across_processes(state_dir):
@@ -63,7 +63,7 @@ def test_script_actions_are_consumed_across_processes(state_dir):
         client.start()
         with pytest.raises(JsonRpcError) as info:  # script exhausted: normal behaviour
             client.request("thread/resume", {"threadId": "t-1"})
-        assert is_thread_gone(info.value)
+        assert isinstance(info.value, ThreadGone)
     assert json.loads((state_dir / "script_consumed.json").read_text()) == {"thread/resume": 2}
 
 
@@ -79,11 +79,11 @@ def test_turn_items_failed_turn_and_interrupt(state_dir):
     with scripted_client(state_dir, script) as client:
         client.start()
         thread_id = client.request("thread/start")["thread"]["id"]
-        notes = run_turn(client, thread_id, "a")
+        notes = start_turn_and_wait(client, thread_id, "a")
         completed = [n["params"]["item"]["type"] for n in notes if n["method"] == "item/completed"]
         assert completed == ["userMessage", "reasoning", "agentMessage"]
 
-        notes = run_turn(client, thread_id, "b")
+        notes = start_turn_and_wait(client, thread_id, "b")
         assert [n["method"] for n in notes][-3:] == ["error", "thread/status/changed", "turn/completed"]
         turn = notes[-1]["params"]["turn"]
         assert (turn["status"], turn["error"]["message"]) == ("failed", "Connection failed: error sending request")

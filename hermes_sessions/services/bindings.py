@@ -1,0 +1,118 @@
+"""Codex bindings and notices: the only code that writes ``CodexBinding`` and ``Notice`` rows.
+
+A binding says which codex thread a session continues (design §2); at most one is active per session
+(a partial unique constraint), ended ones stay as history with the reason they ended. Writers:
+
+* ``binding_publish`` — bind the thread a turn ran on, once its transcript rows are durable (I1);
+* ``binding_rotate`` — end the binding codex proved gone and record the one rotation notice;
+* ``binding_end`` — an operator ends the active binding (admin action), with its own notice;
+* ``notice_acknowledge`` — an operator marks notices read.
+
+``binding_publish`` and ``binding_rotate`` run inside the one transaction that ends a turn
+(``turns._commit_turn``), under the session row lock; ``binding_end`` and ``notice_acknowledge`` open
+their own. ``rotation_refusal`` decides whether codex's "no rollout found" may rotate a binding here.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.utils import timezone
+
+from ..codex.launch import codex_home_id
+from ..models import CodexBinding, Notice, Session, Turn
+from ..sanitize import clean_text
+
+NOTICE_THREAD_ROTATED = "Codex thread could not be resumed; starting a new one."
+NOTICE_BINDING_ENDED = "Codex thread binding ended by an operator; the next turn starts a new one."
+MAX_REASON_CHARS = 8_000
+
+
+def rotation_refusal(*, thread_id: str | None, thread_home: str) -> str:
+    """Why codex's ``no rollout found`` for the bound thread must not rotate it on this worker, or ``""``
+    when it may.
+
+    ``thread_home`` is the binding's ``codex_home`` (the ``CODEX_HOME_ID`` its rollout was written
+    under; ``""`` for bindings from before that was kept). A rollout written under another
+    ``CODEX_HOME`` (another host) is absent here by construction, so its absence proves nothing
+    (``shared/codex/portability.md``): the turn fails with this reason and the binding is kept.
+    """
+    if not thread_id or not thread_home or thread_home == codex_home_id():
+        return ""
+    return (
+        f"codex has no rollout for thread {thread_id} in this worker's CODEX_HOME, but the thread "
+        f"was bound in {thread_home!r}; not rotating — run this session's turns on workers "
+        "that share that CODEX_HOME (CODEX_HOME_ID) — the binding is kept"
+    )
+
+
+def _require_transaction() -> None:
+    if not connection.in_atomic_block:
+        raise TransactionManagementError("binding writes of a turn run inside its finalize transaction")
+
+
+def binding_rotate(*, session: Session, turn: Turn, thread_id: str, reason: str) -> None:
+    """End the session's active binding to ``thread_id`` — codex answered ``no rollout found`` for
+    it during ``turn`` — and record the one rotation notice (design §3.3). ``reason`` is codex's
+    error text. Inside the turn's finalize transaction, under the session lock."""
+    _require_transaction()
+    ended_reason = clean_text(f"codex could not resume the thread: {reason}", max_chars=MAX_REASON_CHARS)
+    CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE, thread_id=thread_id).update(
+        status=CodexBinding.Status.ENDED, ended_at=timezone.now(), ended_reason=ended_reason, ended_by_turn=turn
+    )
+    Notice.objects.create(session=session, turn=turn, kind=Notice.Kind.LIFECYCLE, text=NOTICE_THREAD_ROTATED)
+
+
+def binding_publish(*, session: Session, turn: Turn, thread_id: str, resumed: bool) -> None:
+    """Bind ``session`` to ``thread_id``, the thread ``turn`` ran on, now that the turn's rows commit
+    with it (I1). Inside the turn's finalize transaction, under the session lock.
+
+    * Already bound to it: only ``codex_home`` is brought up to date (the rollout is here now).
+    * ``resumed`` but the binding was ended meanwhile (an operator's decision while the turn ran):
+      nothing — the next turn starts a fresh thread.
+    * Otherwise an active binding to another thread ends ("replaced by a newer thread") and a new
+      one is created under this worker's ``CODEX_HOME_ID``.
+    """
+    _require_transaction()
+    home = codex_home_id()
+    active = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
+    if active and active.thread_id == thread_id:
+        if active.codex_home != home:
+            active.codex_home = home
+            active.save(update_fields=["codex_home"])
+        return
+    if resumed:
+        return
+    if active:
+        active.status = CodexBinding.Status.ENDED
+        active.ended_at = timezone.now()
+        active.ended_reason = "replaced by a newer thread"
+        active.ended_by_turn = turn
+        active.save(update_fields=["status", "ended_at", "ended_reason", "ended_by_turn"])
+    CodexBinding.objects.create(
+        session=session, thread_id=clean_text(thread_id, max_chars=64), codex_home=home, created_by_turn=turn
+    )
+
+
+def binding_end(*, session: Session, reason: str) -> bool:
+    """End the session's active binding (an operator's decision) and record a notice; the next turn
+    then starts a fresh thread seeded with the transcript. Returns False when there was none."""
+    with transaction.atomic():
+        Session.objects.select_for_update().get(pk=session.pk)
+        ended = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).update(
+            status=CodexBinding.Status.ENDED, ended_at=timezone.now(), ended_reason=clean_text(reason, max_chars=1000)
+        )
+        if ended:
+            Notice.objects.create(session=session, kind=Notice.Kind.LIFECYCLE, text=NOTICE_BINDING_ENDED)
+        return bool(ended)
+
+
+def notice_acknowledge(*, notices: Iterable[Notice], user: AbstractBaseUser | AnonymousUser) -> int:
+    """Mark unacknowledged notices acknowledged by ``user``; returns how many changed."""
+    ids = [n.pk for n in notices]
+    with transaction.atomic():
+        return Notice.objects.filter(pk__in=ids, acknowledged_at__isnull=True).update(
+            acknowledged_at=timezone.now(), acknowledged_by=user
+        )

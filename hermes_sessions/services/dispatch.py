@@ -1,0 +1,58 @@
+"""Sending the Celery task ``hermes_sessions.tasks.run_turn`` after a commit — the one place that does.
+
+The task is looked up by name in the Celery app's registry, so the services import nothing from
+``tasks`` (which imports the services). ``Task.apply_async`` applies the routes (``CELERY_TASK_ROUTES``:
+the ``turns`` queue) and honours ``CELERY_TASK_ALWAYS_EAGER`` (tests, the demo), which
+``Celery.send_task`` would not. Tests that must not run turns patch ``turn_dispatch_on_commit`` here.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+
+from celery import current_app
+from celery.app.task import Task
+from django.db import transaction
+from django.utils import timezone
+
+from ..models import Session, Turn
+
+logger = logging.getLogger(__name__)
+
+RUN_TURN_TASK = "hermes_sessions.tasks.run_turn"
+
+
+def turn_dispatch_on_commit(turn_id: uuid.UUID | str) -> None:
+    """Send ``run_turn(turn_id)`` once the current transaction commits, and stamp ``dispatched_at``.
+
+    The turn row is durable before the send, so a broker that is down loses nothing: the failure
+    is logged and the sweep re-sends the turn (``HERMES_REDISPATCH_SECONDS``). The client still
+    gets its 202 — the input was accepted."""
+    Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
+
+    def send() -> None:
+        try:
+            _run_turn_task().apply_async(args=[str(turn_id)])
+        except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep re-sends
+            logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
+
+    transaction.on_commit(send)
+
+
+def session_dispatch_next_on_commit(session: Session) -> None:
+    """Dispatch the session's oldest queued turn, if any, once the current transaction commits
+    (call it where a turn of ``session`` ends, under the session lock)."""
+    nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").first()
+    if nxt is not None:
+        turn_dispatch_on_commit(nxt.id)
+
+
+def _run_turn_task() -> Task:
+    app = current_app
+    try:
+        return app.tasks[RUN_TURN_TASK]
+    except KeyError:
+        # A process that never imported hermes_sessions.tasks (e.g. the API server): let Celery's
+        # autodiscovery import each app's tasks module, which registers the task.
+        app.loader.import_default_modules()
+        return app.tasks[RUN_TURN_TASK]
