@@ -34,6 +34,10 @@ State lives in the directory named by env ``SCRIPTED_STATE_DIR`` so a "restart" 
   ``{"exit_mid_turn": code}``  ack, emit ``turn_items``, then exit with ``code`` (dies during a turn)
   ``{"no_completion": true}``  ack and emit items, but never send ``turn/completed`` (``turn/interrupt``
                                then ends it with status ``interrupted``)
+  ``{"respond_last": true}``   send the whole turn (``turn/started`` … ``turn/completed``) first and the
+                               ``turn/start`` response after it (the reader sees the turn before its id)
+  any method:
+  ``{"exit_after": code}``     answer normally, then exit at once with ``code``
 
 Closing stdin ends the process with exit code 0.
 """
@@ -229,7 +233,9 @@ def handle_turn_start(request_id, params, action):
         status = "failed" if failed else "interrupted" if cut_off else "completed"
         fh.write(json.dumps({"id": turn_id, "items": items, "usage": usage, "status": status}) + "\n")
 
-    respond(request_id, {"turn": turn_obj(turn_id, "inProgress")})
+    ack = {"turn": turn_obj(turn_id, "inProgress")}
+    if not action.get("respond_last"):
+        respond(request_id, ack)
     ids = {"threadId": thread_id, "turnId": turn_id}
     notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "active", "activeFlags": []}})
     notify("turn/started", {"threadId": thread_id, "turn": turn_obj(turn_id, "inProgress")})
@@ -261,6 +267,8 @@ def handle_turn_start(request_id, params, action):
     notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "idle"}})
     notify("turn/completed", {"threadId": thread_id,
                               "turn": turn_obj(turn_id, "completed", [agent_item], items_view="summary")})
+    if action.get("respond_last"):
+        respond(request_id, ack)
     return None
 
 
@@ -344,7 +352,11 @@ def process_request(message):
         error = action["error"]
         text = str(error.get("message", "")).replace("{thread_id}", str(params.get("threadId")))
         return respond_error(request_id, int(error.get("code", -32600)), text)
-    return handle_request(request_id, method, params, action)
+    handle_request(request_id, method, params, action)
+    if "exit_after" in action:
+        sys.stdout.flush()
+        os._exit(int(action["exit_after"]))
+    return None
 
 
 def main():

@@ -95,3 +95,17 @@ def test_turn_items_failed_turn_and_interrupt(state_dir):
         with pytest.raises(JsonRpcError) as info:
             client.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
         assert info.value.message == "no active turn to interrupt"
+
+
+def test_whole_turn_before_the_turn_start_response_then_exit(state_dir):
+    """The stand-in can send the turn before its ``turn/start`` answer and die right after; the client
+    still returns the answer and hands out every queued notification before reporting the EOF."""
+    with scripted_client(state_dir, {"turn/start": [{"respond_last": True, "exit_after": 0}]}) as client:
+        client.start()
+        thread_id = client.request("thread/start")["thread"]["id"]
+        turn_id = client.request("turn/start", {"threadId": thread_id, "input": text_input("a")})["turn"]["id"]
+        notes = until_turn_completed(client)
+        assert notes[-1]["params"]["turn"]["id"] == turn_id
+        assert "turn/started" in [n["method"] for n in notes]
+        with pytest.raises(TransportError):
+            client.next_notification(timeout=5)

@@ -92,6 +92,23 @@ def test_thread_not_found_twice_fails_without_rotating(bound, user, scripted_cod
     assert_kept_and_clean(session, thread, scripted_codex)
 
 
+def test_whole_turn_before_the_turn_start_response_then_exit_completes_once(bound, user, scripted_codex, run_turn_now):
+    """Issue 6 §9: turn/started, the items and turn/completed arrive before the turn/start response, then
+    the app-server exits at once → one completed turn with its messages; no failure, no retry."""
+    session, thread = bound
+    turn, _ = run_with_fault(run_turn_now, session, user, scripted_codex,
+                             {"turn/start": [{"turn_items": [ITEM], "respond_last": True, "exit_after": 0}]})
+    assert (turn.status, turn.thread_action, turn.error) == (Turn.Status.SUCCEEDED, "resumed", ""), turn.error
+    assert (turn.attempt, turn.final_text) == (1, "echo: hello two")
+    assert turn.codex_turn_id and turn.usage["input_tokens"] > 0
+    rows = [(m.role, m.content) for m in Message.objects.filter(turn=turn).order_by("seq")]
+    assert [role for role, _ in rows] == ["user", "assistant", "tool", "assistant"]
+    assert rows[-1] == ("assistant", "echo: hello two")
+    assert len(scripted_codex.processes()) == 2  # turn 1's app-server and this one: nothing was retried
+    assert [c["method"] for c in scripted_codex.calls()].count("turn/start") == 2
+    assert_kept_and_clean(session, thread, scripted_codex)
+
+
 def test_unknown_notifications_and_server_requests_do_not_disturb_a_turn(bound, user, scripted_codex, run_turn_now):
     session, thread = bound
     odd = {"method": "some/futureNotification", "params": {"x": 1}}
