@@ -1,4 +1,6 @@
-"""Celery tasks: thin, id-taking, calling services."""
+"""Celery tasks: thin, id-taking, calling services. Sent by name from ``services/dispatch.py``."""
+import math
+
 from celery import shared_task
 from django.conf import settings
 
@@ -9,8 +11,8 @@ from . import services
     name="hermes_sessions.tasks.run_turn",
     ignore_result=True,
     # Backstops behind the runner's own turn deadline (which interrupts codex and fails the turn).
-    soft_time_limit=settings.CODEX_TURN_TIMEOUT + 60,
-    time_limit=settings.CODEX_TURN_TIMEOUT + 120,
+    soft_time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 60),
+    time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 120),
 )
 def run_turn(turn_id: str) -> str:
     """Run turn ``turn_id`` if it is its session's next turn (see ``services.turn_execute``).
@@ -20,6 +22,6 @@ def run_turn(turn_id: str) -> str:
 
 
 @shared_task(name="hermes_sessions.tasks.sweep_turns", ignore_result=True)
-def sweep_turns() -> dict:
+def sweep_turns() -> dict[str, int]:
     """Periodic (Celery beat): recover turns of dead workers, re-send lost tasks, purge old keys."""
     return vars(services.turns_sweep())

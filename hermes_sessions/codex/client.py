@@ -39,7 +39,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 from .errors import METHOD_NOT_FOUND, CodexError, RequestTimeout, TransportError, error_from_response
 
@@ -50,6 +50,13 @@ ServerRequestHandler = Callable[[str, dict], dict]
 _STDERR_LINE_MAX_CHARS = 1000  # one huge log line must not swamp the error message
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _STDOUT_JUNK_PREVIEW_CHARS = 300
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """One of the process's pipes (always set: ``start`` asks for all three)."""
+    if stream is None:  # pragma: no cover - Popen(stdin=PIPE, stdout=PIPE, stderr=PIPE)
+        raise TransportError("codex app-server pipe missing")
+    return stream
 
 
 class AppServerClient:
@@ -87,7 +94,7 @@ class AppServerClient:
         self._client_name = client_name
         self._client_version = client_version
 
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._cv = threading.Condition()  # guards everything below up to _closed
         self._next_id = 1
         self._pending: dict[int, dict | None] = {}  # request id -> response message (None while waiting)
@@ -132,7 +139,7 @@ class AppServerClient:
         except OSError as exc:
             self._closed = True
             raise CodexError(f"could not start codex app-server {self._argv!r} in {self._cwd!r}: {exc}") from exc
-        os.set_blocking(self._proc.stdin.fileno(), False)
+        os.set_blocking(_pipe(self._proc.stdin).fileno(), False)
         self._stdout_thread = self._spawn_thread(self._read_stdout, "stdout")
         self._stderr_thread = self._spawn_thread(self._drain_stderr, "stderr")
         self._dispatch_thread = self._spawn_thread(self._dispatch_server_requests, "server-requests")
@@ -311,6 +318,12 @@ class AppServerClient:
 
     # ------------------------------------------------------------------ internals: writing
 
+    def _started(self) -> subprocess.Popen[bytes]:
+        """The process; only called once ``start`` has spawned it."""
+        if self._proc is None:
+            raise TransportError("the codex app-server client was not started")
+        return self._proc
+
     def _raise_if_unusable(self, method: str) -> None:
         # Caller holds self._cv.
         if self._proc is None:
@@ -323,10 +336,10 @@ class AppServerClient:
         that case fails the connection (and kills the process) besides raising."""
         data = (json.dumps(message, separators=(",", ":")) + "\n").encode("utf-8")
         with self._write_lock:
-            proc = self._proc
+            proc = self._started()
             view = memoryview(data)
             try:
-                fd = proc.stdin.fileno()
+                fd = _pipe(proc.stdin).fileno()
                 poller = select.poll()
                 poller.register(fd, select.POLLOUT)
                 while view:
@@ -357,19 +370,19 @@ class AppServerClient:
         if not self._write_lock.acquire(timeout=lock_timeout):
             return
         try:
-            self._proc.stdin.close()
+            _pipe(self._started().stdin).close()
         except OSError:
             pass
         finally:
             self._write_lock.release()
 
     def _spawn_thread(self, target: Callable[[], None], role: str) -> threading.Thread:
-        thread = threading.Thread(target=target, name=f"codex-app-server-{self._proc.pid}-{role}", daemon=True)
+        thread = threading.Thread(target=target, name=f"codex-app-server-{self._started().pid}-{role}", daemon=True)
         thread.start()
         return thread
 
     def _read_stdout(self) -> None:
-        stdout = self._proc.stdout
+        stdout = _pipe(self._started().stdout)
         limit = self._max_frame_bytes
         while True:
             try:
@@ -418,7 +431,7 @@ class AppServerClient:
             logger.warning("ignoring codex message with neither id nor method: %.200r", message)
 
     def _drain_stderr(self) -> None:
-        stderr = self._proc.stderr
+        stderr = _pipe(self._started().stderr)
         while True:
             try:
                 chunk = stderr.readline(8192)
@@ -453,7 +466,7 @@ class AppServerClient:
             if not isinstance(result, dict):
                 raise TypeError(f"handler returned {type(result).__name__}, not dict")
             answer = {"id": message["id"], "result": result}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — the handler is pluggable; whatever it raises, codex gets an answer (I4)
             logger.info("answering codex %s with an error: %s", method, exc)
             answer = {
                 "id": message["id"],
@@ -475,7 +488,7 @@ class AppServerClient:
         if self._stderr_thread is not None and self._stderr_thread is not threading.current_thread():
             self._stderr_thread.join(0.5)
         status = self._leader_status()
-        pid = self._proc.pid
+        pid = self._started().pid
         if status is None:
             where = f"codex app-server (pid {pid})"
         elif status[0] == "exit":
@@ -492,16 +505,19 @@ class AppServerClient:
         # stdout EOF normally reports a death. If codex dies while a process it started in another session
         # still holds the pipe, there is no EOF: fail the connection from here so no wait outlives codex.
         try:
-            os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOWAIT)
+            os.waitid(os.P_PID, self._started().pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:  # already reaped by close()
             return
-        self._stdout_thread.join(1.0)
-        if self._stdout_thread.is_alive():
+        reader = self._stdout_thread
+        if reader is None:  # pragma: no cover - started before this thread
+            return
+        reader.join(1.0)
+        if reader.is_alive():
             self._fail("exited, but a process it started still holds its stdout open")
 
     def _leader_status(self) -> tuple[str, int] | None:
         """``("exit", code)`` / ``("signal", n)`` once the leader has exited, else None. Does not reap."""
-        proc = self._proc
+        proc = self._started()
         if proc.returncode is not None:
             rc = proc.returncode
             return ("exit", rc) if rc >= 0 else ("signal", -rc)

@@ -185,7 +185,7 @@ def _error_type(code: int, message: str) -> type[JsonRpcError]:
 RETRYABLE: tuple[type[CodexError], ...] = (TransportError, ThreadBusy, Overloaded)
 
 
-def retryable(exc: BaseException) -> bool:
+def retryable(exc: object) -> bool:
     """True for :data:`RETRYABLE` types — a transient failure that keeps the thread. Whether a retry is
     safe also needs ``turn/start`` not to have been sent; the runner reports that."""
     return isinstance(exc, RETRYABLE)

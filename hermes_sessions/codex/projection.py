@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 TOOL_OUTPUT_CHARS = 64_000
 MCP_RESULT_CHARS = 4_000
@@ -55,53 +56,68 @@ class ItemProjector:
         """Project one completed ``ThreadItem``; a repeated item id is ignored."""
         if not isinstance(item, dict):
             return
-        kind = item.get("type")
         item_id = str(item.get("id") or "")
+        if item_id in self._seen:
+            return
         if item_id:
-            if item_id in self._seen:
-                return
             self._seen.add(item_id)
-        if not item_id:
+        else:
             item_id = "sha256_" + hashlib.sha256(_dumps(item).encode()).hexdigest()[:24]
-        if kind == "agentMessage":
-            text = item.get("text") or ""
-            row = {"role": "assistant", "content": text, "codex_item_id": item_id}
-            if self._reasoning:
-                row["reasoning"] = "\n".join(self._reasoning)
-                self._reasoning = []
-            self.messages.append(row)
-            self.final_text = text
-        elif kind == "reasoning":
-            self._reasoning.extend(_texts(item.get("summary")) + _texts(item.get("content")))
-        elif kind == "commandExecution":
-            args = {"command": item.get("command"), "cwd": item.get("cwd")}
-            output = item.get("aggregatedOutput") or ""
-            exit_code = item.get("exitCode")
-            if exit_code not in (None, 0):
-                output = f"[exit {exit_code}]\n{output}"
-            elif item.get("status") not in (None, "completed"):
-                output = f"[{item.get('status')}]\n{output}"
-            self._tool(item_id, f"codex_exec_{item_id}", "exec_command", args, output[:TOOL_OUTPUT_CHARS])
-        elif kind == "fileChange":
-            changes = [
-                {"kind": c.get("kind"), "path": c.get("path")} for c in (item.get("changes") or []) if isinstance(c, dict)
-            ]
-            content = f"apply_patch status={item.get('status')}, {len(changes)} change(s)"
-            self._tool(item_id, f"codex_patch_{item_id}", "apply_patch", {"changes": changes}, content)
-        elif kind == "mcpToolCall":
-            server, tool = item.get("server") or "mcp", item.get("tool") or "tool"
-            if item.get("error"):
-                content = "[error] " + _dumps(item.get("error"))[:MCP_ERROR_CHARS]
-            else:
-                content = _dumps(item.get("result"))[:MCP_RESULT_CHARS]
-            self._tool(
-                item_id, f"codex_mcp__{server}__{tool}_{item_id}", f"mcp.{server}.{tool}", item.get("arguments") or {}, content
-            )
+        project = self._BY_TYPE.get(str(item.get("type")))
         # userMessage: the user's row is already stored; everything else carries nothing we replay.
+        if project is not None:
+            project(self, item, item_id)
+
+    def _agent_message(self, item: dict[str, Any], item_id: str) -> None:
+        text = item.get("text") or ""
+        row = {"role": "assistant", "content": text, "codex_item_id": item_id}
+        if self._reasoning:
+            row["reasoning"] = "\n".join(self._reasoning)
+            self._reasoning = []
+        self.messages.append(row)
+        self.final_text = text
+
+    def _reasoning_item(self, item: dict[str, Any], item_id: str) -> None:
+        self._reasoning.extend(_texts(item.get("summary")) + _texts(item.get("content")))
+
+    def _command(self, item: dict[str, Any], item_id: str) -> None:
+        args = {"command": item.get("command"), "cwd": item.get("cwd")}
+        output = item.get("aggregatedOutput") or ""
+        exit_code = item.get("exitCode")
+        if exit_code not in (None, 0):
+            output = f"[exit {exit_code}]\n{output}"
+        elif item.get("status") not in (None, "completed"):
+            output = f"[{item.get('status')}]\n{output}"
+        self._tool(item_id, f"codex_exec_{item_id}", "exec_command", args, output[:TOOL_OUTPUT_CHARS])
+
+    def _file_change(self, item: dict[str, Any], item_id: str) -> None:
+        changes = [
+            {"kind": c.get("kind"), "path": c.get("path")} for c in (item.get("changes") or []) if isinstance(c, dict)
+        ]
+        content = f"apply_patch status={item.get('status')}, {len(changes)} change(s)"
+        self._tool(item_id, f"codex_patch_{item_id}", "apply_patch", {"changes": changes}, content)
+
+    def _mcp_tool_call(self, item: dict[str, Any], item_id: str) -> None:
+        server, tool = item.get("server") or "mcp", item.get("tool") or "tool"
+        if item.get("error"):
+            content = "[error] " + _dumps(item.get("error"))[:MCP_ERROR_CHARS]
+        else:
+            content = _dumps(item.get("result"))[:MCP_RESULT_CHARS]
+        self._tool(
+            item_id, f"codex_mcp__{server}__{tool}_{item_id}", f"mcp.{server}.{tool}", item.get("arguments") or {}, content
+        )
+
+    _BY_TYPE: ClassVar[dict[str, Callable[[ItemProjector, dict[str, Any], str], None]]] = {
+        "agentMessage": _agent_message,
+        "reasoning": _reasoning_item,
+        "commandExecution": _command,
+        "fileChange": _file_change,
+        "mcpToolCall": _mcp_tool_call,
+    }
 
     def _tool(self, item_id: str, call_id: str, name: str, args: Any, output: str) -> None:
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": _dumps(args)}}
-        row = {"role": "assistant", "content": "", "tool_calls": [call], "codex_item_id": item_id}
+        row: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call], "codex_item_id": item_id}
         if self._reasoning:
             row["reasoning"] = "\n".join(self._reasoning)
             self._reasoning = []

@@ -346,16 +346,19 @@ def _adopt_completed_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutc
     return False
 
 
-def _scope(params: dict) -> tuple[str | None, str | None]:
+def _as_dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _scope(params: dict[str, Any]) -> tuple[str | None, str | None]:
     """(threadId, turnId) a notification belongs to, as hermes reads them (reference §2.2)."""
-    turn = params.get("turn") if isinstance(params.get("turn"), dict) else {}
-    item = params.get("item") if isinstance(params.get("item"), dict) else {}
+    turn, item = _as_dict(params.get("turn")), _as_dict(params.get("item"))
     thread_id = params.get("threadId") or turn.get("threadId") or item.get("threadId")
     turn_id = params.get("turnId") or turn.get("id") or item.get("turnId")
     return thread_id, turn_id
 
 
-def _usage(token_usage: dict) -> dict[str, Any]:
+def _usage(token_usage: dict[str, Any]) -> dict[str, Any]:
     last = token_usage.get("last") or {}
     total = token_usage.get("total") or {}
     usage = {
@@ -370,11 +373,53 @@ def _usage(token_usage: dict) -> dict[str, Any]:
     return {k: v for k, v in usage.items() if v is not None}
 
 
+class _TurnReader:
+    """Folds this turn's notifications into ``out`` (items, usage, final status)."""
+
+    def __init__(self, out: TurnOutcome) -> None:
+        self.out = out
+        self.projector = ItemProjector()
+        self.last_error = ""
+
+    def ours(self, params: dict[str, Any]) -> bool:
+        """A notification of another thread, or of another turn once ours is known, is skipped."""
+        thread_id, turn_id = _scope(params)
+        if thread_id and thread_id != self.out.thread_id:
+            return False
+        return not (turn_id and self.out.codex_turn_id and turn_id != self.out.codex_turn_id)
+
+    def add(self, note: dict[str, Any]) -> bool:
+        """Apply one notification; True once it was this turn's ``turn/completed``."""
+        method, params = note.get("method"), _as_dict(note.get("params"))
+        if not self.ours(params):
+            return False
+        if method == "item/completed":
+            self.projector.add(_as_dict(params.get("item")))
+        elif method == "thread/tokenUsage/updated":
+            self.out.usage = _usage(_as_dict(params.get("tokenUsage")))
+        elif method == "error" and not params.get("willRetry"):
+            raw = params.get("error") or {}
+            self.last_error = str(_as_dict(raw).get("message") or raw)
+        elif method == "turn/completed":
+            turn = _as_dict(params.get("turn"))
+            self.out.status = str(turn.get("status") or "failed")
+            err = turn.get("error") or {}
+            if self.out.status != "completed":
+                self.out.error = str((err.get("message") if isinstance(err, dict) else err) or self.last_error or "")
+            return True
+        return False
+
+    def flush(self) -> None:
+        self.out.messages = self.projector.messages
+        self.out.final_text = self.projector.final_text
+
+
 def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
-    """Read notifications until this turn's ``turn/completed`` or the deadline."""
-    projector = ItemProjector()
+    """Read notifications until this turn's ``turn/completed`` or the deadline. Raises
+    ``TurnAbandoned`` (claim lost), ``TurnTimeout``, or ``TransportError`` once the connection failed
+    and every queued notification was read."""
+    reader = _TurnReader(out)
     deadline = time.monotonic() + spec.turn_timeout
-    last_error = ""
     control = spec.control
     interrupt_sent = False
     try:
@@ -387,39 +432,16 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
                     _interrupt(client, out)
             left = deadline - time.monotonic()
             if left <= 0:
-                stopped = _interrupt_after_timeout(client, out, projector)
+                stopped = _interrupt_after_timeout(client, out, reader.projector)
                 raise TurnTimeout(
                     f"turn/completed did not arrive within {spec.turn_timeout:g} s; "
                     + ("the turn was interrupted" if stopped else "turn/interrupt got no answer either; the app-server was stopped")
                 )
             note = client.next_notification(timeout=min(left, POLL_SECONDS))
-            if note is None:
-                continue
-            method = note.get("method")
-            params = note.get("params") if isinstance(note.get("params"), dict) else {}
-            thread_id, turn_id = _scope(params)
-            if thread_id and thread_id != out.thread_id:
-                continue
-            if turn_id and out.codex_turn_id and turn_id != out.codex_turn_id:
-                continue
-            if method == "item/completed":
-                projector.add(params.get("item") or {})
-            elif method == "thread/tokenUsage/updated":
-                out.usage = _usage(params.get("tokenUsage") or {})
-            elif method == "error":
-                err = params.get("error") or {}
-                if not params.get("willRetry"):
-                    last_error = str(err.get("message") or err)
-            elif method == "turn/completed":
-                turn = params.get("turn") or {}
-                out.status = str(turn.get("status") or "failed")
-                err = turn.get("error") or {}
-                if out.status != "completed":
-                    out.error = str((err.get("message") if isinstance(err, dict) else err) or last_error or "")
+            if note is not None and reader.add(note):
                 return
     finally:
-        out.messages = projector.messages
-        out.final_text = projector.final_text
+        reader.flush()
 
 
 def _interrupt(client: AppServerClient, out: TurnOutcome) -> bool:

@@ -32,7 +32,7 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str) -> None:
 
     def send() -> None:
         try:
-            _run_turn_task().apply_async(args=[str(turn_id)])
+            _run_turn_task().apply_async(args=(str(turn_id),))
         except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep re-sends
             logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
 

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from ..models import IdempotencyKey
 from .errors import IdempotencyMismatch, InvalidIdempotencyKey
 from .locks import advisory_xact_lock
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+T = TypeVar("T", bound=Model)
 MAX_KEY_CHARS = 255
 
 
@@ -31,7 +36,7 @@ def request_hash(body: Any) -> str:
 
 
 def idempotent(
-    *, user, scope: str, key: str | None, body: Any, create: Callable[[], T], load: Callable[[str], T]
+    *, user: User, scope: str, key: str | None, body: Any, create: Callable[[], T], load: Callable[[str], T]
 ) -> tuple[T, bool]:
     """Run ``create()`` once per ``(user, scope, key)``; return ``(object, created)``.
 

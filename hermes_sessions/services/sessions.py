@@ -1,9 +1,8 @@
 """Session writes (bindings and notices: ``bindings.py``)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from .. import policy
@@ -11,9 +10,12 @@ from ..models import Session
 from ..sanitize import clean_json, clean_text
 from .errors import SessionIdTaken
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 
 def session_create(
-    *, owner: AbstractBaseUser, session_id: str | None = None, title: str = "", model_config: dict[str, Any] | None = None
+    *, owner: User, session_id: str | None = None, title: str = "", model_config: dict[str, Any] | None = None
 ) -> Session:
     """Create a session owned by ``owner``.
 

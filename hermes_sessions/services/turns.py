@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -37,6 +37,9 @@ from . import bindings, dispatch
 from .errors import InvalidInput, SessionBusy
 from .locks import lock_session_and_turn
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
 logger = logging.getLogger(__name__)
 
 MAX_INPUT_CHARS = 200_000
@@ -48,7 +51,7 @@ ON_BUSY = ("enqueue", "reject", "interrupt")
 
 
 def turn_enqueue(
-    *, session: Session, input_text: str, user: AbstractBaseUser | None, on_busy: str = "enqueue"
+    *, session: Session, input_text: str, user: User | None, on_busy: str = "enqueue"
 ) -> Turn:
     """Accept one user input for ``session`` as a queued turn and schedule it.
 

@@ -272,59 +272,86 @@ def handle_turn_start(request_id, params, action):
     return None
 
 
-def handle_request(request_id, method, params, action):
+def handle_initialize(request_id, params, action):
     global initialized
+    if initialized:
+        return respond_error(request_id, -32600, "Already initialized")
+    initialized = True
+    name = (params.get("clientInfo") or {}).get("name", "client")
+    respond(request_id, {"userAgent": f"{name}/0.169.0 (scripted)", "codexHome": STATE,
+                         "platformFamily": "unix", "platformOs": "linux"})
+    return notify("remoteControl/status/changed", {"status": "disabled"})
+
+
+def handle_thread_start(request_id, params, action):
+    thread = thread_obj(str(uuid.uuid4()), params.get("cwd") or os.getcwd(), [])
+    loaded_threads.add(thread["id"])
+    respond(request_id, session_result(thread, params))
+    return notify("thread/started", {"thread": thread})
+
+
+def handle_thread_resume(request_id, params, action):
+    thread_id = canonical(params.get("threadId"))
+    if not thread_id:
+        return respond_error(request_id, -32600, "Invalid request: missing field `threadId`")
+    if not os.path.exists(rollout_path(thread_id)):
+        return respond_error(request_id, -32600, f"no rollout found for thread id {thread_id}")
+    turns = [] if params.get("excludeTurns") else [
+        {**turn_obj(t["id"], t["status"], t["items"], items_view="full")} for t in read_rollout(thread_id)
+    ]
+    loaded_threads.add(thread_id)
+    notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "idle"}})
+    return respond(request_id, session_result(thread_obj(thread_id, params.get("cwd") or os.getcwd(), turns), params))
+
+
+def handle_turn_interrupt(request_id, params, action):
+    thread_id = params.get("threadId")
+    turn_id = active_turns.pop(thread_id, None)
+    if turn_id is None:
+        return respond_error(request_id, -32600, "no active turn to interrupt")
+    respond(request_id, {})
+    notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "idle"}})
+    return notify("turn/completed", {"threadId": thread_id, "turn": turn_obj(turn_id, "interrupted")})
+
+
+def handle_thread_unsubscribe(request_id, params, action):
+    loaded_threads.discard(params.get("threadId"))
+    return respond(request_id, {})
+
+
+def handle_thread_turns_list(request_id, params, action):  # newest first, as codex 0.169.0 defaults to
+    thread_id = params.get("threadId")
+    if not os.path.exists(rollout_path(thread_id)):
+        return respond_error(request_id, -32600, f"no rollout found for thread id {thread_id}")
+    turns = [turn_obj(t["id"], t["status"], t["items"], items_view="full") for t in read_rollout(thread_id)]
+    return respond(request_id, {"data": turns[::-1][: params.get("limit") or None], "nextCursor": None,
+                                "backwardsCursor": None})
+
+
+def handle_thread_loaded_list(request_id, params, action):
+    return respond(request_id, {"data": sorted(loaded_threads), "nextCursor": None})
+
+
+HANDLERS = {
+    "thread/start": handle_thread_start,
+    "thread/resume": handle_thread_resume,
+    "turn/start": handle_turn_start,
+    "turn/interrupt": handle_turn_interrupt,
+    "thread/unsubscribe": handle_thread_unsubscribe,
+    "thread/turns/list": handle_thread_turns_list,
+    "thread/loaded/list": handle_thread_loaded_list,
+}
+
+
+def handle_request(request_id, method, params, action):
     if method == "initialize":
-        if initialized:
-            return respond_error(request_id, -32600, "Already initialized")
-        initialized = True
-        name = (params.get("clientInfo") or {}).get("name", "client")
-        respond(request_id, {"userAgent": f"{name}/0.169.0 (scripted)", "codexHome": STATE,
-                             "platformFamily": "unix", "platformOs": "linux"})
-        return notify("remoteControl/status/changed", {"status": "disabled"})
+        return handle_initialize(request_id, params, action)
     if not initialized:
         return respond_error(request_id, -32600, "Not initialized")
-    if method == "thread/start":
-        thread = thread_obj(str(uuid.uuid4()), params.get("cwd") or os.getcwd(), [])
-        loaded_threads.add(thread["id"])
-        respond(request_id, session_result(thread, params))
-        return notify("thread/started", {"thread": thread})
-    if method == "thread/resume":
-        thread_id = canonical(params.get("threadId"))
-        if not thread_id:
-            return respond_error(request_id, -32600, "Invalid request: missing field `threadId`")
-        if not os.path.exists(rollout_path(thread_id)):
-            return respond_error(request_id, -32600, f"no rollout found for thread id {thread_id}")
-        turns = [] if params.get("excludeTurns") else [
-            {**turn_obj(t["id"], t["status"], t["items"], items_view="full")} for t in read_rollout(thread_id)
-        ]
-        loaded_threads.add(thread_id)
-        notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "idle"}})
-        return respond(request_id, session_result(thread_obj(thread_id, params.get("cwd") or os.getcwd(), turns),
-                                                  params))
-    if method == "turn/start":
-        return handle_turn_start(request_id, params, action)
-    if method == "turn/interrupt":
-        thread_id = params.get("threadId")
-        turn_id = active_turns.pop(thread_id, None)
-        if turn_id is None:
-            return respond_error(request_id, -32600, "no active turn to interrupt")
-        respond(request_id, {})
-        notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "idle"}})
-        return notify("turn/completed", {"threadId": thread_id, "turn": turn_obj(turn_id, "interrupted")})
-    if method == "thread/unsubscribe":
-        loaded_threads.discard(params.get("threadId"))
-        return respond(request_id, {})
-    if method == "thread/turns/list":  # newest first, as codex 0.169.0 defaults to
-        thread_id = params.get("threadId")
-        if not os.path.exists(rollout_path(thread_id)):
-            return respond_error(request_id, -32600, f"no rollout found for thread id {thread_id}")
-        turns = [turn_obj(t["id"], t["status"], t["items"], items_view="full") for t in read_rollout(thread_id)]
-        return respond(request_id, {"data": turns[::-1][: params.get("limit") or None], "nextCursor": None,
-                                    "backwardsCursor": None})
-    if method == "thread/loaded/list":
-        return respond(request_id, {"data": sorted(loaded_threads), "nextCursor": None})
-    return respond_error(request_id, -32600, f"Invalid request: unknown variant `{method}`")
+    handler = HANDLERS.get(method)
+    if handler is None:
+        return respond_error(request_id, -32600, f"Invalid request: unknown variant `{method}`")
+    return handler(request_id, params, action)
 
 
 def process_request(message):
