@@ -2,7 +2,7 @@
 
 Follows hermes-agent's ``render_history_seed`` (hermes-reference.md §2.7): user rows as
 ``[USER]``, assistant rows as ``[ASSISTANT]`` plus the tools they called, tool results cut to 400
-characters, system rows skipped, and a tail cap (``settings.HISTORY_SEED_MAX_CHARS``, default
+characters, system rows skipped, and a tail cap (``settings.HERMES_HISTORY_SEED_MAX_CHARS``, default
 32,000) that keeps the newest turns. The seed goes into the first ``turn/start`` input ahead of a
 ``[CURRENT USER TURN]`` marker; it writes no transcript rows.
 """
@@ -43,7 +43,7 @@ def render_history_seed(rows: Iterable, *, max_chars: int | None = None) -> str:
     """Return the seed text for ``rows`` (Message-like objects with ``role``, ``content``,
     ``tool_calls``, oldest first), or ``""`` when there is nothing to replay. The result is at most
     ``max_chars`` characters plus the header."""
-    cap = settings.HISTORY_SEED_MAX_CHARS if max_chars is None else max_chars
+    cap = settings.HERMES_HISTORY_SEED_MAX_CHARS if max_chars is None else max_chars
     blocks = [b for b in (_render_row(r) for r in rows) if b]
     if not blocks:
         return ""
