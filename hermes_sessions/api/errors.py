@@ -30,6 +30,7 @@ from typing import Any
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, status
+from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from .. import policy, services
@@ -126,7 +127,7 @@ def _summary(errors: Any) -> str:
     return str(errors)
 
 
-def exception_handler(exc: Exception, context: dict[str, Any]):
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF ``EXCEPTION_HANDLER``: domain errors become 4xx JSON ``{"detail", "code", …}``.
 
     Returns ``None`` (→ Django's 500 and its logging) for anything it does not know, on purpose:
