@@ -80,7 +80,8 @@ if not SECRET_KEY:
         )
     SECRET_KEY = DEMO_SECRET_KEY
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1")
+# "testserver": `manage.py demo` drives the API through Django's test client, which sends that Host.
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,testserver")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
