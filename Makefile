@@ -7,6 +7,9 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/hermes
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # A queue of its own per run, so two test runs on one broker never take each other's turns.
 TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
+# DATABASE_URL set means the production shape, where settings refuse to start without a secret key;
+# the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
+TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
 .PHONY: install demo test e2e bench faults lint services migrate run worker clean
 
@@ -34,8 +37,11 @@ demo: install
 services:
 	@scripts/ensure_services.sh "$(TEST_DATABASE_URL)" "$(TEST_BROKER_URL)"
 
+# ruff (ruff.toml: pycodestyle, pyflakes, isort, bugbear, Django, blind-except, complexity) over the
+# whole tree; mypy (mypy.ini: django-stubs, DRF stubs, celery-types) over hermes_sessions/ and project/.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: install services lint
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \

@@ -2,15 +2,19 @@
 
 Follows hermes-agent's ``render_history_seed`` (hermes-reference.md §2.7): user rows as
 ``[USER]``, assistant rows as ``[ASSISTANT]`` plus the tools they called, tool results cut to 400
-characters, system rows skipped, and a tail cap (``settings.HISTORY_SEED_MAX_CHARS``, default
+characters, system rows skipped, and a tail cap (``settings.HERMES_HISTORY_SEED_MAX_CHARS``, default
 32,000) that keeps the newest turns. The seed goes into the first ``turn/start`` input ahead of a
 ``[CURRENT USER TURN]`` marker; it writes no transcript rows.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from .models import Message
 
 HEADER = (
     "Prior conversation from this session (the thread you are continuing was started fresh; "
@@ -21,7 +25,7 @@ CURRENT_TURN_MARKER = "[CURRENT USER TURN]"
 TOOL_RESULT_CHARS = 400
 
 
-def _render_row(row) -> str | None:
+def _render_row(row: Message) -> str | None:
     if row.role == "user":
         return f"[USER]\n{row.content}"
     if row.role == "assistant":
@@ -39,11 +43,11 @@ def _render_row(row) -> str | None:
     return None  # system rows are not replayed
 
 
-def render_history_seed(rows: Iterable, *, max_chars: int | None = None) -> str:
+def render_history_seed(rows: Iterable[Message], *, max_chars: int | None = None) -> str:
     """Return the seed text for ``rows`` (Message-like objects with ``role``, ``content``,
     ``tool_calls``, oldest first), or ``""`` when there is nothing to replay. The result is at most
     ``max_chars`` characters plus the header."""
-    cap = settings.HISTORY_SEED_MAX_CHARS if max_chars is None else max_chars
+    cap = settings.HERMES_HISTORY_SEED_MAX_CHARS if max_chars is None else max_chars
     blocks = [b for b in (_render_row(r) for r in rows) if b]
     if not blocks:
         return ""

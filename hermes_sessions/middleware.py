@@ -1,5 +1,7 @@
 """Request hygiene that applies to every URL (API and admin)."""
-from django.http import HttpResponseBadRequest
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
 
 class RejectNulMiddleware:
@@ -10,10 +12,10 @@ class RejectNulMiddleware:
     Refusing the class here keeps every view from needing its own guard.
     """
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponse:
         if "\x00" in request.path or "%00" in request.META.get("QUERY_STRING", "") or "\x00" in request.META.get("QUERY_STRING", ""):
             return HttpResponseBadRequest("NUL bytes are not allowed in URLs.", content_type="text/plain")
         return self.get_response(request)

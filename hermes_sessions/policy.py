@@ -6,6 +6,7 @@ directory under ``settings.CODEX_WORK_ROOT``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,26 +46,51 @@ def validate_model_config(config: Any, *, is_staff: bool = False) -> dict[str, A
         raise PolicyError("model_config", "model_config must be a JSON object.")
     cleaned: dict[str, Any] = {}
     for key, value in config.items():
-        if key == "model":
-            if not isinstance(value, str) or not value or len(value) > 100:
-                raise PolicyError(key, "model must be a non-empty string of at most 100 characters.")
-        elif key == "developer_instructions":
-            if not isinstance(value, str) or len(value) > MAX_INSTRUCTIONS_CHARS:
-                raise PolicyError(key, f"developer_instructions must be a string of at most {MAX_INSTRUCTIONS_CHARS} characters.")
-        elif key == "sandbox":
-            if value not in STAFF_SANDBOXES:
-                raise PolicyError(key, f"sandbox must be one of {', '.join(CLIENT_SANDBOXES)}.")
-            if value not in CLIENT_SANDBOXES and not is_staff:
-                raise PolicyError(key, f"sandbox {value!r} is reserved to staff.", forbidden=True)
-        elif key == "approval_policy":
-            if value not in APPROVAL_POLICIES:
-                raise PolicyError(key, f"approval_policy must be one of {', '.join(APPROVAL_POLICIES)}.")
-        elif key == "cwd":
-            raise PolicyError(key, "cwd is assigned by the server (one directory per session); it cannot be set.", forbidden=True)
-        else:
+        check = _CHECKS.get(key)
+        if check is None:
             raise PolicyError(key, f"unknown model_config key {key!r}.")
+        check(value, is_staff)
         cleaned[key] = value
     return cleaned
+
+
+def _check_model(value: Any, is_staff: bool) -> None:
+    if not isinstance(value, str) or not value or len(value) > 100:
+        raise PolicyError("model", "model must be a non-empty string of at most 100 characters.")
+
+
+def _check_developer_instructions(value: Any, is_staff: bool) -> None:
+    if not isinstance(value, str) or len(value) > MAX_INSTRUCTIONS_CHARS:
+        raise PolicyError(
+            "developer_instructions",
+            f"developer_instructions must be a string of at most {MAX_INSTRUCTIONS_CHARS} characters.",
+        )
+
+
+def _check_sandbox(value: Any, is_staff: bool) -> None:
+    if value not in STAFF_SANDBOXES:
+        raise PolicyError("sandbox", f"sandbox must be one of {', '.join(CLIENT_SANDBOXES)}.")
+    if value not in CLIENT_SANDBOXES and not is_staff:
+        raise PolicyError("sandbox", f"sandbox {value!r} is reserved to staff.", forbidden=True)
+
+
+def _check_approval_policy(value: Any, is_staff: bool) -> None:
+    if value not in APPROVAL_POLICIES:
+        raise PolicyError("approval_policy", f"approval_policy must be one of {', '.join(APPROVAL_POLICIES)}.")
+
+
+def _refuse_cwd(value: Any, is_staff: bool) -> None:
+    raise PolicyError("cwd", "cwd is assigned by the server (one directory per session); it cannot be set.", forbidden=True)
+
+
+# One check per key a client may send; each raises PolicyError or returns.
+_CHECKS: dict[str, Callable[[Any, bool], None]] = {
+    "model": _check_model,
+    "developer_instructions": _check_developer_instructions,
+    "sandbox": _check_sandbox,
+    "approval_policy": _check_approval_policy,
+    "cwd": _refuse_cwd,
+}
 
 
 def session_workdir(session_id: str) -> Path:

@@ -14,8 +14,9 @@ REPLACEMENT = "\ufffd"
 _UNSAFE = re.compile("[\x00\ud800-\udfff]")
 
 
-def clean_text(value: str | None, *, max_chars: int | None = None) -> str:
-    """Return ``value`` with NUL and lone surrogates replaced by U+FFFD; ``None`` becomes ``""``.
+def clean_text(value: object, *, max_chars: int | None = None) -> str:
+    """Return ``value`` with NUL and lone surrogates replaced by U+FFFD; ``None`` becomes ``""``, any
+    other non-string its ``str()``.
     With ``max_chars``, longer text is cut and ends with ``"…[truncated]"``."""
     if value is None:
         return ""

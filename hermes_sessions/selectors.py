@@ -11,10 +11,16 @@ import re
 import uuid
 from typing import Any
 
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
 from django.db.models import Count, IntegerField, Max, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 
 from .models import SESSION_ID_RE, CodexBinding, Message, Notice, Session, Turn
+
+# ``request.user`` as Django and DRF type it. Lookups go by ``user.pk``: an anonymous user (pk None)
+# owns nothing, although the API's IsAuthenticated never lets one get here.
+User = AbstractBaseUser | AnonymousUser
 
 _SESSION_ID = re.compile(SESSION_ID_RE)  # anchored with \A…\Z, so a trailing newline is refused
 
@@ -58,10 +64,10 @@ def _annotate_sessions(queryset: QuerySet[Session]) -> QuerySet[Session]:
     )
 
 
-def session_list(*, user) -> QuerySet[Session]:
+def session_list(*, user: User) -> QuerySet[Session]:
     """The sessions ``user`` owns, newest activity first, annotated as in ``_annotate_sessions``:
     ``active_thread_id``, ``turn_count``, ``unacknowledged_notice_count``, ``last_activity``."""
-    return _annotate_sessions(Session.objects.filter(owner=user)).order_by("-updated_at", "id")
+    return _annotate_sessions(Session.objects.filter(owner_id=user.pk)).order_by("-updated_at", "id")
 
 
 def session_admin_list() -> QuerySet[Session]:
@@ -69,7 +75,7 @@ def session_admin_list() -> QuerySet[Session]:
     return _annotate_sessions(Session.objects.select_related("owner"))
 
 
-def session_get(*, user, session_id: Any) -> Session:
+def session_get(*, user: User, session_id: Any) -> Session:
     """The annotated session ``session_id`` owned by ``user``.
 
     Raises ``Session.DoesNotExist`` when the id is malformed (never reaches the database, so a NUL
@@ -81,7 +87,7 @@ def session_get(*, user, session_id: Any) -> Session:
     return session_list(user=user).get(pk=session_id)
 
 
-def turn_get(*, user, turn_id: Any) -> Turn:
+def turn_get(*, user: User, turn_id: Any) -> Turn:
     """The turn ``turn_id`` of one of ``user``'s sessions.
 
     Raises ``Turn.DoesNotExist`` when ``turn_id`` is not a UUID, is unknown, or belongs to another
@@ -91,7 +97,7 @@ def turn_get(*, user, turn_id: Any) -> Turn:
         pk = turn_id if isinstance(turn_id, uuid.UUID) else uuid.UUID(str(turn_id))
     except (ValueError, TypeError, AttributeError) as exc:
         raise Turn.DoesNotExist(f"no turn {turn_id!r}") from exc
-    return Turn.objects.get(pk=pk, session__owner=user)
+    return Turn.objects.get(pk=pk, session__owner_id=user.pk)
 
 
 def message_list(*, session: Session) -> QuerySet[Message]:

@@ -1,8 +1,23 @@
 """Settings for hermes_sessions, read from the environment.
 
-With nothing set, the project runs as the demo needs it: SQLite under ``var/``, Celery tasks run
-eagerly in-process (no broker), codex pointed at the local model stand-in. Production and the test
-suite set ``DATABASE_URL`` (PostgreSQL) and ``CELERY_BROKER_URL`` (Redis or RabbitMQ).
+Two shapes:
+
+* **Embedded (the demo)**: neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` is set. SQLite under
+  ``HERMES_VAR_DIR``, Celery tasks run eagerly in-process (no broker), codex pointed at the local model
+  stand-in, and a built-in development ``SECRET_KEY``.
+* **Production shape**: ``DATABASE_URL`` (PostgreSQL) and/or ``CELERY_BROKER_URL`` (Redis or RabbitMQ)
+  set. ``DJANGO_SECRET_KEY`` is then required: importing these settings without it raises
+  ``ImproperlyConfigured``.
+
+Names: every environment variable lands in the setting of the same name (``HERMES_*``, ``CODEX_*``,
+``CELERY_*``, ``DATABASE_*``), except Django's own settings, which are read from ``DJANGO_<SETTING>``
+(``DJANGO_SECRET_KEY`` → ``SECRET_KEY``), the cookiecutter-django convention. README "Settings
+(environment)" lists them all.
+
+Importing this module has no side effects: it creates no directory. Directories are made where they
+are used (the SQLite backend in ``project/sqlite_backend`` makes the database's folder on first
+connection, ``project/beat.py`` the beat schedule's, ``codex/launch.py`` codex's). Tests use
+``project/settings_test.py``.
 """
 from __future__ import annotations
 
@@ -10,16 +25,26 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("HERMES_VAR_DIR", BASE_DIR / "var")).resolve()
+
+
+def env_str(name: str, default: str = "") -> str:
+    """The variable's value; ``default`` when it is unset or empty."""
+    return os.environ.get(name) or default
 
 
 def env_bool(name: str, default: bool) -> bool:
     value = os.environ.get(name)
-    if value is None:
+    if not value:
         return default
     return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
 
 
 def env_float(name: str, default: float) -> float:
@@ -27,9 +52,36 @@ def env_float(name: str, default: float) -> float:
     return float(value) if value else default
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
+def env_path(name: str, default: Path) -> Path:
+    """An absolute path (codex needs absolute paths); nothing is created here."""
+    return Path(os.environ.get(name) or default).resolve()
+
+
+def env_list(name: str, default: str) -> list[str]:
+    """A comma-separated list; empty items are dropped."""
+    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
+HERMES_VAR_DIR = env_path("HERMES_VAR_DIR", BASE_DIR / "var")  # the embedded database, codex's state, beat's schedule
+DATABASE_URL = env_str("DATABASE_URL")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
+HERMES_EMBEDDED = not DATABASE_URL and not CELERY_BROKER_URL  # derived, not read from the environment
+
+# Only the embedded demo may run on a key everybody can read in this file.
+DEMO_SECRET_KEY = "django-insecure-hermes-sessions-embedded-demo-only"
+SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if not HERMES_EMBEDDED:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set. It is required whenever DATABASE_URL or CELERY_BROKER_URL is set "
+            "(the production shape); only the embedded demo (neither set) runs on a built-in development key. "
+            "Set DJANGO_SECRET_KEY to a long random value, e.g. the output of: python -c "
+            "'from django.core.management.utils import get_random_secret_key; print(get_random_secret_key())'"
+        )
+    SECRET_KEY = DEMO_SECRET_KEY
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,testserver").split(",") if h]
+# "testserver": `manage.py demo` drives the API through Django's test client, which sends that Host.
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,testserver")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -77,16 +129,17 @@ TEMPLATES = [
 WSGI_APPLICATION = "project.wsgi.application"
 ASGI_APPLICATION = "project.asgi.application"
 
-if not os.environ.get("DATABASE_URL"):
-    VAR_DIR.mkdir(parents=True, exist_ok=True)  # the embedded SQLite default lives here
+DATABASE_CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60)  # seconds a connection is reused
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
-        conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "60")),
+        DATABASE_URL or f"sqlite:///{HERMES_VAR_DIR / 'db.sqlite3'}",
+        conn_max_age=DATABASE_CONN_MAX_AGE,
         conn_health_checks=True,  # a persistent connection killed by a database restart is replaced, not a 500
     )
 }
-if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Django's SQLite backend that also makes the database file's folder on first connection.
+    DATABASES["default"]["ENGINE"] = "project.sqlite_backend"
     # The embedded default: writers wait for each other (BEGIN IMMEDIATE + a busy timeout) rather
     # than failing with "database is locked" when the API and an eager turn write at once.
     DATABASES["default"]["OPTIONS"] = {
@@ -106,16 +159,13 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
-# Serve straight from the apps' static folders, so no collectstatic step is needed to run.
+# Served straight from the apps' static folders (WhiteNoise with finders), so no collectstatic step
+# is needed and nothing is read from STATIC_ROOT; set DJANGO_STATIC_ROOT only to run collectstatic.
+STATIC_ROOT = env_str("DJANGO_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
-try:
-    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns when it is missing
-except OSError:
-    pass
 
-# Largest request body the API accepts (bytes); bigger bodies are refused.
-DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("HERMES_MAX_BODY_BYTES", str(1024 * 1024)))
+# Largest request body the API accepts (bytes); bigger bodies get 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", 1024 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -138,7 +188,7 @@ SPECTACULAR_SETTINGS = {
 
 # --- Celery -------------------------------------------------------------------------------------
 # No broker configured: run tasks eagerly in the caller's process (demo / quick local use).
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "")
+# (CELERY_BROKER_URL is read at the top: it decides the shape.)
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not CELERY_BROKER_URL)
 CELERY_TASK_EAGER_PROPAGATES = False
 CELERY_RESULT_BACKEND = None
@@ -146,7 +196,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-HERMES_TURN_QUEUE = os.environ.get("HERMES_TURN_QUEUE", "turns")
+HERMES_TURN_QUEUE = env_str("HERMES_TURN_QUEUE", "turns")
 # Turns get a queue of their own; the sweep stays on the default queue ("celery") so that long
 # turns occupying every turn slot never delay crash recovery. Workers consume both (-Q turns,celery).
 CELERY_TASK_ROUTES = {"hermes_sessions.tasks.run_turn": {"queue": HERMES_TURN_QUEUE}}
@@ -158,52 +208,57 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 # Redis redelivers an unacknowledged task after this many seconds; it must exceed the longest turn.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("HERMES_VISIBILITY_TIMEOUT", "3600"))}
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+HERMES_VISIBILITY_TIMEOUT = env_int("HERMES_VISIBILITY_TIMEOUT", 3600)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": HERMES_VISIBILITY_TIMEOUT}
+# The sweep's interval (seconds); see "Durability" below.
+HERMES_SWEEP_SECONDS = env_float("HERMES_SWEEP_SECONDS", 10.0)
+CELERY_BEAT_SCHEDULE_FILENAME = str(HERMES_VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULER = "project.beat:PersistentScheduler"  # makes the schedule file's folder
 CELERY_BEAT_SCHEDULE = {
-    "sweep-turns": {"task": "hermes_sessions.tasks.sweep_turns", "schedule": float(os.environ.get("HERMES_SWEEP_SECONDS", "10"))},
+    "sweep-turns": {"task": "hermes_sessions.tasks.sweep_turns", "schedule": HERMES_SWEEP_SECONDS},
 }
 
 # --- Codex app-server ---------------------------------------------------------------------------
 # The native binary shipped by the pinned npm package (package.json); the node wrapper is avoided
-# because killing it orphans the real app-server (shared/codex/protocol.md §10.5).
-CODEX_BIN = os.environ.get("CODEX_BIN", "")  # empty: located under node_modules at first use
-CODEX_NODE_MODULES = Path(os.environ.get("CODEX_NODE_MODULES", BASE_DIR / "node_modules")).resolve()
+# because killing it orphans the real app-server process it starts.
+CODEX_BIN = env_str("CODEX_BIN")  # empty: located under node_modules at first use
+CODEX_NODE_MODULES = env_path("CODEX_NODE_MODULES", BASE_DIR / "node_modules")
 # Full argv override (JSON list). Tests point this at the scripted app-server stand-in.
-CODEX_APP_SERVER_COMMAND = os.environ.get("CODEX_APP_SERVER_COMMAND", "")
-CODEX_HOME = Path(os.environ.get("CODEX_HOME", VAR_DIR / "codex" / "home")).resolve()
+CODEX_APP_SERVER_COMMAND = env_str("CODEX_APP_SERVER_COMMAND")
+CODEX_HOME = env_path("CODEX_HOME", HERMES_VAR_DIR / "codex" / "home")
 # Names this CODEX_HOME in bindings. Workers that share one CODEX_HOME (one host, or one shared
 # filesystem) must share this id; the default is host:path.
-CODEX_HOME_ID = os.environ.get("CODEX_HOME_ID", "")  # empty: f"{hostname}:{CODEX_HOME}"
+CODEX_HOME_ID = env_str("CODEX_HOME_ID")  # empty: f"{hostname}:{CODEX_HOME}"
 # HOME given to codex, so the operator's own ~/.codex never leaks in.
-CODEX_USER_HOME = Path(os.environ.get("CODEX_USER_HOME", VAR_DIR / "codex" / "user_home")).resolve()
+CODEX_USER_HOME = env_path("CODEX_USER_HOME", HERMES_VAR_DIR / "codex" / "user_home")
 # Per-session working directories are created under this root.
-CODEX_WORK_ROOT = Path(os.environ.get("CODEX_WORK_ROOT", VAR_DIR / "codex" / "work")).resolve()
+CODEX_WORK_ROOT = env_path("CODEX_WORK_ROOT", HERMES_VAR_DIR / "codex" / "work")
 # "stand-in": the local Responses-API stand-in this project ships; "openai": api.openai.com with
 # OPENAI_API_KEY; "config": use the operator's CODEX_CONFIG_TOML file as is.
-CODEX_MODEL_PROVIDER = os.environ.get("CODEX_MODEL_PROVIDER", "stand-in")
-CODEX_MODEL = os.environ.get("CODEX_MODEL", "")
-CODEX_STAND_IN_URL = os.environ.get("CODEX_STAND_IN_URL", "http://127.0.0.1:8765/v1")
-CODEX_CONFIG_TOML = os.environ.get("CODEX_CONFIG_TOML", "")
+CODEX_MODEL_PROVIDER = env_str("CODEX_MODEL_PROVIDER", "stand-in")
+CODEX_MODEL = env_str("CODEX_MODEL")
+CODEX_STAND_IN_URL = env_str("CODEX_STAND_IN_URL", "http://127.0.0.1:8765/v1")
+CODEX_CONFIG_TOML = env_str("CODEX_CONFIG_TOML")
 CODEX_REQUEST_TIMEOUT = env_float("CODEX_REQUEST_TIMEOUT", 30.0)  # seconds, each JSON-RPC request
 CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/start → turn/completed
-CODEX_MAX_FRAME_BYTES = int(os.environ.get("CODEX_MAX_FRAME_BYTES", str(64 * 1024 * 1024)))
-HISTORY_SEED_MAX_CHARS = int(os.environ.get("HERMES_HISTORY_SEED_MAX_CHARS", "32000"))
+CODEX_MAX_FRAME_BYTES = env_int("CODEX_MAX_FRAME_BYTES", 64 * 1024 * 1024)
+# Tail cap (characters) of the transcript a fresh thread is seeded with (hermes_sessions/history_seed.py).
+HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
 
 # --- Durability (see hermes_sessions/services/recovery.py) --------------------------------------
 HERMES_LEASE_SECONDS = env_float("HERMES_LEASE_SECONDS", 30.0)  # a running turn's claim, renewed by its worker
 HERMES_HEARTBEAT_SECONDS = env_float("HERMES_HEARTBEAT_SECONDS", 1.0)  # renewal and cancel-check interval
-HERMES_SWEEP_SECONDS = env_float("HERMES_SWEEP_SECONDS", 10.0)
-HERMES_MAX_ATTEMPTS = int(os.environ.get("HERMES_MAX_ATTEMPTS", "3"))  # claims of one turn before it fails
+HERMES_MAX_ATTEMPTS = env_int("HERMES_MAX_ATTEMPTS", 3)  # claims of one turn before it fails
 HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # queued this long at the head: send again
 # Backoff (seconds) for retryable codex failures before turn/start (active writer, transport blip).
-HERMES_RETRY_DELAYS = tuple(float(x) for x in os.environ.get("HERMES_RETRY_DELAYS", "0.5,1,2,4,8").split(",") if x)
+HERMES_RETRY_DELAYS = tuple(float(x) for x in env_list("HERMES_RETRY_DELAYS", "0.5,1,2,4,8"))
 HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see services/retry_policy.py
-HERMES_IDEMPOTENCY_TTL = int(os.environ.get("HERMES_IDEMPOTENCY_TTL", str(24 * 3600)))
+HERMES_IDEMPOTENCY_TTL = env_int("HERMES_IDEMPOTENCY_TTL", 24 * 3600)  # seconds an Idempotency-Key is kept
 
+HERMES_LOG_LEVEL = env_str("HERMES_LOG_LEVEL", "INFO")  # the hermes_sessions loggers
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"hermes_sessions": {"handlers": ["console"], "level": os.environ.get("HERMES_LOG_LEVEL", "INFO")}},
+    "loggers": {"hermes_sessions": {"handlers": ["console"], "level": HERMES_LOG_LEVEL}},
 }

@@ -30,6 +30,7 @@ from typing import Any
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, status
+from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from .. import policy, services
@@ -62,7 +63,7 @@ class BadRequest(exceptions.APIException):
 
 
 class RequestTooLarge(exceptions.APIException):
-    """413: the body is larger than ``settings.DATA_UPLOAD_MAX_MEMORY_SIZE``."""
+    """413: the body is larger than ``settings.DATA_UPLOAD_MAX_MEMORY_SIZE`` (env ``DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE``)."""
 
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "The request body is too large."
@@ -70,7 +71,17 @@ class RequestTooLarge(exceptions.APIException):
 
 
 def _translate(exc: Exception) -> tuple[Exception, dict[str, Any]]:
-    """Map a domain or Django exception to a DRF ``APIException`` plus extra body fields."""
+    """Map a domain or Django exception to a DRF ``APIException`` plus extra body fields; anything
+    else is returned as it is (DRF handles its own exceptions, the rest becomes a 500)."""
+    if isinstance(exc, services.ServiceError):
+        return _translate_service_error(exc)
+    if isinstance(exc, policy.PolicyError):
+        return _translate_policy_error(exc)
+    return _translate_django_error(exc)
+
+
+def _translate_service_error(exc: services.ServiceError) -> tuple[Exception, dict[str, Any]]:
+    # Subclasses before their bases: InvalidIdempotencyKey is an InvalidInput.
     if isinstance(exc, services.SessionIdTaken):
         return Conflict(str(exc), code="session_id_taken"), {"field": "id"}
     if isinstance(exc, services.SessionBusy):
@@ -81,13 +92,17 @@ def _translate(exc: Exception) -> tuple[Exception, dict[str, Any]]:
         return BadRequest(str(exc), code="invalid_idempotency_key"), {"field": "Idempotency-Key"}
     if isinstance(exc, services.InvalidInput):
         return BadRequest(str(exc), code="invalid_input"), {"field": "input"}
-    if isinstance(exc, services.ServiceError):
-        return BadRequest(str(exc), code="refused"), {}
-    if isinstance(exc, policy.PolicyError):
-        field = f"model_config.{exc.field}" if exc.field != "model_config" else exc.field
-        if exc.forbidden:
-            return exceptions.PermissionDenied(str(exc), code="forbidden_setting"), {"field": field}
-        return BadRequest(str(exc), code="invalid_setting"), {"field": field}
+    return BadRequest(str(exc), code="refused"), {}
+
+
+def _translate_policy_error(exc: policy.PolicyError) -> tuple[Exception, dict[str, Any]]:
+    field = f"model_config.{exc.field}" if exc.field != "model_config" else exc.field
+    if exc.forbidden:
+        return exceptions.PermissionDenied(str(exc), code="forbidden_setting"), {"field": field}
+    return BadRequest(str(exc), code="invalid_setting"), {"field": field}
+
+
+def _translate_django_error(exc: Exception) -> tuple[Exception, dict[str, Any]]:
     if isinstance(exc, DjangoValidationError):
         errors = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         return exceptions.ValidationError(errors, code="invalid"), {}
@@ -112,7 +127,7 @@ def _summary(errors: Any) -> str:
     return str(errors)
 
 
-def exception_handler(exc: Exception, context: dict[str, Any]):
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF ``EXCEPTION_HANDLER``: domain errors become 4xx JSON ``{"detail", "code", …}``.
 
     Returns ``None`` (→ Django's 500 and its logging) for anything it does not know, on purpose:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from rest_framework.exceptions import NotFound
-from rest_framework.pagination import CursorPagination, PageNumberPagination
+from rest_framework.pagination import Cursor, CursorPagination, PageNumberPagination
+from rest_framework.request import Request
 
 
 class StandardPagination(PageNumberPagination):
@@ -22,7 +23,7 @@ class TranscriptPagination(CursorPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
 
-    def decode_cursor(self, request):
+    def decode_cursor(self, request: Request) -> Cursor | None:
         """DRF's cursor, with the position checked: ``seq`` is an integer, so a forged cursor whose
         position is not one is refused like any other invalid cursor (404), never a 500."""
         cursor = super().decode_cursor(request)

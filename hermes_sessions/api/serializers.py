@@ -6,6 +6,8 @@ errors (mapped in ``api.errors``). Output serializers read annotated rows from `
 """
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -20,13 +22,13 @@ class StrictTextField(serializers.CharField):
     and lets NUL bytes and lone surrogates through to the services, which store them safely as
     U+FFFD (``sanitize.clean_text``) instead of refusing the whole input."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("trim_whitespace", False)
         super().__init__(**kwargs)
         refused = (ProhibitNullCharactersValidator, ProhibitSurrogateCharactersValidator)
         self.validators = [v for v in self.validators if not isinstance(v, refused)]
 
-    def to_internal_value(self, data):
+    def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)

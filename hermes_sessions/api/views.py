@@ -7,6 +7,9 @@ are malformed, so bad ids never reach the database. Domain errors are mapped to 
 """
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import generics, status
@@ -82,10 +85,10 @@ class SessionListCreateView(_ApiView, generics.ListCreateAPIView):
     serializer_class = SessionSerializer
     pagination_class = StandardPagination
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Session]:
         return selectors.session_list(user=self.request.user)
 
-    def create(self, request: Request, *args, **kwargs) -> Response:
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         body = SessionCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -211,7 +214,7 @@ class MessageListView(_ApiView, generics.ListAPIView):
     serializer_class = MessageSerializer
     pagination_class = TranscriptPagination
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Message]:
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
             return Message.objects.none()
         return selectors.message_list(session=self.get_session())
@@ -224,7 +227,7 @@ class NoticeListView(_ApiView, generics.ListAPIView):
     serializer_class = NoticeSerializer
     pagination_class = StandardPagination
 
-    def get_queryset(self):
+    def get_queryset(self) -> QuerySet[Notice]:
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
             return Notice.objects.none()
         return selectors.notice_list(session=self.get_session())

@@ -52,8 +52,9 @@ class ItemProjector:
         self._reasoning: list[str] = []
         self._seen: set[str] = set()
 
-    def add(self, item: dict[str, Any]) -> None:
-        """Project one completed ``ThreadItem``; a repeated item id is ignored."""
+    def add(self, item: object) -> None:
+        """Project one completed ``ThreadItem`` (a dict; anything else is ignored); a repeated item id
+        is ignored."""
         if not isinstance(item, dict):
             return
         item_id = str(item.get("id") or "")

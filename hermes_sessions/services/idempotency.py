@@ -22,9 +22,10 @@ from django.utils import timezone
 from ..models import IdempotencyKey
 from .errors import IdempotencyMismatch, InvalidIdempotencyKey
 from .locks import advisory_xact_lock
+from .users import require_user
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import AnonymousUser, User
 
 T = TypeVar("T", bound=Model)
 MAX_KEY_CHARS = 255
@@ -36,7 +37,7 @@ def request_hash(body: Any) -> str:
 
 
 def idempotent(
-    *, user: User, scope: str, key: str | None, body: Any, create: Callable[[], T], load: Callable[[str], T]
+    *, user: User | AnonymousUser, scope: str, key: str | None, body: Any, create: Callable[[], T], load: Callable[[str], T]
 ) -> tuple[T, bool]:
     """Run ``create()`` once per ``(user, scope, key)``; return ``(object, created)``.
 
@@ -49,6 +50,7 @@ def idempotent(
         # ASCII only: HTTP headers arrive latin-1-decoded, so anything else would be judged by accident.
         raise InvalidIdempotencyKey(f"Idempotency-Key must be 1-{MAX_KEY_CHARS} printable ASCII characters")
     digest = request_hash(body)
+    user = require_user(user)
     with transaction.atomic():
         advisory_xact_lock(f"idempotency:{user.pk}:{scope}:{key}")
         fresh_after = timezone.now() - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)

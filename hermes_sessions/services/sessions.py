@@ -9,13 +9,14 @@ from .. import policy
 from ..models import Session
 from ..sanitize import clean_json, clean_text
 from .errors import SessionIdTaken
+from .users import require_user
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import AnonymousUser, User
 
 
 def session_create(
-    *, owner: User, session_id: str | None = None, title: str = "", model_config: dict[str, Any] | None = None
+    *, owner: User | AnonymousUser, session_id: str | None = None, title: str = "", model_config: dict[str, Any] | None = None
 ) -> Session:
     """Create a session owned by ``owner``.
 
@@ -24,7 +25,7 @@ def session_create(
     ``policy.PolicyError``). Raises ``SessionIdTaken`` when the id exists (whoever owns it).
     """
     config = policy.validate_model_config(model_config, is_staff=bool(getattr(owner, "is_staff", False)))
-    session = Session(owner=owner, title=clean_text(title, max_chars=200), model_config=clean_json(config))
+    session = Session(owner=require_user(owner), title=clean_text(title, max_chars=200), model_config=clean_json(config))
     if session_id:
         session.id = session_id
     session.full_clean(exclude=["owner"], validate_unique=False)

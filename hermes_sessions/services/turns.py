@@ -36,9 +36,10 @@ from ..sanitize import clean_json, clean_text
 from . import bindings, dispatch
 from .errors import InvalidInput, SessionBusy
 from .locks import lock_session_and_turn
+from .users import require_user
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import AnonymousUser, User
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ ON_BUSY = ("enqueue", "reject", "interrupt")
 
 
 def turn_enqueue(
-    *, session: Session, input_text: str, user: User | None, on_busy: str = "enqueue"
+    *, session: Session, input_text: str, user: User | AnonymousUser | None, on_busy: str = "enqueue"
 ) -> Turn:
     """Accept one user input for ``session`` as a queued turn and schedule it.
 
@@ -84,7 +85,7 @@ def turn_enqueue(
             )
         locked.last_turn_seq += 1
         locked.save(update_fields=["last_turn_seq", "updated_at"])
-        turn = Turn.objects.create(session=locked, seq=locked.last_turn_seq, input=text, created_by=user)
+        turn = Turn.objects.create(session=locked, seq=locked.last_turn_seq, input=text, created_by=None if user is None else require_user(user))
         dispatch.turn_dispatch_on_commit(turn.id)
     return turn
 

@@ -1,0 +1,134 @@
+"""project/settings.py: the two shapes, the secret key rule, no side effects at import, and
+environment variable names that match the settings they set.
+
+Settings are module-level code, so each case imports them in a fresh interpreter with an
+environment of its own (nothing inherited from the test run, which is in the production shape).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+BASE = Path(__file__).resolve().parent.parent
+SETTINGS_SOURCE = (BASE / "project" / "settings.py").read_text()
+README = (BASE / "README.md").read_text()
+ENV_READ = re.compile(r'env_(?:str|bool|int|float|path|list)\(\s*"([A-Z0-9_]+)"')
+
+
+def _run(code: str, env: dict[str, str], settings_module: str = "project.settings") -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter whose environment is exactly ``env`` (plus PATH and the
+    settings module)."""
+    full_env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": settings_module, **env}
+    return subprocess.run([sys.executable, "-c", code], cwd=BASE, env=full_env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def _settings_json(env: dict[str, str], *names: str) -> dict:
+    code = (
+        "import json, django; django.setup(); from django.conf import settings; "
+        f"print(json.dumps({{n: str(getattr(settings, n)) for n in {list(names)!r}}}))"
+    )
+    result = _run(code, env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("production_env", [
+    {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/nowhere"},
+    {"CELERY_BROKER_URL": "redis://127.0.0.1:6379/0"},
+])
+def test_production_shape_without_secret_key_refuses_to_start(tmp_path, production_env):
+    result = _run("import project.settings", {"HERMES_VAR_DIR": str(tmp_path / "var"), **production_env})
+    assert result.returncode != 0
+    assert "django.core.exceptions.ImproperlyConfigured: DJANGO_SECRET_KEY is not set" in result.stderr
+    # The message says when it is needed and how to make one.
+    assert "get_random_secret_key" in result.stderr
+
+
+def test_production_shape_uses_the_given_secret_key_and_debug_is_off(tmp_path):
+    values = _settings_json(
+        {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/nowhere", "DJANGO_SECRET_KEY": "k" * 50,
+         "HERMES_VAR_DIR": str(tmp_path / "var")},
+        "SECRET_KEY", "DEBUG", "HERMES_EMBEDDED",
+    )
+    assert values == {"SECRET_KEY": "k" * 50, "DEBUG": "False", "HERMES_EMBEDDED": "False"}
+
+
+def test_embedded_demo_runs_on_the_development_key_sqlite_and_eager_tasks(tmp_path):
+    values = _settings_json(
+        {"HERMES_VAR_DIR": str(tmp_path / "var")},
+        "SECRET_KEY", "DEMO_SECRET_KEY", "DEBUG", "HERMES_EMBEDDED", "CELERY_TASK_ALWAYS_EAGER", "DATABASES",
+    )
+    assert values["SECRET_KEY"] == values["DEMO_SECRET_KEY"]
+    assert values["DEBUG"] == "False"
+    assert values["HERMES_EMBEDDED"] == "True"
+    assert values["CELERY_TASK_ALWAYS_EAGER"] == "True"
+    assert "project.sqlite_backend" in values["DATABASES"]
+    assert str(tmp_path / "var" / "db.sqlite3") in values["DATABASES"]
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/nowhere", "DJANGO_SECRET_KEY": "k" * 50},
+])
+def test_importing_settings_and_setting_up_django_creates_no_directory(tmp_path, env):
+    var = tmp_path / "var"
+    # Everything that defaults to a folder lives under HERMES_VAR_DIR (here: tmp_path/var).
+    code = "import django; django.setup(); from django.conf import settings; print(settings.CODEX_HOME)"
+    result = _run(code, {"HERMES_VAR_DIR": str(var), **env})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(var / "codex" / "home")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_embedded_database_folder_is_made_on_first_connection(tmp_path):
+    var = tmp_path / "nested" / "var"
+    code = "import django; django.setup(); from django.db import connection; connection.ensure_connection()"
+    result = _run(code, {"HERMES_VAR_DIR": str(var)})
+    assert result.returncode == 0, result.stderr
+    assert (var / "db.sqlite3").is_file()
+
+
+def test_beat_makes_its_schedule_folder(tmp_path):
+    from project.beat import PersistentScheduler
+    from project.celery import app
+
+    schedule = tmp_path / "nested" / "celerybeat-schedule"
+    scheduler = PersistentScheduler(app=app, schedule_filename=str(schedule))
+    try:
+        assert schedule.parent.is_dir()
+    finally:
+        scheduler.close()
+
+
+def test_the_test_settings_have_a_fixed_key_and_a_fast_hasher():
+    from project import settings_test
+
+    assert settings.SECRET_KEY == settings_test.TEST_SECRET_KEY
+    assert settings.PASSWORD_HASHERS == ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def test_every_environment_variable_lands_in_the_setting_of_its_name():
+    """``NAME`` sets ``settings.NAME``; Django's own settings are read from ``DJANGO_<SETTING>``."""
+    names = set(ENV_READ.findall(SETTINGS_SOURCE))
+    assert len(names) > 30  # the pattern still finds the reads
+    assert not re.search(r"os\.environ", SETTINGS_SOURCE.split("HERMES_VAR_DIR = ", 1)[1]), \
+        "read the environment through the env_* helpers, so this test sees every name"
+    for name in names:
+        setting = name.removeprefix("DJANGO_")
+        assert re.search(rf"^{setting} = .*env_\w+\(\s*\"{name}\"", SETTINGS_SOURCE, re.M), \
+            f"{name} must be read into the setting {setting}"
+        assert hasattr(settings, setting), setting
+
+
+def test_every_environment_variable_is_in_the_readme_table():
+    names = set(ENV_READ.findall(SETTINGS_SOURCE)) | {"OPENAI_API_KEY", "CODEX_PASS_ENV", "CODEX_RUST_LOG"}
+    table = README.split("### Settings (environment)", 1)[1]
+    missing = sorted(n for n in names if f"| `{n}`" not in table)
+    assert missing == [], f"README 'Settings (environment)' lacks {missing}"
