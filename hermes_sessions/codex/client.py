@@ -1,6 +1,6 @@
 """A JSON-RPC client for one ``codex app-server`` process over stdio.
 
-Wire format (``shared/codex/protocol.md`` §1, observed on codex 0.169.0): one JSON object per line in both
+Wire format (``docs/codex.md`` §1, observed on codex 0.169.0): one JSON object per line in both
 directions, JSON-RPC 2.0 without the ``"jsonrpc"`` field. Requests ``{id, method, params}`` (``params`` is
 required, even ``{}``), responses ``{id, result}`` / ``{id, error:{code, message, data?}}``, notifications
 ``{method, params, emittedAtMs}``. Codex also sends requests of its own (approvals): they carry ``id`` *and*

@@ -4,9 +4,9 @@
 message texts; :class:`~.client.AppServerClient` raises what it returns. Everyone else — the turn runner
 (``runner.py``) and the services — decides by ``isinstance``, never by message text.
 
-Observed on codex 0.169.0 and 0.171.0 (``shared/codex/protocol.md`` §3.2, §3.4 and §6). Nearly every refusal
-is JSON-RPC code ``-32600`` (invalid request); the message tells them apart, so a type is chosen on code
-**and** message prefix:
+Observed on codex 0.169.0 and 0.171.0 (``docs/codex.md`` §3 and §6; the same table is ``docs/contract.md``
+§4). Nearly every refusal is JSON-RPC code ``-32600`` (invalid request); the message tells them apart, so a
+type is chosen on code **and** message prefix:
 
 =======================  =====================================================  ==========================================
 type                     codex answer                                           what happens (runner, then services)
@@ -145,7 +145,7 @@ class Overloaded(JsonRpcError):
     """``-32001 Server overloaded; retry later.``: codex's request queue is full."""
 
 
-# (prefix, suffix, type) for code -32600; the first match wins. Exact texts: protocol.md §3.2, §3.4, §6.
+# (prefix, suffix, type) for code -32600; the first match wins. Exact texts: docs/codex.md §6.
 _INVALID_REQUEST_TYPES: tuple[tuple[str, str, type[JsonRpcError]], ...] = (
     ("no rollout found for thread id ", "", ThreadGone),
     ("thread not found: ", "", ThreadNotLoaded),

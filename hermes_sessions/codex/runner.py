@@ -265,7 +265,7 @@ def _resume_bound(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> 
     starts a fresh thread) unless ``spec.rotation_refusal`` says why it must not rotate here."""
     assert spec.thread_id  # the caller checks: only a bound thread is resumed
     try:
-        # A plain resume (no overrides) writes nothing to the rollout (portability.md §4);
+        # A plain resume (no overrides) writes nothing to the rollout (docs/codex.md §7);
         # excludeTurns: our transcript is the source of truth (I5), and it is faster.
         resumed = client.request("thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
     except ThreadGone as exc:

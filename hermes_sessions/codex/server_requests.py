@@ -1,6 +1,6 @@
 """Answers to the requests ``codex app-server`` sends to us (approvals, elicitations, user input).
 
-Codex 0.169.0 ``ServerRequest`` methods (``shared/codex/protocol.md`` §5). Turns run in a background worker
+Codex 0.169.0 ``ServerRequest`` methods (``docs/codex.md`` §5). Turns run in a background worker
 with nobody at a keyboard, so every answer fails closed unless the session opted into ``auto_approve``:
 
 ======================================================  =================================================

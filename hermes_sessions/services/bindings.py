@@ -37,7 +37,7 @@ def rotation_refusal(*, thread_id: str | None, thread_home: str) -> str:
     ``thread_home`` is the binding's ``codex_home`` (the ``CODEX_HOME_ID`` its rollout was written
     under; ``""`` for bindings from before that was kept). A rollout written under another
     ``CODEX_HOME`` (another host) is absent here by construction, so its absence proves nothing
-    (``shared/codex/portability.md``): the turn fails with this reason and the binding is kept.
+    (``docs/codex.md`` §7): the turn fails with this reason and the binding is kept.
     """
     if not thread_id or not thread_home or thread_home == codex_home_id():
         return ""

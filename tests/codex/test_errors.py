@@ -1,5 +1,5 @@
-"""error_from_response / retryable: one row per answer codex 0.169.0 was seen to give (protocol.md §3.2, §3.4,
-§6), and the edges where the text or code is only nearly right."""
+"""error_from_response / retryable: one row per answer codex 0.169.0 was seen to give (docs/codex.md §6),
+and the edges where the text or code is only nearly right."""
 import pytest
 
 from hermes_sessions.codex import errors
