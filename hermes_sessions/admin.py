@@ -7,10 +7,13 @@ top of the session page (``templates/admin/hermes_sessions/session/change_form.h
 """
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse
 
 from . import selectors, services
 from .models import CodexBinding, Message, Notice, Session, Turn
@@ -24,16 +27,16 @@ class _ReadOnlyInline(admin.TabularInline):
     can_delete = False
     show_change_link = False
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
         return self.fields
 
-    def has_add_permission(self, request, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -118,7 +121,7 @@ class SessionAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Session]:
         return selectors.session_admin_list()
 
-    def get_object(self, request: HttpRequest, object_id: str, from_field=None):
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Session | None:
         # A malformed id (e.g. a NUL byte, which PostgreSQL refuses in a query) is simply not found.
         if from_field is None and not selectors.is_valid_session_id(object_id):
             return None
@@ -128,7 +131,7 @@ class SessionAdmin(admin.ModelAdmin):
         # Sessions are made by services.session_create (the API), which applies the config policy.
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     @admin.display(description="active thread", ordering="active_thread_id")
@@ -137,17 +140,19 @@ class SessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="turns", ordering="turn_count")
     def turns(self, obj: Session) -> int:
-        return obj.turn_count
+        return int(getattr(obj, "turn_count", 0))  # annotated by selectors.session_admin_list
 
     @admin.display(description="last activity", ordering="last_activity")
-    def last_activity(self, obj: Session):
-        return obj.last_activity
+    def last_activity(self, obj: Session) -> datetime | None:
+        return getattr(obj, "last_activity", None)  # annotated by selectors.session_admin_list
 
     @admin.display(description="unacknowledged notices", ordering="unacknowledged_notice_count")
     def unacknowledged_notices(self, obj: Session) -> int:
-        return obj.unacknowledged_notice_count
+        return int(getattr(obj, "unacknowledged_notice_count", 0))  # annotated by selectors.session_admin_list
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         """Add ``unacknowledged_notices`` (newest first) for the banner at the top of the page."""
         extra_context = dict(extra_context or {})
         session_id = unquote(object_id)
@@ -165,10 +170,10 @@ class AcknowledgedFilter(admin.SimpleListFilter):
     title = "acknowledged"
     parameter_name = "acknowledged"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> tuple[tuple[str, str], ...]:
         return (("yes", "Yes"), ("no", "No"))
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Notice]) -> QuerySet[Notice]:
         if self.value() == "yes":
             return queryset.filter(acknowledged_at__isnull=False)
         if self.value() == "no":
@@ -191,7 +196,7 @@ class NoticeAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # The list-level change right lets the acknowledge action run; a notice's page stays view-only.
         return obj is None and super().has_change_permission(request, obj)
 
@@ -219,5 +224,5 @@ class TurnAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
