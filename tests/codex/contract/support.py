@@ -86,23 +86,28 @@ def _close(node: Any, *, parent_has_properties: bool = False) -> None:
     """Make plain object schemas reject properties they do not declare (see the module docstring)."""
     if not isinstance(node, dict):
         return
-    composite = any(key in node for key in _COMPOSITE)
     has_properties = "properties" in node
-    if has_properties and "additionalProperties" not in node and not composite and not parent_has_properties:
+    plain = has_properties and not any(key in node for key in _COMPOSITE)
+    if plain and "additionalProperties" not in node and not parent_has_properties:
         node["additionalProperties"] = False
     for key, value in node.items():
-        if key == "definitions":
-            for name, child in value.items():
-                # definitions.v2 is a namespace of definitions, not a schema
-                _close({"definitions": child} if name == "v2" else child)
-        elif key == "properties" and isinstance(value, dict):
-            for child in value.values():
-                _close(child)
-        elif key in _COMPOSITE:
-            for arm in value:
-                _close(arm, parent_has_properties=has_properties)
-        elif key in ("items", "additionalProperties", "not"):
-            _close(value)
+        for child, inherits in _subschemas(key, value):
+            _close(child, parent_has_properties=inherits and has_properties)
+
+
+def _subschemas(key: str, value: Any) -> list[tuple[Any, bool]]:
+    """The schemas under ``key`` and whether they are arms of the node (and so share its properties)."""
+    if key == "definitions":  # definitions.v2 is a namespace of definitions, not a schema
+        return [(child, False) for name, child in value.items() if name != "v2"] + (
+            [(child, False) for child in value["v2"].values()] if "v2" in value else []
+        )
+    if key == "properties" and isinstance(value, dict):
+        return [(child, False) for child in value.values()]
+    if key in _COMPOSITE:
+        return [(arm, True) for arm in value]
+    if key in ("items", "additionalProperties", "not"):
+        return [(value, False)]
+    return []
 
 
 class CodexSchema:
