@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 TAP = Path(__file__).with_name("frame_tap.py")
-# Every server request codex 0.169.0 can send (its ServerRequest union); the client answers each (I4).
+# Every server request the pinned codex can send (its ServerRequest union, same in 0.169.0 and 0.171.0);
+# the client answers each (I4).
 KNOWN_SERVER_REQUESTS = (
     "item/commandExecution/requestApproval", "item/fileChange/requestApproval", "item/tool/requestUserInput",
     "mcpServer/elicitation/request", "item/permissions/requestApproval", "item/tool/call",
