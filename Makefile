@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo test e2e bench faults lint services migrate run worker clean
+.PHONY: install demo test e2e bench faults lint services migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,21 @@ e2e: install services
 # posts, broker restarts); prints one row per scenario, exits 0 only if nothing was lost or doubled.
 faults: install services
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/faults.py $(FAULTS_ARGS)
+
+# Move the codex pin (README "Moving the codex pin"): pin @openai/codex at VERSION in package.json and
+# package-lock.json, then run the codex contract test (tests/codex, against the new binary's own schema)
+# and the real-binary end-to-end tests. `make faults` comes after, by hand (~150 s).
+codex-bump: $(VENV)/.installed services
+	@test -n "$(VERSION)" || { echo "usage: make codex-bump VERSION=x.y.z"; exit 2; }
+	npm install --save-exact --no-audit --no-fund @openai/codex@$(VERSION)
+	touch node_modules/.installed
+	node_modules/@openai/codex-linux-*/vendor/*/bin/codex --version
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
+		$(VENV)/bin/pytest tests/codex -q $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
+		$(VENV)/bin/pytest -m e2e -q $(PYTEST_ARGS)
+	@echo "codex $(VERSION): contract and end-to-end tests pass. Now run 'make faults'; if it passes too, commit"
+	@echo "package.json and package-lock.json. If anything failed: git checkout package.json package-lock.json && npm ci."
 
 bench: install services
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/bench.py $(BENCH_ARGS)

@@ -8,8 +8,10 @@ method                                                  answer
 ======================================================  =================================================
 ``item/commandExecution/requestApproval``               ``{"decision": "accept"}`` if auto_approve else
 ``item/fileChange/requestApproval``                     ``{"decision": "decline"}``
-``item/permissions/requestApproval``                    ``{"decision": "decline"}`` always
-``execCommandApproval``, ``applyPatchApproval`` (v1)    ``{"decision": "approved"}`` / ``"denied"``
+``item/permissions/requestApproval``                    ``{"permissions": {}, "scope": "turn"}`` always (grants
+                                                        nothing; this response has no ``decision``)
+``execCommandApproval``, ``applyPatchApproval`` (v1)    ``{"decision": "approved"}`` / ``{"decision": {"denied":
+                                                        {"rejection": …}}}`` (v1 ``ReviewDecision``)
 ``mcpServer/elicitation/request``                       ``{"action": "decline", "content": None, "_meta": None}``
 ``item/tool/requestUserInput``                          raises: nobody can answer (JSON-RPC error)
 anything else                                           raises ``LookupError`` (JSON-RPC -32601)
@@ -19,6 +21,9 @@ Observed live: ``"decline"`` is accepted even when absent from ``availableDecisi
 completes with ``status: "declined"`` and the turn still ends ``completed``. An error answer makes the item
 ``failed`` and the turn still completes. The client turns a raised exception into
 ``{"code": -32601, "message": "hermes_sessions does not handle <method>"}``.
+
+Each answer is validated against the pinned codex's generated schema (``<X>Response``) by the contract test
+(``tests/codex/contract/``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ ServerRequestHandler = Callable[[str, dict], dict]
 
 _V2_APPROVALS = ("item/commandExecution/requestApproval", "item/fileChange/requestApproval")
 _V1_APPROVALS = ("execCommandApproval", "applyPatchApproval")
+_UNATTENDED = "declined: hermes_sessions runs turns unattended"
 
 
 class UnanswerableServerRequest(LookupError):
@@ -63,9 +69,9 @@ def make_server_request_handler(
         if method in _V2_APPROVALS:
             return {"decision": "accept" if auto_approve else "decline"}
         if method in _V1_APPROVALS:
-            return {"decision": "approved" if auto_approve else "denied"}
+            return {"decision": "approved" if auto_approve else {"denied": {"rejection": _UNATTENDED}}}
         if method == "item/permissions/requestApproval":
-            return {"decision": "decline"}
+            return {"permissions": {}, "scope": "turn"}  # grant nothing
         if method == "mcpServer/elicitation/request":
             return {"action": "decline", "content": None, "_meta": None}
         if method == "item/tool/requestUserInput":
