@@ -38,8 +38,8 @@ from hermes_sessions.codex.client import AppServerClient
 from hermes_sessions.codex.server_requests import make_server_request_handler
 from hermes_sessions.model_stand_in import ModelStandIn
 
-# The codex driver, named in this one line. With the typed-errors rewrite it is ``_runner.drive_turn``.
-drive_turn = _runner.run_turn
+# The codex driver, named in this one line.
+drive_turn = _runner.drive_turn
 TurnSpec, TurnControl = _runner.TurnSpec, _runner.TurnControl
 
 __all__ = [

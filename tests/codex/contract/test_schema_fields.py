@@ -17,7 +17,7 @@ READ_FIELDS = [
     # runner._thread_id / _open_thread: the thread's id, codex's spelling
     ("thread/start", "response", "thread.id"),
     ("thread/resume", "response", "thread.id"),
-    # run_turn: the codex turn id notifications are matched against
+    # drive_turn: the codex turn id notifications are matched against
     ("turn/start", "response", "turn.id"),
     # runner._adopt_completed_turn: find our turn by the clientId codex keeps on its userMessage
     ("thread/turns/list", "response", "data[].id"),
