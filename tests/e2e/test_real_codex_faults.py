@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.model_stand_in import ModelStandIn
 from hermes_sessions import services
-from hermes_sessions.model_stand_in import ModelStandIn
 from hermes_sessions.models import CodexBinding, Notice, Turn
 from tests.conftest import codex_processes
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.model_stand_in import ModelStandIn
 from hermes_sessions import services
-from hermes_sessions.model_stand_in import ModelStandIn
 from hermes_sessions.models import Message, Turn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

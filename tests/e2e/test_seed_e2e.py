@@ -12,7 +12,7 @@ from django.conf import settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from hermes_sessions.model_stand_in import ModelStandIn
+from devtools.model_stand_in import ModelStandIn
 from project.celery import app as celery_app
 from tests.conftest import codex_processes
 

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from hermes_sessions.model_stand_in import ModelStandIn
+from devtools.model_stand_in import ModelStandIn
 from hermes_sessions.models import Session
 from hermes_sessions.services import NOTICE_THREAD_ROTATED
 

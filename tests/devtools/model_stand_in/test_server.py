@@ -1,4 +1,4 @@
-"""Tests for hermes_sessions.model_stand_in (the offline Responses-API stand-in).
+"""Tests for devtools.model_stand_in (the offline Responses-API stand-in).
 
 Everything goes over real HTTP (urllib) against an in-process server on 127.0.0.1:0; the last
 test drives the real codex 0.169.0 ``app-server`` binary against it. No database access.
@@ -13,13 +13,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from hermes_sessions.model_stand_in import ModelStandIn, last_user_text
-
-REPO = Path(__file__).resolve().parent.parent
+from devtools.model_stand_in import ModelStandIn, last_user_text
 
 ENV_CONTEXT = "<environment_context>\n  <cwd>/tmp/x</cwd>\n  <shell>bash</shell>\n</environment_context>"
 
