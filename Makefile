@@ -8,7 +8,7 @@ TEST_BROKER_URL ?= redis://127.0.0.1:6379/15
 # A queue of its own per run, so two test runs on one broker never take each other's turns.
 TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 
-.PHONY: install demo test e2e bench faults lint services migrate run worker clean
+.PHONY: install demo test e2e bench faults stand-in lint services migrate run worker clean
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,10 +48,15 @@ e2e: install services
 # Fault injection against the real stack (kill -9 workers, duplicate deliveries, 50 concurrent
 # posts, broker restarts); prints one row per scenario, exits 0 only if nothing was lost or doubled.
 faults: install services
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/faults.py $(FAULTS_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.faults $(FAULTS_ARGS)
 
 bench: install services
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/bench.py $(BENCH_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench $(BENCH_ARGS)
+
+# The offline model stand-in on its own, in the foreground (for `make run` / `make worker` without an API key).
+STAND_IN_PORT ?= 8765
+stand-in: install
+	$(PY) -m devtools.model_stand_in --port $(STAND_IN_PORT)
 
 # Production-shaped local run (PostgreSQL + Redis): API server and a worker, in two terminals.
 HTTP_BIND ?= 127.0.0.1:8000
