@@ -11,6 +11,7 @@ from devtools.model_stand_in import ModelStandIn
 from devtools.processes import codex_pids
 from hermes_sessions import services
 from hermes_sessions.models import CodexBinding, Notice, Turn
+from tests.support.real_codex import use_real_codex
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -18,11 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def real_codex(codex_dirs, settings, real_codex_bin):
     with ModelStandIn(slow_seconds=6) as stand_in:
-        settings.CODEX_APP_SERVER_COMMAND = ""
-        settings.CODEX_BIN = real_codex_bin
-        settings.CODEX_MODEL_PROVIDER = "stand-in"
-        settings.CODEX_STAND_IN_URL = stand_in.base_url
-        settings.CODEX_TURN_TIMEOUT = 60
+        use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
         yield stand_in
 
 
