@@ -1,6 +1,5 @@
 """The checks of ``make faults`` can fail: a clean transcript passes, and each defect the harness hunts,
-planted in the database, is reported (what ``scripts/faults_selftest.py`` showed on the real stack,
-now on the test database in a second)."""
+planted in the test database, is reported — no stack needed, so this runs in a second."""
 from __future__ import annotations
 
 import time
