@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo test e2e bench faults lint services migrate run worker clean codex-bump
+.PHONY: install demo test e2e bench faults stand-in lint services migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +54,7 @@ e2e: install services
 # Fault injection against the real stack (kill -9 workers, duplicate deliveries, 50 concurrent
 # posts, broker restarts); prints one row per scenario, exits 0 only if nothing was lost or doubled.
 faults: install services
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/faults.py $(FAULTS_ARGS)
+	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.faults $(FAULTS_ARGS)
 
 # Move the codex pin (README "Moving the codex pin"): pin @openai/codex at VERSION in package.json and
 # package-lock.json, then run the codex contract test (tests/codex, against the new binary's own schema)
@@ -72,7 +72,12 @@ codex-bump: $(VENV)/.installed services
 	@echo "package.json and package-lock.json. If anything failed: git checkout package.json package-lock.json && npm ci."
 
 bench: install services
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) scripts/bench.py $(BENCH_ARGS)
+	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench $(BENCH_ARGS)
+
+# The offline model stand-in on its own, in the foreground (for `make run` / `make worker` without an API key).
+STAND_IN_PORT ?= 8765
+stand-in: install
+	$(PY) -m devtools.model_stand_in --port $(STAND_IN_PORT)
 
 # Production-shaped local run (PostgreSQL + Redis): API server and a worker, in two terminals.
 HTTP_BIND ?= 127.0.0.1:8000

@@ -106,20 +106,3 @@ def run_turn_now(django_capture_on_commit_callbacks):
 
     return run
 
-
-def codex_processes(codex_home) -> list[int]:
-    """Pids of live processes whose environment has ``CODEX_HOME=<codex_home>`` (codex gets it in
-    its environment, not its argv, so ``pgrep -f`` cannot find them)."""
-    needle = f"CODEX_HOME={codex_home}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != "Z":
-            found.append(int(entry.name))
-    return found

@@ -386,8 +386,8 @@ def test_close_of_a_cooperative_server_is_quick_and_clean(state_dir):
 def test_real_codex_handshake_thread_and_turn(codex_dirs, settings, real_codex_bin):
     """The real binary, launched exactly as the worker launches it (launch.py), on the project's
     model stand-in."""
+    from devtools.model_stand_in import ModelStandIn
     from hermes_sessions.codex.launch import app_server_env, ensure_codex_home
-    from hermes_sessions.model_stand_in import ModelStandIn
 
     stand_in = ModelStandIn().start()
     settings.CODEX_BIN = real_codex_bin

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools.model_stand_in import ModelStandIn
+from devtools.processes import codex_pids
 from hermes_sessions import services
-from hermes_sessions.model_stand_in import ModelStandIn
 from hermes_sessions.models import CodexBinding, Notice, Turn
-from tests.conftest import codex_processes
+from tests.support.real_codex import use_real_codex
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -18,11 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def real_codex(codex_dirs, settings, real_codex_bin):
     with ModelStandIn(slow_seconds=6) as stand_in:
-        settings.CODEX_APP_SERVER_COMMAND = ""
-        settings.CODEX_BIN = real_codex_bin
-        settings.CODEX_MODEL_PROVIDER = "stand-in"
-        settings.CODEX_STAND_IN_URL = stand_in.base_url
-        settings.CODEX_TURN_TIMEOUT = 60
+        use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
         yield stand_in
 
 
@@ -30,7 +27,7 @@ def kill_codex_when_streaming(codex_home, stand_in) -> threading.Thread:
     def killer():
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            pids = codex_processes(codex_home)
+            pids = codex_pids(codex_home)
             if pids and any("SLOW" in text for r in stand_in.requests() for _, text in stand_in.user_texts(r)):
                 time.sleep(0.5)  # mid-stream
                 for pid in pids:
@@ -56,7 +53,7 @@ def test_app_server_killed_mid_turn_fails_the_turn_fast_and_keeps_the_binding(us
     assert "codex turn failed" in t2.error
     assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
     assert not Notice.objects.exists()
-    assert codex_processes(settings.CODEX_HOME) == []
+    assert codex_pids(settings.CODEX_HOME) == []
 
     t3 = run_turn_now(session=session, text="hello three", user=user)
     assert (t3.status, t3.thread_action, t3.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", t1.codex_thread_id)
@@ -69,4 +66,4 @@ def test_unreachable_model_fails_the_turn_with_codex_reason(user, real_codex, ru
     turn = run_turn_now(session=session, text="hello", user=user)
     assert turn.status == Turn.Status.FAILED and time.monotonic() - started < 10
     assert "Connection failed" in turn.error or "connect" in turn.error.lower()
-    assert codex_processes(settings.CODEX_HOME) == []
+    assert codex_pids(settings.CODEX_HOME) == []

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from devtools.model_stand_in import ModelStandIn
 from hermes_sessions import services
-from hermes_sessions.model_stand_in import ModelStandIn
 from hermes_sessions.models import Message, Turn
+from tests.support.real_codex import use_real_codex
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -18,11 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def real_codex(codex_dirs, settings, real_codex_bin, monkeypatch):
     with ModelStandIn() as stand_in:
-        settings.CODEX_APP_SERVER_COMMAND = ""
-        settings.CODEX_BIN = real_codex_bin
-        settings.CODEX_MODEL_PROVIDER = "stand-in"
-        settings.CODEX_STAND_IN_URL = stand_in.base_url
-        settings.CODEX_TURN_TIMEOUT = 60
+        use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
         monkeypatch.setenv("DATABASE_URL", "postgres://u:S3CR3T-DB@db/x")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "S3CR3T-AWS")
         yield stand_in

@@ -12,9 +12,9 @@ from django.conf import settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from hermes_sessions.model_stand_in import ModelStandIn
+from devtools.model_stand_in import ModelStandIn
+from devtools.processes import codex_pids
 from project.celery import app as celery_app
-from tests.conftest import codex_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -80,7 +80,7 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         _forget_queue(settings.CELERY_BROKER_URL)
-        assert codex_processes(settings.CODEX_HOME) == [], "codex processes left behind"
+        assert codex_pids(settings.CODEX_HOME) == [], "codex processes left behind"
 
 
 def _forget_queue(broker_url: str) -> None:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from hermes_sessions.model_stand_in import ModelStandIn
+from devtools.model_stand_in import ModelStandIn
 from hermes_sessions.models import Session
 from hermes_sessions.services import NOTICE_THREAD_ROTATED
 
@@ -27,10 +28,10 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 class Command(BaseCommand):
     help = "Run the seed scenario (start, resume after restart, rotate after the rollout is removed) against the real codex app-server."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each turn")
 
-    def handle(self, *args, timeout: float, **options):
+    def handle(self, *args: Any, timeout: float, **options: Any) -> None:
         self.timeout = timeout
         failures: list[str] = []
         with ModelStandIn() as stand_in:

@@ -31,12 +31,12 @@ from typing import Any
 from jsonschema import Draft7Validator
 from jsonschema.validators import validator_for
 
-# The only imports of the code under contract; the tests take these names from here. When the model
-# stand-in leaves the app package, the ModelStandIn import follows it.
+from devtools.model_stand_in import ModelStandIn
+
+# The only imports of the code under contract (and the model stand-in); the tests take these names from here.
 from hermes_sessions.codex import runner as _runner
 from hermes_sessions.codex.client import AppServerClient
 from hermes_sessions.codex.server_requests import make_server_request_handler
-from hermes_sessions.model_stand_in import ModelStandIn
 
 # The codex driver, named in this one line.
 drive_turn = _runner.drive_turn

@@ -5,20 +5,17 @@ The real ``codex app-server`` (codex 0.169.0) is pointed at this server through
 ``wire_api = "responses"`` (shared/codex/protocol.md §8, codex 0.169.0). Codex then POSTs every model
 call to ``{base_url}/responses`` with ``stream: true`` and reads a server-sent-event reply.
 
-Stdlib only (``http.server``), no Django import, so it can run in-process inside a test, as
-``python -m hermes_sessions.model_stand_in`` or as ``python manage.py model_stand_in``.
-It binds loopback addresses only.
+Stdlib only (``http.server``), no Django import, so it can run in-process inside a test
+(:class:`ModelStandIn`) or on its own as ``python -m devtools.model_stand_in`` (:mod:`.cli`).
+It binds loopback addresses only. A development tool: the app package ``hermes_sessions`` does not
+ship it.
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import ipaddress
 import json
-import os
-import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -27,9 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["ModelStandIn", "main", "run_foreground", "last_user_text", "message_texts"]
-
-DEFAULT_CLI_PORT = 8765
+__all__ = ["ModelStandIn", "last_user_text", "message_texts"]
 
 #: Shell tools codex may offer, in order of preference, with how to build their arguments.
 #: codex 0.169.0 offers ``exec_command`` (arguments ``{"cmd": "..."}``); the others are fallbacks
@@ -248,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
         error = None
         try:
             raw = self._read_raw()
-        except Exception as exc:  # bad chunking / compression: treat as a malformed body
+        except (ValueError, OSError, EOFError, zlib.error) as exc:  # bad chunking / compression: a malformed body
             raw, error = b"", "unreadable body: %s" % exc
         if path == "/__reset":
             self._stand_in.reset()
@@ -465,73 +460,3 @@ class ModelStandIn:
         """Forget the recorded requests (the log file is left alone)."""
         with self._lock:
             self._requests.clear()
-
-
-# --------------------------------------------------------------------------- CLI
-def _write_port_file(path: str, port: int) -> None:
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("%d\n" % port)
-    os.replace(tmp, path)
-
-
-def run_foreground(*, host: str = "127.0.0.1", port: int = DEFAULT_CLI_PORT, port_file: str | None = None,
-                   log_path: str | None = None, slow_seconds: float = 20.0, out: Any = None) -> int:
-    """Serve until SIGINT/SIGTERM; prints ``model stand-in listening on <base_url>`` to ``out``
-    (default stdout) and writes the port to ``port_file`` if given. Returns the exit code 0.
-    Raises ``ValueError`` for a non-loopback host and ``OSError`` if the port cannot be bound.
-    Shared by :func:`main` and ``manage.py model_stand_in``."""
-    out = out or sys.stdout
-    stand_in = ModelStandIn(host=host, port=port, log_path=log_path, slow_seconds=slow_seconds)
-    done = threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: done.set())
-    try:
-        stand_in.start()
-        if port_file:
-            _write_port_file(port_file, stand_in.port)
-        out.write("model stand-in listening on %s\n" % stand_in.base_url)
-        out.flush()
-        while not done.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stand_in.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
-
-
-def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Add the CLI options (``--host --port --port-file --log --slow-seconds``) to ``parser``."""
-    parser = parser or argparse.ArgumentParser(
-        prog="model_stand_in",
-        description="Offline stand-in for the OpenAI Responses API used by the demo and tests.")
-    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=DEFAULT_CLI_PORT,
-                        help="TCP port, 0 for any free port (default %d)" % DEFAULT_CLI_PORT)
-    parser.add_argument("--port-file", default=None, help="write the bound port to this file")
-    parser.add_argument("--log", default=None, help="append every recorded request to this JSONL file")
-    parser.add_argument("--slow-seconds", type=float, default=20.0,
-                        help="duration of a SLOW reply in seconds (default 20)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: ``python -m hermes_sessions.model_stand_in [--host H] [--port 8765]
-    [--port-file F] [--log F] [--slow-seconds S]``. Runs until SIGINT/SIGTERM; returns 0
-    (2 for a non-loopback host)."""
-    args = build_arg_parser().parse_args(argv)
-    try:
-        return run_foreground(host=args.host, port=args.port, port_file=args.port_file,
-                              log_path=args.log, slow_seconds=args.slow_seconds)
-    except ValueError as exc:
-        print("model stand-in: %s" % exc, file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

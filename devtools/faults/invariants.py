@@ -1,0 +1,279 @@
+"""The checks of ``make faults``: after a scenario, is anything lost, doubled or stuck?
+
+:func:`check_database` judges the database against a scenario's :class:`~devtools.faults.record.Record`
+and needs nothing but Django (the tests in ``tests/devtools/faults/`` plant defects and run it):
+
+* each accepted input (a 202) has exactly one turn and it is terminal within ``bound`` seconds; a POST
+  answered with an error created no turn; no turn exists that no POST accepted;
+* succeeded turns have their user row and their assistant reply answering the input (else *lost*);
+  no doubled user row, codex item or assistant reply, no seq gap or repeat (else *duplicates*);
+* bindings obey I1–I3: one active binding per session, naming the thread of the session's latest
+  succeeded turn, created only by a succeeded turn on that thread; one thread per session without
+  rotations; no two turns of a session running at once, turns run in accepted order;
+* one notice per rotation, at most one notice per turn.
+
+:func:`check` adds what only the running stack can tell (workers that died on their own, 5xx answers,
+codex app-servers left over) and makes the scenario's row of the table.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from devtools.faults.record import TERMINAL, Record
+
+if TYPE_CHECKING:
+    from devtools.faults.scenarios import Scenario
+    from devtools.faults.supervisor import Stack
+
+
+@dataclass
+class Tally:
+    """Counts of one check: ``terminal``/``stuck`` accepted turns, ``lost`` and ``duplicates`` rows or
+    turns, the ``longest`` seconds from POST to terminal, ``failed`` reasons, ``rotations``."""
+
+    accepted: int = 0
+    terminal: int = 0
+    stuck: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    longest: float = 0.0
+    failed_turns: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    rotations: int = 0
+
+
+def check_database(rec: Record, bound: float) -> Tally:
+    """Check the turns, messages, bindings and notices of ``rec.sessions``; every breach is appended to
+    ``rec.violations`` (in the order: turns, transcript, bindings and notices). Returns the counts."""
+    from hermes_sessions.models import Turn
+
+    tally = Tally()
+    turns = {str(t.pk): t for t in Turn.objects.filter(session_id__in=rec.sessions)}
+    _check_accepted(rec, turns, bound, tally)
+    _check_unaccepted(rec, turns, tally)
+    _check_transcript(rec, turns, tally)
+    for sid in rec.sessions:
+        _check_session_bindings(rec, sid, turns, tally)
+    _check_notices_per_turn(rec)
+    posted = {p.turn_id for p in rec.posted}
+    tally.accepted = len(posted)
+    tally.failed_turns = sum(1 for tid, t in turns.items() if tid in posted and t.status == "failed")
+    return tally
+
+
+# --------------------------------------------------------------------------------------- turns
+
+
+def _check_accepted(rec: Record, turns: dict[str, Any], bound: float, tally: Tally) -> None:
+    """Every accepted input: exactly one turn (its text names it uniquely), terminal within ``bound``."""
+    v = rec.violations
+    per_text = Counter((t.session_id, t.input) for t in turns.values())
+    for p in {p.turn_id: p for p in rec.posted}.values():
+        t = turns.get(p.turn_id)
+        if t is None:
+            v.append(f"accepted turn {p.turn_id} does not exist")
+            tally.lost += 1
+            continue
+        n = per_text[(p.session_id, p.text)]
+        if n != 1:
+            v.append(f"input {p.text!r} has {n} turns")
+            tally.duplicates += n - 1
+        if t.status not in TERMINAL:
+            tally.stuck += 1
+            continue
+        tally.terminal += 1
+        took = t.finished_at.timestamp() - p.posted_at if t.finished_at is not None else None
+        if took is not None:
+            tally.longest = max(tally.longest, took)
+        if took is None or took > bound:
+            v.append(f"turn {p.turn_id} took longer than {bound:.0f} s to reach {t.status}")
+        if t.status == "failed":
+            tally.failed[(t.error or "?")[:160]] += 1
+    if tally.stuck:
+        v.append(f"{tally.stuck} accepted turn(s) not terminal after {bound:.0f} s")
+
+
+def _check_unaccepted(rec: Record, turns: dict[str, Any], tally: Tally) -> None:
+    """Turns no 202 named: made by a POST the client saw fail, or by nothing at all."""
+    posted = {p.turn_id for p in rec.posted}
+    posted_texts = {(p.session_id, p.text) for p in rec.posted}
+    unanswered = set(rec.unanswered)
+    for tid, t in turns.items():
+        if tid in posted:
+            continue
+        if (t.session_id, t.input) in unanswered:
+            # The client got an error (5xx / no answer), yet the input was taken: a turn it does not know of.
+            rec.violations.append(f"a POST answered with an error still created turn {tid} ({t.status})")
+            if t.status not in TERMINAL:
+                tally.stuck += 1
+        elif (t.session_id, t.input) not in posted_texts:
+            rec.violations.append(f"turn {tid} exists that no POST accepted")
+            tally.duplicates += 1
+
+
+# --------------------------------------------------------------------------------------- transcript
+
+
+def _check_transcript(rec: Record, turns: dict[str, Any], tally: Tally) -> None:
+    """User row and reply of every succeeded turn; nothing doubled; seq dense per session."""
+    from hermes_sessions.models import Message
+
+    msgs = list(Message.objects.filter(session_id__in=rec.sessions).order_by("session_id", "seq"))
+    by_turn: dict[str, list[Any]] = defaultdict(list)
+    by_session: dict[str, list[Any]] = defaultdict(list)
+    for m in msgs:
+        by_turn[str(m.turn_id)].append(m)
+        by_session[m.session_id].append(m)
+    for tid, t in turns.items():
+        _check_turn_rows(rec, tid, t, by_turn.get(tid, []), tally)
+    for sid in rec.sessions:
+        seqs = [m.seq for m in by_session.get(sid, [])]
+        if seqs != list(range(1, len(seqs) + 1)):
+            tally.duplicates += len(seqs) - len(set(seqs))
+            rec.violations.append(f"session {sid}: message seq not 1..{len(seqs)} (gaps or repeats)")
+        tseqs = sorted(t.seq for t in turns.values() if t.session_id == sid)
+        if tseqs != list(range(1, len(tseqs) + 1)):
+            rec.violations.append(f"session {sid}: turn seq not 1..{len(tseqs)}")
+
+
+def _check_turn_rows(rec: Record, tid: str, t: Any, rows: list[Any], tally: Tally) -> None:
+    """One turn's transcript rows: one user row, each codex item once, a reply if it succeeded."""
+    v = rec.violations
+    users = [m for m in rows if m.role == "user"]
+    if len(users) > 1:
+        tally.duplicates += len(users) - 1
+        v.append(f"turn {tid}: {len(users)} user rows")
+    items = Counter((m.codex_item_id, m.role) for m in rows if m.codex_item_id)
+    for (item, role), n in items.items():
+        if n > 1:
+            tally.duplicates += n - 1
+            v.append(f"turn {tid}: codex item {item} ({role}) stored {n} times")
+    if t.status == "succeeded":
+        _check_succeeded_rows(rec, tid, t, users, [m for m in rows if m.role == "assistant"], tally)
+    if users and users[0].seq > min((m.seq for m in rows), default=users[0].seq):
+        v.append(f"turn {tid}: a row precedes its user row")
+
+
+def _check_succeeded_rows(rec: Record, tid: str, t: Any, users: list[Any], replies: list[Any], tally: Tally) -> None:
+    v = rec.violations
+    if not users or users[0].content != t.input:
+        tally.lost += 1
+        v.append(f"succeeded turn {tid} lacks its user row")
+    if not replies:
+        tally.lost += 1
+        v.append(f"succeeded turn {tid} lacks its assistant reply")
+    elif len(replies) > 1:
+        tally.duplicates += len(replies) - 1
+        v.append(f"succeeded turn {tid}: {len(replies)} assistant replies for one echo")
+    elif t.input not in replies[0].content or t.final_text != replies[0].content:
+        v.append(f"succeeded turn {tid}: the reply does not answer its input")
+
+
+# --------------------------------------------------------------------------------------- bindings and notices
+
+
+def _check_session_bindings(rec: Record, sid: str, turns: dict[str, Any], tally: Tally) -> None:
+    """I1–I3 for one session, and one notice per rotation."""
+    from hermes_sessions.models import CodexBinding, Notice
+
+    v = rec.violations
+    st = sorted((t for t in turns.values() if t.session_id == sid), key=lambda t: t.seq)
+    bindings = list(CodexBinding.objects.filter(session_id=sid))
+    active = [b for b in bindings if b.status == "active"]
+    if len(active) > 1:
+        v.append(f"session {sid}: {len(active)} active bindings")
+    rotated = [t for t in st if t.thread_action == "rotated"]
+    tally.rotations += len(rotated)
+    ok = [t for t in st if t.status == "succeeded" and t.thread_action]
+    if ok:
+        _check_latest_thread(v, sid, ok, bindings, active, len(rotated))
+    for b in bindings:  # I1: a binding is created only by a turn whose rows committed with it
+        creator = turns.get(str(b.created_by_turn_id))
+        if creator is None or creator.status != "succeeded" or creator.codex_thread_id != b.thread_id:
+            v.append(f"session {sid}: binding {b.thread_id} not created by a succeeded turn on that thread")
+    # I3: no two turns of the session ran at once; they ran in accepted order.
+    ran = [t for t in st if t.started_at is not None]
+    for prev, nxt in zip(ran, ran[1:], strict=False):
+        if prev.finished_at is None or prev.finished_at > nxt.started_at:
+            v.append(f"session {sid}: turns #{prev.seq} and #{nxt.seq} overlapped or ran out of order")
+    notices = Notice.objects.filter(session_id=sid).count()
+    if notices != len(rotated):
+        v.append(f"session {sid}: {notices} notices for {len(rotated)} rotations")
+
+
+def _check_latest_thread(v: list[str], sid: str, ok: list[Any], bindings: list[Any], active: list[Any],
+                         rotations: int) -> None:
+    """I2: the active binding names the thread of the latest succeeded turn (unless a later turn ended
+    it); the succeeded turns share one thread per rotation and started at most one."""
+    latest = ok[-1]
+    ended_later = any(b.ended_by_turn_id and b.ended_by_turn_id != latest.pk and b.ended_at
+                      and latest.finished_at and b.ended_at > latest.finished_at for b in bindings)
+    if not active and not ended_later:
+        v.append(f"session {sid}: succeeded turns but no active binding")
+    elif active and active[0].thread_id != latest.codex_thread_id:
+        v.append(f"session {sid}: active binding {active[0].thread_id} is not the thread of its latest "
+                 f"succeeded turn ({latest.codex_thread_id}, turn #{latest.seq})")
+    threads = {t.codex_thread_id for t in ok}
+    if len(threads) > 1 + rotations:
+        v.append(f"session {sid}: {len(threads)} codex threads with {rotations} rotation(s) — "
+                 "a turn did not resume the session's thread")
+    started_ok = [t for t in ok if t.thread_action == "started"]
+    if len(started_ok) > 1:
+        v.append(f"session {sid}: {len(started_ok)} succeeded turns started a new thread")
+
+
+def _check_notices_per_turn(rec: Record) -> None:
+    from django.db.models import Count
+
+    from hermes_sessions.models import Notice
+
+    per_turn_notice = (Notice.objects.filter(session_id__in=rec.sessions, turn__isnull=False)
+                       .values("turn").annotate(n=Count("id")).filter(n__gt=1).count())
+    if per_turn_notice:
+        rec.violations.append(f"{per_turn_notice} turn(s) with more than one notice")
+
+
+# --------------------------------------------------------------------------------------- with the stack
+
+
+def check_stack(rec: Record, stack: Stack) -> None:
+    """Workers that died on their own (replaced), 5xx answers, codex app-servers still running (every
+    turn is over, so none should be; up to 10 s to go): appended to ``rec.violations``."""
+    rec.violations.extend(stack.reap_dead())
+    if rec.http_5xx:
+        rec.violations.append(f"{len(rec.http_5xx)} answer(s) 5xx, e.g. {rec.http_5xx[0]}")
+    left = stack.codex_left(wait=10)
+    if left:
+        rec.violations.append(f"{len(left)} codex process(es) left over: "
+                              + "; ".join(f"pid {p.pid} {p.cmd[:60]}" for p in left[:3]))
+
+
+def row(rec: Record, tally: Tally) -> dict[str, Any]:
+    """The scenario's line of the table (and its notes, failure reasons and violations)."""
+    return {
+        "scenario": rec.name,
+        "runs": rec.runs,
+        "accepted": tally.accepted,
+        "terminal": tally.terminal,
+        "lost": tally.lost,
+        "duplicates": tally.duplicates,
+        "longest_s": round(tally.longest, 1),
+        "failed": tally.failed_turns,
+        "worker_restarts": rec.worker_restarts,
+        "stuck": tally.stuck,
+        "violations": rec.violations,
+        "failed_reasons": dict(tally.failed),
+        "notes": rec.notes,
+        "rotations": tally.rotations,
+    }
+
+
+def check(sc: Scenario, bound: float) -> dict[str, Any]:
+    """All checks of one scenario; returns (and keeps as ``sc.rec.row``) its row."""
+    tally = check_database(sc.rec, bound)
+    check_stack(sc.rec, sc.stack)
+    sc.rec.row = row(sc.rec, tally)
+    return sc.rec.row
+

@@ -1,0 +1,380 @@
+"""The private stack of a ``make faults`` run and its supervisor: child processes in process groups of
+their own (started, stopped, ``kill -9``-ed, replaced when they die), the private ``redis-server`` that
+``broker-restart`` kills and restarts, the REST client, and the scan for codex processes left over."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from devtools.processes import CodexProcess, codex_processes, free_port, stand_in_argv, wait_for_port_file
+
+BASE = Path(__file__).resolve().parents[2]
+
+
+def log(msg: str) -> None:
+    """One progress line on stdout, ``[faults HH:MM:SS] msg``."""
+    print(f"[faults {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class HttpError(Exception):
+    """The API answered 5xx; ``code`` and the decoded body ``data`` are kept."""
+
+    def __init__(self, code: int, data: Any):
+        super().__init__(f"HTTP {code}: {str(data)[:300]}")
+        self.code, self.data = code, data
+
+
+# --------------------------------------------------------------------------------------- processes
+
+
+class Proc:
+    """A child process in its own session/process group, with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], logdir: Path):
+        self.name = name
+        self.log_path = logdir / f"{name}.log"
+        self._log = open(self.log_path, "ab")  # closed by stop()
+        self.popen = subprocess.Popen(argv, cwd=env.get("PYTHONPATH") or BASE, env=env, stdin=subprocess.DEVNULL,
+                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _wait(self, timeout: float) -> None:
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill9(self) -> None:
+        """``kill -9`` the whole process group (a Celery MainProcess and its prefork children)."""
+        self.signal_group(signal.SIGKILL)
+        self._wait(10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM to the group, up to ``timeout`` seconds to exit, then SIGKILL to what is left."""
+        if self.alive():
+            self.signal_group(signal.SIGTERM)
+            self._wait(timeout)
+        self.signal_group(signal.SIGKILL)  # stragglers of the group (e.g. prefork children)
+        self._wait(5)
+        self._log.close()
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def last_error(self) -> str:
+        """The last CRITICAL/Unrecoverable line of the log (else its last line), at most 200 characters."""
+        lines = [ln for ln in self.log_tail(400).splitlines() if "CRITICAL" in ln or "Unrecoverable" in ln]
+        return (lines[-1] if lines else self.log_tail(1))[:200]
+
+
+def snapshot_tree(dest: Path) -> Path:
+    """Copy the project's files (tracked and untracked, not ignored — the working tree as it is now)
+    to ``dest``; every process of the run imports the code from there, so edits made to the working
+    tree while the suite runs cannot mix two versions of the code in one run."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=BASE,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    for raw in filter(None, listed):
+        rel = raw.decode()
+        src = BASE / rel
+        if not src.is_file():
+            continue  # deleted in the working tree
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return dest
+
+
+def redis_answers(port: int) -> bool:
+    """Whether a Redis on 127.0.0.1:``port`` answers ``PING``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------------------- the stack
+
+
+class Stack:
+    """PostgreSQL (a scratch database), a private redis-server, the model stand-in, gunicorn, a sweep
+    worker with embedded beat and the turn workers, all on code snapshotted at start-up."""
+
+    def __init__(self, args: Namespace, scratch: Path):
+        self.args = args
+        self.scratch = scratch
+        self.logdir = scratch / "logs"
+        self.logdir.mkdir(parents=True)
+        self.codex_home = str((scratch / "codex_home").resolve())
+        self.work_root = str((scratch / "work").resolve())
+        self.queue = f"faults-turns-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.procs: list[Proc] = []  # stand-in, gunicorn, sweeper — in that order
+        self.workers: list[Proc] = []
+        self.worker_seq = 0
+        self.redis: Proc | None = None
+        self.redis_starts = 0
+        self.redis_port = free_port()
+        self.env: dict[str, str] = {}
+        self.api = ""
+        self.headers: dict[str, str] = {}
+        self.celery_app: Any = None
+        self.code = scratch / "code"
+
+    # -- start-up
+
+    def _environment(self, db_url: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "CELERY_TASK_ALWAYS_EAGER": "0",
+            "CODEX_HOME": self.codex_home,
+            "CODEX_USER_HOME": str(self.scratch / "user_home"),
+            "CODEX_WORK_ROOT": self.work_root,
+            "CODEX_MODEL_PROVIDER": "stand-in",
+            "HERMES_TURN_QUEUE": self.queue,
+            "HERMES_LEASE_SECONDS": "4",
+            "HERMES_HEARTBEAT_SECONDS": "0.5",
+            "HERMES_SWEEP_SECONDS": "1",
+            "HERMES_REDISPATCH_SECONDS": "5",
+            "HERMES_MAX_ATTEMPTS": "5",
+            "CODEX_TURN_TIMEOUT": "60",
+            "HERMES_VISIBILITY_TIMEOUT": "120",
+            "HERMES_LOG_LEVEL": "INFO",
+            "HERMES_VAR_DIR": str(self.scratch / "var"),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(self.code),
+            "CODEX_NODE_MODULES": str(BASE / "node_modules"),
+        }
+        for name in ("CODEX_APP_SERVER_COMMAND", "CODEX_BIN", "CODEX_MODEL", "CODEX_CONFIG_TOML"):
+            env.pop(name, None)
+        return env
+
+    def start(self, db_url: str) -> None:
+        """Snapshot the code, start every process on the database ``db_url`` (recreated and migrated),
+        and return once the API answers and every worker is ready. Raises ``RuntimeError``."""
+        snapshot_tree(self.code)
+        sys.path.insert(0, str(self.code))
+        self.env = self._environment(db_url)
+        self.start_redis()
+        self._start_stand_in()
+        self._setup_database(db_url)
+        self._start_api_and_workers()
+
+    def _start_stand_in(self) -> None:
+        port_file = self.scratch / "stand_in.port"
+        stand_in = Proc("stand_in", stand_in_argv(port_file, slow_seconds=self.args.slow_seconds), self.env,
+                        self.logdir)
+        self.procs.append(stand_in)
+        try:
+            port = wait_for_port_file(port_file, timeout=30)
+        except RuntimeError as exc:
+            raise RuntimeError("the model stand-in did not start:\n" + stand_in.log_tail()) from exc
+        self.env["CODEX_STAND_IN_URL"] = f"http://127.0.0.1:{port}/v1"
+
+    def _setup_database(self, db_url: str) -> None:
+        """This process reads and checks the faults database and sends duplicate tasks to the
+        private broker: it takes the stack's environment and sets Django up on it."""
+        from devtools.databases import recreate_database
+
+        os.environ.update({k: v for k, v in self.env.items() if k not in ("PYTHONUNBUFFERED", "PYTHONPATH")})
+        os.environ["DJANGO_SETTINGS_MODULE"] = "project.settings"
+        recreate_database(db_url)
+        import django
+
+        django.setup()
+        from django.contrib.auth import get_user_model
+        from django.core.management import call_command
+        from rest_framework.authtoken.models import Token
+
+        from hermes_sessions.codex.launch import ensure_codex_home
+        from project.celery import app
+
+        call_command("migrate", verbosity=0)
+        ensure_codex_home()
+        user, _ = get_user_model().objects.get_or_create(username="faults")
+        token, _ = Token.objects.get_or_create(user=user)
+        self.headers = {"Authorization": f"Token {token.key}", "Content-Type": "application/json"}
+        self.celery_app = app
+
+    def _start_api_and_workers(self) -> None:
+        http_port = free_port()
+        self.procs.append(Proc("gunicorn", [str(BASE / ".venv/bin/gunicorn"), "project.wsgi", "--bind",
+                                            f"127.0.0.1:{http_port}", "--workers", "2", "--worker-class", "gthread",
+                                            "--threads", "8", "--timeout", "120", "--log-level", "warning"],
+                               self.env, self.logdir))
+        self.api = f"http://127.0.0.1:{http_port}/api"
+        # The sweep: beat embedded in a worker of its own on the default queue; never killed.
+        self.procs.append(Proc("sweeper", [sys.executable, "-m", "celery", "-A", "project", "worker", "-B",
+                                           "-s", str(self.scratch / "celerybeat-schedule"), "-Q", "celery", "-c", "1",
+                                           "-n", f"faults-sweeper-{os.getpid()}@%h", "--without-gossip",
+                                           "--without-mingle", "--without-heartbeat", "-l", "info"],
+                               self.env, self.logdir))
+        for _ in range(self.args.workers):
+            self.start_worker()
+        self._wait_api()
+        self.wait_ready(self.procs[2])
+        for w in self.workers:
+            self.wait_ready(w)
+
+    def _wait_api(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.call("GET", "/sessions/")
+                return
+            except (OSError, HttpError) as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("gunicorn did not answer:\n" + self.procs[1].log_tail()) from exc
+                time.sleep(0.2)
+
+    def start_redis(self) -> None:
+        """Start the private redis-server on ``redis_port`` (nothing kept on disk); waits for PONG."""
+        self.redis_starts += 1
+        self.redis = Proc(f"redis{self.redis_starts}", ["redis-server", "--port", str(self.redis_port), "--bind",
+                                                       "127.0.0.1", "--save", "", "--appendonly", "no",
+                                                       "--daemonize", "no"], self.env, self.logdir)
+        deadline = time.monotonic() + 20
+        while not redis_answers(self.redis_port):
+            if time.monotonic() > deadline or not self.redis.alive():
+                raise RuntimeError("redis-server did not start:\n" + self.redis.log_tail())
+            time.sleep(0.05)
+
+    def start_worker(self) -> Proc:
+        """One more turn worker (``-Q <queue> -c CONCURRENCY``) in a process group of its own."""
+        self.worker_seq += 1
+        name = f"worker{self.worker_seq}"
+        w = Proc(name, [sys.executable, "-m", "celery", "-A", "project", "worker", "-Q", self.queue, "-c",
+                        str(self.args.concurrency), "-n", f"faults-{name}-{os.getpid()}@%h", "--without-gossip",
+                        "--without-mingle", "--without-heartbeat", "-l", "info"], self.env, self.logdir)
+        self.workers.append(w)
+        return w
+
+    def wait_ready(self, proc: Proc, timeout: float = 60) -> None:
+        """Until a Celery worker logs `` ready.``; raises ``RuntimeError`` if it exits or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if " ready." in proc.log_path.read_text(errors="replace"):
+                return
+            if not proc.alive():
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"{proc.name} did not become ready:\n{proc.log_tail()}")
+
+    def reap_dead(self) -> list[str]:
+        """Workers (and the sweeper) that exited although nobody killed them: replaced; their names
+        and last log line returned, for the scenario to report."""
+        dead = []
+        for w in list(self.workers):
+            if not w.alive():
+                dead.append(f"{w.name} exited on its own (rc {w.popen.returncode}): {w.last_error()}")
+                self.workers.remove(w)
+                self.wait_ready(self.start_worker())
+        sweeper = self.procs[2]
+        if not sweeper.alive():
+            dead.append(f"the sweeper (beat) exited on its own (rc {sweeper.popen.returncode}): {sweeper.last_error()}")
+            self.procs[2] = Proc(f"sweeper{self.worker_seq}", list(sweeper.popen.args), self.env, self.logdir)
+            self.wait_ready(self.procs[2])
+        return dead
+
+    def codex_left(self, wait: float = 0.0) -> list[CodexProcess]:
+        """Codex processes of this run still alive, after up to ``wait`` seconds for them to go."""
+        deadline = time.monotonic() + wait
+        left = codex_processes(self.codex_home)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = codex_processes(self.codex_home)
+        return left
+
+    def kill_codex(self) -> None:
+        """SIGKILL every codex process of this run (found by ``CODEX_HOME``): never leave them running."""
+        for cp in codex_processes(self.codex_home):
+            try:
+                os.kill(cp.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def stop_workers(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.workers = []
+
+    def stop(self) -> None:
+        """Stop every process of the stack, the turn workers first."""
+        self.stop_workers()
+        for p in reversed(self.procs):
+            p.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    # -- the broker
+
+    def _redis(self) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.redis_port, db=0, socket_timeout=5)
+
+    def broker_backlog(self) -> tuple[int, int]:
+        """(messages waiting in the turn queue, messages delivered but unacknowledged)."""
+        client = self._redis()
+        try:
+            return int(client.llen(self.queue)), int(client.hlen("unacked"))
+        finally:
+            client.close()
+
+    def queue_length(self) -> int:
+        """Messages waiting in the turn queue."""
+        client = self._redis()
+        try:
+            return int(client.llen(self.queue))
+        finally:
+            client.close()
+
+    def send_duplicate(self, turn_id: str) -> None:
+        """Send the turn's task to the broker once more, as a duplicate delivery would."""
+        self.celery_app.send_task("hermes_sessions.tasks.run_turn", args=[turn_id], queue=self.queue)
+
+    # -- the client
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+             timeout: float = 60) -> tuple[int, Any]:
+        """One API request; returns ``(status, json)``. Raises ``HttpError`` for a 5xx answer."""
+        req = urllib.request.Request(self.api + path, method=method, headers={**self.headers, **(headers or {})},
+                                     data=json.dumps(body).encode() if body is not None else None)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                data = json.loads(raw or b"null")
+            except ValueError:
+                data = raw[:500].decode(errors="replace")
+            if exc.code >= 500:
+                raise HttpError(exc.code, data) from None
+            return exc.code, data

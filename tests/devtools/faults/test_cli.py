@@ -1,0 +1,33 @@
+"""The command line of ``make faults`` without the stack: options and the table."""
+from __future__ import annotations
+
+import pytest
+
+from devtools.faults.cli import parse_args, print_table
+from devtools.faults.scenarios import SCENARIOS
+
+
+def test_all_scenarios_run_by_default_and_an_unknown_one_is_refused(capsys):
+    assert parse_args([]).chosen == list(SCENARIOS)
+    assert parse_args(["--scenarios", "concurrent-posts, broker-restart"]).chosen == ["concurrent-posts", "broker-restart"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--scenarios", "kill-worker,nap"])
+    assert exit_info.value.code == 2
+    assert "unknown scenario(s): nap" in capsys.readouterr().err
+
+
+def test_table_has_a_row_per_scenario_and_lists_violations(capsys):
+    rows = [
+        {"scenario": "concurrent-posts", "runs": 50, "accepted": 45, "terminal": 45, "lost": 0, "duplicates": 0,
+         "longest_s": 12.5, "failed": 0, "worker_restarts": 0, "violations": [], "failed_reasons": {},
+         "notes": ["50 concurrent POSTs"]},
+        {"scenario": "kill-worker", "runs": 5, "accepted": 33, "terminal": 32, "lost": 1, "duplicates": 0,
+         "longest_s": 30.0, "failed": 2, "worker_restarts": 0, "violations": ["turn t lacks its assistant reply"],
+         "failed_reasons": {"codex turn failed": 2}, "notes": []},
+    ]
+    print_table(rows)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split("  ")[0] == "scenario" and "messages lost" in out[1] and "violations" in out[1]
+    assert out[3].startswith("concurrent-posts") and out[4].startswith("kill-worker     ")
+    assert "kill-worker: VIOLATION turn t lacks its assistant reply" in out
+    assert "kill-worker: failed ×2: codex turn failed" in out
