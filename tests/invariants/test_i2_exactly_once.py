@@ -65,8 +65,8 @@ def test_a_reclaimed_turn_keeps_one_user_row(user):
 # The database refuses duplicates even if a code path forgets to check (design I2: "let unique
 # constraints, not hope, enforce it"). Each case writes one row, then a duplicate of it.
 def _message_seq(session, turn):
-    MessageFactory(session=session, seq=1)
-    MessageFactory(session=session, seq=1)
+    MessageFactory(session=session, seq=1, role="user")
+    MessageFactory(session=session, seq=1, role="assistant")
 
 
 def _message_item(session, turn):
