@@ -136,8 +136,10 @@ BREAKAGES: list[Breakage] = [
     # --- I4 every wait ends ----------------------------------------------------------------------
     Breakage(
         "request-deadline-infinite", "I4", "hermes_sessions/codex/client.py",
-        "        deadline = time.monotonic() + timeout\n        with self._cv:\n",
-        "        deadline = time.monotonic() + 86400.0\n        with self._cv:\n",
+        "        timeout = self._request_timeout if timeout is None else timeout\n"
+        "        deadline = time.monotonic() + timeout\n",
+        "        timeout = self._request_timeout if timeout is None else timeout\n"
+        "        deadline = time.monotonic() + 86400.0\n",
         (T + "test_i4_every_wait_ends.py::test_a_request_to_a_silent_app_server_times_out_at_its_deadline",),
     ),
     Breakage(
