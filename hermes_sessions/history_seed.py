@@ -1,10 +1,11 @@
-"""Render a session's earlier transcript for a fresh codex thread (design §3.5).
+"""Render a session's earlier transcript for a fresh codex thread (``docs/contract.md`` §3).
 
-Follows hermes-agent's ``render_history_seed`` (hermes-reference.md §2.7): user rows as
+Follows hermes-agent's ``render_history_seed`` (``agent/codex_runtime_history_seed.py``; see ``docs/contract.md`` §3): user rows as
 ``[USER]``, assistant rows as ``[ASSISTANT]`` plus the tools they called, tool results cut to 400
 characters, system rows skipped, and a tail cap (``settings.HERMES_HISTORY_SEED_MAX_CHARS``, default
-32,000) that keeps the newest turns. The seed goes into the first ``turn/start`` input ahead of a
-``[CURRENT USER TURN]`` marker; it writes no transcript rows.
+32,000) on the whole seed, header and omission marker included, that keeps the newest turns. The
+seed goes into the first ``turn/start`` input ahead of a ``[CURRENT USER TURN]`` marker; it writes
+no transcript rows.
 """
 from __future__ import annotations
 
@@ -45,24 +46,35 @@ def _render_row(row: Message) -> str | None:
 
 def render_history_seed(rows: Iterable[Message], *, max_chars: int | None = None) -> str:
     """Return the seed text for ``rows`` (Message-like objects with ``role``, ``content``,
-    ``tool_calls``, oldest first), or ``""`` when there is nothing to replay. The result is at most
-    ``max_chars`` characters plus the header."""
+    ``tool_calls``, oldest first), or ``""`` when there is nothing to replay.
+
+    The whole result — header, the ``OMITTED`` marker and the kept rows — is at most ``max_chars``
+    characters (default ``settings.HERMES_HISTORY_SEED_MAX_CHARS``). When the rows do not fit, the newest
+    whole rows that do are kept behind the marker; if even the newest row does not fit, its end is
+    kept. A cap too small to hold the header and the marker gives ``""`` (no seed)."""
     cap = settings.HERMES_HISTORY_SEED_MAX_CHARS if max_chars is None else max_chars
     blocks = [b for b in (_render_row(r) for r in rows) if b]
     if not blocks:
         return ""
+    head = HEADER + "\n\n"
+    whole = head + "\n\n".join(blocks)
+    if len(whole) <= cap:
+        return whole
+    head += OMITTED + "\n\n"
+    budget = cap - len(head)  # for the kept blocks and the separators between them
+    if budget <= 0:
+        return ""
     kept: list[str] = []
     used = 0
     for block in reversed(blocks):
-        cost = len(block) + 2
-        if used + cost > cap:
-            if not kept:  # even the newest block is too long: keep its tail
-                kept.append(block[-max(0, cap - len(OMITTED) - 2):])
-            kept.append(OMITTED)
+        cost = len(block) + (2 if kept else 0)
+        if used + cost > budget:
+            if not kept:  # even the newest block is too long: keep its end
+                kept.append(block[-budget:])
             break
         kept.append(block)
         used += cost
-    return HEADER + "\n\n" + "\n\n".join(reversed(kept))
+    return head + "\n\n".join(reversed(kept))
 
 
 def seeded_input(seed: str, text: str) -> str:

@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Apply each deliberate breakage in ``BREAKAGES`` to a temporary copy of the repository and check
+that the fast tests named for it fail. See BREAKAGES.md (beside this file) for how to run it.
+
+Each breakage is a textual ``(path, old, new)`` replacement; ``old`` must occur exactly once in
+``path`` or the breakage is reported STALE (the code moved: update the entry) rather than skipped.
+Before the breakages, the named tests run once on an unbroken copy (the baseline) and must pass —
+otherwise a "caught" would prove nothing. Exit status 1 if the baseline fails, or any breakage
+survived, timed out or is stale.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+T = "tests/invariants/"
+
+
+@dataclass(frozen=True)
+class Breakage:
+    id: str
+    invariant: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+BREAKAGES: list[Breakage] = [
+    # --- I1 durable before bound -----------------------------------------------------------------
+    Breakage(
+        "bind-at-thread-start", "I1", "hermes_sessions/services/turns.py",
+        "    Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(\n"
+        "        codex_thread_id=clean_text(thread_id, max_chars=64)\n    )\n",
+        "    Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(\n"
+        "        codex_thread_id=clean_text(thread_id, max_chars=64)\n    )\n"
+        "    session_id = Turn.objects.get(pk=turn_id).session_id\n"
+        "    CodexBinding.objects.filter(session_id=session_id, status=CodexBinding.Status.ACTIVE).update(status=CodexBinding.Status.ENDED)\n"
+        "    CodexBinding.objects.create(session_id=session_id, thread_id=thread_id)\n",
+        (T + "test_i1_durable_before_bound.py::test_a_first_turn_that_dies_after_thread_start_binds_nothing",),
+    ),
+    Breakage(
+        "bind-thread-without-a-turn", "I1", "hermes_sessions/services/turns.py",
+        "    bind = result.status is not None and bool(result.thread_id and result.codex_turn_id)\n",
+        "    bind = bool(result.thread_id)\n",
+        (T + "test_i1_durable_before_bound.py::test_a_thread_started_then_cancelled_before_turn_start_is_not_bound",),
+    ),
+    Breakage(
+        "fail-binds", "I1", "hermes_sessions/services/turns.py",
+        "status=Turn.Status.FAILED, error=reason, bind=False)",
+        "status=Turn.Status.FAILED, error=reason, bind=bool(result and result.thread_id))",
+        (T + "test_i1_durable_before_bound.py::test_a_failed_turn_binds_nothing_even_if_codex_ran_it",),
+    ),
+    Breakage(
+        "bind-in-its-own-transaction", "I1", "hermes_sessions/services/turns.py",
+        "        _append_messages(session, turn, result.messages)\n"
+        "        _apply_rotation(session, turn, result)\n"
+        "        if bind:\n"
+        "            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)\n",
+        "        if bind:\n"
+        "            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)\n"
+        "    with transaction.atomic():\n"
+        "        session, turn = _lock_claimed(turn_id, token)\n"
+        "        _append_messages(session, turn, result.messages)\n"
+        "        _apply_rotation(session, turn, result)\n",
+        (T + "test_i1_durable_before_bound.py::test_rows_binding_notice_and_state_commit_together_or_not_at_all",),
+    ),
+    # --- I2 exactly once -------------------------------------------------------------------------
+    Breakage(
+        "fence-finalize-fail-requeue", "I2", "hermes_sessions/services/turns.py",
+        "    if turn.status != Turn.Status.RUNNING or turn.claim_token != token:\n",
+        "    if turn.status != Turn.Status.RUNNING:\n",
+        (T + "test_i2_claim_fence.py::test_a_stale_claim_commits_nothing_while_the_turn_runs_under_another",),
+    ),
+    Breakage(
+        "fence-heartbeat", "I2", "hermes_sessions/services/turns.py",
+        "    held = Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(\n",
+        "    held = Turn.objects.filter(pk=turn_id, status=Turn.Status.RUNNING).update(\n",
+        (T + "test_i2_claim_fence.py::test_a_stale_heartbeat_neither_renews_the_lease_nor_relays_a_cancel",),
+    ),
+    Breakage(
+        "claim-a-running-turn", "I2", "hermes_sessions/services/turns.py",
+        "        if turn.status != Turn.Status.QUEUED:\n            return None\n",
+        "        if turn.status not in (Turn.Status.QUEUED, Turn.Status.RUNNING):\n            return None\n",
+        (T + "test_i2_exactly_once.py::test_a_second_claim_of_a_running_turn_is_refused",),
+    ),
+    Breakage(
+        "user-row-per-claim", "I2", "hermes_sessions/services/turns.py",
+        "        if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():\n",
+        "        if True:\n",
+        (T + "test_i2_exactly_once.py::test_a_reclaimed_turn_keeps_one_user_row",),
+    ),
+    Breakage(
+        "no-unique-message-seq", "I2", "hermes_sessions/migrations/0001_initial.py",
+        "constraint=models.UniqueConstraint(fields=('session', 'seq'), name='message_unique_session_seq'),",
+        "constraint=models.CheckConstraint(condition=models.Q(seq__gte=0), name='message_unique_session_seq'),",
+        (T + "test_i2_exactly_once.py::test_the_database_refuses_duplicate_effects",),
+    ),
+    Breakage(
+        "one-active-binding-per-thread-only", "I2", "hermes_sessions/migrations/0001_initial.py",
+        "fields=('session',), name='binding_one_active_per_session'",
+        "fields=('session', 'thread_id'), name='binding_one_active_per_session'",
+        (T + "test_i2_exactly_once.py::test_the_database_refuses_duplicate_effects",),
+    ),
+    # --- I3 one turn at a time -------------------------------------------------------------------
+    Breakage(
+        "claim-beside-a-running-turn", "I3", "hermes_sessions/services/turns.py",
+        "        if siblings.filter(status=Turn.Status.RUNNING).exists():\n",
+        "        if False:\n",
+        (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_second_turn_while_one_runs",),
+    ),
+    Breakage(
+        "claim-out-of-order", "I3", "hermes_sessions/services/turns.py",
+        "        if siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists():\n",
+        "        if False:\n",
+        (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_later_turn_while_an_earlier_one_is_queued",),
+    ),
+    Breakage(
+        "session-locked-while-codex-works", "I3", "hermes_sessions/services/execution.py",
+        "        return _run_with_retries(claim, control)\n",
+        "        from django.db import transaction as _tx\n"
+        "        from ..models import Session as _Session\n"
+        "        with _tx.atomic():\n"
+        "            _Session.objects.select_for_update().get(pk=claim.session_id)\n"
+        "            return _run_with_retries(claim, control)\n",
+        (T + "test_i3_one_turn_at_a_time.py::test_no_row_lock_is_held_while_codex_works",),
+    ),
+    # --- I4 every wait ends ----------------------------------------------------------------------
+    Breakage(
+        "request-deadline-infinite", "I4", "hermes_sessions/codex/client.py",
+        "        timeout = self._request_timeout if timeout is None else timeout\n"
+        "        deadline = time.monotonic() + timeout\n",
+        "        timeout = self._request_timeout if timeout is None else timeout\n"
+        "        deadline = time.monotonic() + 86400.0\n",
+        (T + "test_i4_every_wait_ends.py::test_a_request_to_a_silent_app_server_times_out_at_its_deadline",),
+    ),
+    Breakage(
+        "eof-fails-nothing", "I4", "hermes_sessions/codex/client.py",
+        '            if not line:\n                self._fail("closed its stdout (EOF)")\n                return\n',
+        "            if not line:\n                return\n",
+        (T + "test_i4_every_wait_ends.py::test_stdout_eof_fails_every_pending_request_at_once",),
+    ),
+    Breakage(
+        "turn-deadline-infinite", "I4", "hermes_sessions/codex/runner.py",
+        "    deadline = time.monotonic() + spec.turn_timeout\n",
+        "    deadline = time.monotonic() + 86400.0\n",
+        (T + "test_i4_every_wait_ends.py::test_a_turn_whose_completion_never_comes_ends_failed_with_a_reason",),
+    ),
+    # --- I5 our transcript is the source of truth --------------------------------------------------
+    Breakage(
+        "resume-rewrites-transcript", "I5", "hermes_sessions/services/turns.py",
+        "        _append_messages(session, turn, result.messages)\n        _apply_rotation(session, turn, result)\n",
+        "        if result.thread_action == Turn.ThreadAction.RESUMED:  # take codex's word for the earlier turns\n"
+        "            Message.objects.filter(session=session, role=Message.Role.ASSISTANT).exclude(turn=turn)"
+        ".update(content=result.final_text)\n"
+        "        _append_messages(session, turn, result.messages)\n        _apply_rotation(session, turn, result)\n",
+        (T + "test_i5_transcript_source_of_truth.py::test_resume_and_adoption_never_rewrite_earlier_rows",),
+    ),
+    # --- I6 bad input ----------------------------------------------------------------------------
+    Breakage(
+        "no-input-length-limit", "I6", "hermes_sessions/services/turns.py",
+        "    if len(text) > MAX_INPUT_CHARS:\n",
+        "    if False:\n",
+        (T + "test_i6_bad_input.py::test_bad_turn_input_is_400_and_writes_nothing",),
+    ),
+    Breakage(
+        "nul-in-query-string-passes", "I6", "hermes_sessions/middleware.py",
+        '"%00" in request.META.get("QUERY_STRING", "") or ',
+        "",
+        (T + "test_i6_bad_input.py::test_nul_bytes_in_the_url_are_400_and_write_nothing",),
+    ),
+    Breakage(
+        "input-not-cleaned", "I6", "hermes_sessions/services/turns.py",
+        "    text = clean_text(input_text)\n",
+        "    text = input_text\n",
+        (T + "test_i6_bad_input.py::test_nul_bytes_in_input_are_stored_replaced_not_a_500",),
+    ),
+    # --- I7 isolation ----------------------------------------------------------------------------
+    Breakage(
+        "session-get-unscoped", "I7", "hermes_sessions/selectors.py",
+        "    return session_list(user=user).get(pk=session_id)\n",
+        "    return _annotate_sessions(Session.objects.all()).get(pk=session_id)\n",
+        (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",),
+    ),
+    Breakage(
+        "turn-get-unscoped", "I7", "hermes_sessions/selectors.py",
+        "    return Turn.objects.get(pk=pk, session__owner=user)\n",
+        "    return Turn.objects.get(pk=pk)\n",
+        (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",),
+    ),
+    Breakage(
+        "sandbox-writes-beside-the-session", "I7", "hermes_sessions/codex/runner.py",
+        '"type": "workspaceWrite", "writableRoots": [cwd],',
+        '"type": "workspaceWrite", "writableRoots": [cwd, cwd.rsplit("/", 1)[0]],',
+        (T + "test_i7_isolation.py::test_each_session_runs_codex_in_its_own_directory_and_may_write_only_there",),
+    ),
+    # --- design §3.5 history seed cap --------------------------------------------------------------
+    Breakage(
+        "seed-tail-cap-removed", "§3.5", "hermes_sessions/history_seed.py",
+        "        if used + cost > budget:\n",
+        "        if False:\n",
+        (T + "test_history_seed_cap.py::test_the_default_cap_bounds_the_whole_seed_marker_included",),
+    ),
+    Breakage(
+        "seed-marker-not-counted", "§3.5", "hermes_sessions/history_seed.py",
+        "    budget = cap - len(head)  # for the kept blocks and the separators between them\n",
+        "    budget = cap - len(HEADER) - 2\n",
+        (T + "test_history_seed_cap.py::test_the_default_cap_bounds_the_whole_seed_marker_included",),
+    ),
+    Breakage(
+        "seed-service-ignores-cap", "§3.5", "hermes_sessions/services/turns.py",
+        "    return render_history_seed(rows)\n",
+        "    return render_history_seed(rows, max_chars=10**9)\n",
+        (T + "test_history_seed_cap.py::test_the_service_seed_uses_the_configured_cap",),
+    ),
+]
+
+IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "var", ".mypy_cache", ".ruff_cache")
+
+
+def copy_tree(dest: Path) -> Path:
+    """The repository without its git data and caches; ``.venv``/``node_modules`` stay symlinks."""
+    shutil.copytree(REPO, dest, symlinks=True, ignore=IGNORE)
+    return dest
+
+
+def apply(tree: Path, b: Breakage) -> str | None:
+    """Apply ``b`` in ``tree``; return why it is stale, or None."""
+    target = tree / b.path
+    if not target.exists():
+        return f"{b.path} does not exist"
+    text = target.read_text()
+    count = text.count(b.old)
+    if count != 1:
+        return f"`old` occurs {count} times in {b.path} (must be exactly once)"
+    target.write_text(text.replace(b.old, b.new))
+    return None
+
+
+def test_env() -> dict[str, str]:
+    """``make test``'s environment, on a database and broker of this script's own."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = os.environ.get("BREAKAGES_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hermes_breakages")
+    env["CELERY_BROKER_URL"] = os.environ.get("BREAKAGES_BROKER_URL", "redis://127.0.0.1:6379/11")
+    env["CELERY_TASK_ALWAYS_EAGER"] = "1"
+    env["HERMES_TURN_QUEUE"] = f"turns-breakages-{os.getpid()}-{time.time_ns()}"
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, float, str]:
+    """('passed' | 'failed' | 'timeout', seconds, output tail)."""
+    cmd = [str(tree / ".venv/bin/pytest"), "-x", "-q", "-p", "no:cacheprovider", *tests]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=tree, env=test_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return "timeout", time.monotonic() - started, out[-2000:]
+    elapsed = time.monotonic() - started
+    out = (proc.stdout + proc.stderr)[-2000:]
+    return ("passed" if proc.returncode == 0 else "failed"), elapsed, out
+
+
+def failing_test(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" ", 1)[1].split(" - ")[0]
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", metavar="ID", help="run only this breakage (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the breakages and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run of the named tests on the unbroken tree")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per pytest run (default 180)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print pytest's output tail for each run")
+    args = parser.parse_args(argv)
+
+    chosen = [b for b in BREAKAGES if not args.only or b.id in args.only]
+    if args.only and len(chosen) != len(set(args.only)):
+        parser.error(f"unknown breakage id(s): {sorted(set(args.only) - {b.id for b in chosen})}")
+    if args.list:
+        for b in chosen:
+            print(f"{b.invariant:5} {b.id:38} {b.path}")
+        return 0
+
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="hermes-breakages-") as tmp:
+        if not args.no_baseline:
+            tests = tuple(dict.fromkeys(t for b in chosen for t in b.tests))
+            tree = copy_tree(Path(tmp) / "baseline")
+            outcome, seconds, out = run_tests(tree, tests, args.timeout * 2)
+            print(f"baseline ({len(tests)} tests, unbroken tree): {outcome} in {seconds:.1f} s", flush=True)
+            if outcome != "passed":
+                print(out)
+                return 1
+            shutil.rmtree(tree)
+        print(f"{'invariant':9} {'breakage':38} {'result':9} {'seconds':>7}  failing test", flush=True)
+        for b in chosen:
+            tree = copy_tree(Path(tmp) / b.id)
+            stale = apply(tree, b)
+            if stale:
+                bad += 1
+                print(f"{b.invariant:9} {b.id:38} {'STALE':9} {'-':>7}  {stale}", flush=True)
+                shutil.rmtree(tree)
+                continue
+            outcome, seconds, out = run_tests(tree, b.tests, args.timeout)
+            result = {"failed": "caught", "passed": "SURVIVED", "timeout": "TIMEOUT"}[outcome]
+            if outcome != "failed":
+                bad += 1
+            print(f"{b.invariant:9} {b.id:38} {result:9} {seconds:7.1f}  {failing_test(out)}", flush=True)
+            if args.verbose or outcome != "failed":
+                print("    " + "\n    ".join(out.splitlines()[-15:]))
+            shutil.rmtree(tree)
+    print(f"{len(chosen) - bad} of {len(chosen)} breakages caught" + ("" if not bad else f"; {bad} not"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
