@@ -1,7 +1,7 @@
 """The durable state: sessions, their transcript, codex thread bindings, turns and notices.
 
 Every write goes through ``hermes_sessions.services``; the constraints below are the last line of
-defence for the invariants in ``shared/design.md`` §4 (I1 durable-before-bound, I2 exactly once,
+defence for the invariants in ``docs/contract.md`` §6 (I1 durable-before-bound, I2 exactly once,
 I3 one turn at a time).
 """
 from __future__ import annotations

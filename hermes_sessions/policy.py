@@ -15,7 +15,7 @@ from django.conf import settings
 # Sandboxes an ordinary client may pick; "danger-full-access" is staff-only.
 CLIENT_SANDBOXES = ("read-only", "workspace-write")
 STAFF_SANDBOXES = CLIENT_SANDBOXES + ("danger-full-access",)
-# Approval policies codex 0.169.0 accepts on thread/start (protocol.md §3.1). Approvals themselves
+# Approval policies codex 0.169.0 accepts on thread/start (``docs/codex.md`` §3). Approvals themselves
 # are always answered "decline" by the worker: no human is there to approve.
 APPROVAL_POLICIES = ("never", "on-request", "untrusted")
 DEFAULTS: dict[str, Any] = {"sandbox": "read-only", "approval_policy": "never"}

@@ -2,7 +2,7 @@
 
 The real ``codex app-server`` (codex 0.169.0) is pointed at this server through
 ``[model_providers.<name>] base_url = "http://127.0.0.1:<port>/v1"`` with
-``wire_api = "responses"`` (shared/codex/protocol.md §8, codex 0.169.0). Codex then POSTs every model
+``wire_api = "responses"`` (``docs/codex.md`` §8, codex 0.169.0). Codex then POSTs every model
 call to ``{base_url}/responses`` with ``stream: true`` and reads a server-sent-event reply.
 
 Stdlib only (``http.server``), no Django import, so it can run in-process inside a test
@@ -334,7 +334,7 @@ class ModelStandIn:
     Endpoints (everything answers JSON unless noted; unknown paths answer 404 JSON):
 
     * ``POST /v1/responses`` (codex 0.169.0 sends ``stream: true``) → ``text/event-stream``; each
-      event is ``event: <type>\\ndata: <json>\\n\\n``, in this order (protocol.md §8)::
+      event is ``event: <type>\\ndata: <json>\\n\\n``, in this order (``docs/codex.md`` §8)::
 
           response.created            {"response": {"id": "resp_…"}}
           response.output_item.added  assistant message, status in_progress, empty content

@@ -6,7 +6,7 @@ required, even ``{}``), responses ``{id, result}`` / ``{id, error:{code, message
 ``{method, params, emittedAtMs}``. Codex also sends requests of its own (approvals): they carry ``id`` *and*
 ``method``, with ids from a separate sequence, and each must be answered.
 
-Threads (design.md I4, "every wait ends"):
+Threads (``docs/contract.md`` §6, I4 "every wait ends"):
 
 * ``stdout`` reader: frames lines (binary ``readline`` bounded by ``max_frame_bytes``), resolves responses by
   id, queues notifications, hands server requests to the dispatcher. On EOF, an oversized frame or a line that

@@ -1,7 +1,7 @@
 """How a worker launches ``codex app-server``: the binary, ``CODEX_HOME``, ``config.toml`` and the
 process environment, all from Django settings (``CODEX_*``).
 
-Facts from codex 0.169.0 (shared/codex/protocol.md §8, §10):
+Facts from codex 0.169.0 (``docs/codex.md`` §1 and §8):
 - spawn the native binary, not the npm node wrapper: killing the wrapper orphans the server,
   which keeps the thread's writer lock;
 - ``CODEX_HOME`` must be an absolute, existing directory, else the process exits at start-up;

@@ -1,6 +1,6 @@
 """Project codex thread items into transcript rows.
 
-Only ``item/completed`` items produce rows (hermes-reference.md §2.4):
+Only ``item/completed`` items produce rows (``docs/contract.md`` §7):
 
 | codex item          | rows |
 | ------------------- | ---- |

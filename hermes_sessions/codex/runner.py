@@ -1,6 +1,6 @@
 """The turn runner: resume-or-rotate a thread on one app-server, then drive one turn to its end.
 
-Wire sequences before ``turn/start`` (design §3, pinned by tests):
+Wire sequences before ``turn/start`` (``docs/contract.md`` §3, pinned by tests):
 
     no binding                                   ["thread/start"]
     binding, thread alive                        ["thread/resume"]
@@ -351,7 +351,7 @@ def _as_dict(value: object) -> dict[str, Any]:
 
 
 def _scope(params: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(threadId, turnId) a notification belongs to, as hermes reads them (reference §2.2)."""
+    """(threadId, turnId) a notification belongs to, as hermes-agent reads them (``docs/contract.md`` §7)."""
     turn, item = _as_dict(params.get("turn")), _as_dict(params.get("item"))
     thread_id = params.get("threadId") or turn.get("threadId") or item.get("threadId")
     turn_id = params.get("turnId") or turn.get("id") or item.get("turnId")

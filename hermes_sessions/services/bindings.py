@@ -1,6 +1,6 @@
 """Codex bindings and notices: the only code that writes ``CodexBinding`` and ``Notice`` rows.
 
-A binding says which codex thread a session continues (design §2); at most one is active per session
+A binding says which codex thread a session continues (``docs/contract.md`` §1); at most one is active per session
 (a partial unique constraint), ended ones stay as history with the reason they ended. Writers:
 
 * ``binding_publish`` — bind the thread a turn ran on, once its transcript rows are durable (I1);
@@ -55,7 +55,7 @@ def _require_transaction() -> None:
 
 def binding_rotate(*, session: Session, turn: Turn, thread_id: str, reason: str) -> None:
     """End the session's active binding to ``thread_id`` — codex answered ``no rollout found`` for
-    it during ``turn`` — and record the one rotation notice (design §3.3). ``reason`` is codex's
+    it during ``turn`` — and record the one rotation notice (``docs/contract.md`` §3). ``reason`` is codex's
     error text. Inside the turn's finalize transaction, under the session lock."""
     _require_transaction()
     ended_reason = clean_text(f"codex could not resume the thread: {reason}", max_chars=MAX_REASON_CHARS)

@@ -251,7 +251,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
 
 def history_seed(*, session_id: str, exclude_turn_id: uuid.UUID) -> str:
     """The bounded rendering of the session's transcript that a fresh thread's first input carries
-    (design §3.5); the rows of ``exclude_turn_id`` (the current turn) are left out. Reads only."""
+    (``docs/contract.md`` §3); the rows of ``exclude_turn_id`` (the current turn) are left out. Reads only."""
     rows = Message.objects.filter(session_id=session_id).exclude(turn_id=exclude_turn_id).order_by("seq")
     return render_history_seed(rows)
 

@@ -2,7 +2,7 @@
 """A scripted stand-in for ``codex app-server`` (codex 0.169.0), for unit tests. Stdlib only.
 
 Run as ``[sys.executable, __file__]``. Speaks newline-delimited JSON-RPC on stdin/stdout with the message
-shapes of the real transcripts (``shared/codex/transcripts``), abridged: handshake (``Not initialized`` /
+shapes of real codex 0.169.0 transcripts (``docs/codex.md`` §2–§6), abridged: handshake (``Not initialized`` /
 ``Already initialized``), ``thread/start``, ``thread/resume``, ``turn/start``, ``turn/interrupt``,
 ``thread/unsubscribe``, ``thread/loaded/list``, ``thread/turns/list`` (newest first; the userMessage item
 carries ``clientId`` = turn/start's ``clientUserMessageId``); other methods get ``-32600 Invalid request: unknown variant``.

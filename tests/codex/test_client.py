@@ -88,7 +88,7 @@ def assert_dead_or_zombie(pid):
         status = Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return
-    assert "State:\tZ" in status, status  # PID 1 here does not reap orphans (protocol.md §10.5)
+    assert "State:\tZ" in status, status  # PID 1 here does not reap orphans (docs/codex.md §1)
 
 
 # ---------------------------------------------------------------------------------------------- handshake

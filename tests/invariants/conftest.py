@@ -1,4 +1,4 @@
-"""Fixtures for the invariant tests (design §4, I1–I7).
+"""Fixtures for the invariant tests (docs/contract.md §6, I1–I7).
 
 These tests drive the code only through its stable surfaces: the services, ``history_seed``, the
 codex client with the scripted app-server, the REST API, the models and the shared factories. The

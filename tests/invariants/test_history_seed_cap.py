@@ -38,7 +38,7 @@ def assert_capped_tail(seed: str, rows, cap: int) -> None:
 
 
 def test_the_default_cap_bounds_the_whole_seed_marker_included(settings):
-    assert settings.HERMES_HISTORY_SEED_MAX_CHARS == 32_000  # design §3.5
+    assert settings.HERMES_HISTORY_SEED_MAX_CHARS == 32_000  # docs/contract.md §3
     rows = long_transcript(turns=1_000, size=20)  # small blocks: the cap is met to within a few characters
     seed = render_history_seed(rows)
     assert_capped_tail(seed, rows, 32_000)

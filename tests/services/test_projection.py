@@ -1,4 +1,4 @@
-"""Codex items become transcript rows (design §3, hermes-reference §2.4), stored once."""
+"""Codex items become transcript rows (docs/contract.md §7), stored once."""
 import json
 
 import pytest

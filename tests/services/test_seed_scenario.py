@@ -1,7 +1,7 @@
-"""The seed scenario (design §3) against the scripted app-server stand-in, through the real task code.
+"""The seed scenario (docs/contract.md §3) against the scripted app-server stand-in, through the real task code.
 
 Each turn spawns a new app-server process (a "restart"), so the wire sequence per process is what
-design §3.1–3.3 pins.
+docs/contract.md §3 pins.
 """
 import pytest
 
@@ -85,7 +85,7 @@ def test_fresh_thread_input_carries_the_history_seed_but_the_transcript_does_not
 
 ACTIVE_WRITER = {"error": {"code": -32600, "message": "thread {thread_id} already has an active writer"}}
 
-# design §3.4: none of these rotate. Transient ones are retried on a new app-server (a dead
+# docs/contract.md §4: none of these rotate. Transient ones are retried on a new app-server (a dead
 # worker's app-server releases the thread within milliseconds); the rest fail with the reason.
 TRANSIENT = [
     pytest.param(ACTIVE_WRITER, id="active-writer"),

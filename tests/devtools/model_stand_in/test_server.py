@@ -29,7 +29,7 @@ def msg(role: str, text: str) -> dict:
 
 
 def codex_like_body(*items: dict, tools=("exec_command", "write_stdin")) -> dict:
-    """A request body shaped like codex 0.169.0's (protocol.md §8)."""
+    """A request body shaped like codex 0.169.0's (docs/codex.md §8)."""
     return {
         "model": "mock-model",
         "input": [msg("developer", "You are a coding agent."), msg("user", ENV_CONTEXT), *items],
