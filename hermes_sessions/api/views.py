@@ -182,12 +182,14 @@ class TurnCancelView(_ApiView):
             turn = selectors.turn_get(user=request.user, turn_id=turn_id)
         except Turn.DoesNotExist as exc:
             raise NotFound("No such turn.") from exc
-        if turn.is_terminal:
-            body = {"detail": f"turn already {turn.status}; nothing to cancel", "code": "turn_finished",
-                    "turn": TurnSerializer(turn).data}
-            return Response(body, status=status.HTTP_409_CONFLICT)
-        turn = services.turn_cancel(turn=turn)
-        return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
+        if not turn.is_terminal:
+            turn = services.turn_cancel(turn=turn)
+            # It may have finished between the read above and the lock the service takes.
+            if not turn.is_terminal or turn.status == Turn.Status.CANCELLED:
+                return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
+        body = {"detail": f"turn already {turn.status}; nothing to cancel", "code": "turn_finished",
+                "turn": TurnSerializer(turn).data}
+        return Response(body, status=status.HTTP_409_CONFLICT)
 
 
 @extend_schema(

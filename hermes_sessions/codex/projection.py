@@ -51,6 +51,7 @@ class ItemProjector:
         self.final_text = ""
         self._reasoning: list[str] = []
         self._seen: set[str] = set()
+        self._anonymous = 0  # id-less items so far
 
     def add(self, item: object) -> None:
         """Project one completed ``ThreadItem`` (a dict; anything else is ignored); a repeated item id
@@ -63,7 +64,10 @@ class ItemProjector:
         if item_id:
             self._seen.add(item_id)
         else:
-            item_id = "sha256_" + hashlib.sha256(_dumps(item).encode()).hexdigest()[:24]
+            # codex always sends ids; should one not, two identical items must still be two rows
+            # (unique (turn, codex_item_id, role)), and projecting the turn again the same rows.
+            item_id = "sha256_" + hashlib.sha256(f"{self._anonymous}:{_dumps(item)}".encode()).hexdigest()[:24]
+            self._anonymous += 1
         project = self._BY_TYPE.get(str(item.get("type")))
         # userMessage: the user's row is already stored; everything else carries nothing we replay.
         if project is not None:

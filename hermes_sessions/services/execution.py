@@ -19,11 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError, close_old_connections, connection
 
 from .. import policy
 from ..codex.client import AppServerClient
@@ -130,15 +131,29 @@ def _after_run_error(claim: TurnClaim, control: TurnControl, budget: RetryPolicy
     return _commit(budget, turn_fail, **ids, reason=str(exc), result=exc.outcome)
 
 
-def _commit(budget: RetryPolicy, write: Callable[..., T], **kwargs: object) -> T:
+def _commit(budget: RetryPolicy, write: Callable[..., T], **kwargs: object) -> T | Turn | None:
     """Run a worker's commit (finalize, fail, requeue), retrying a lost database connection by the
     policy: codex's work is done and must not wait for the sweep (which would still recover it, by
-    adopting the codex turn). Raises the database error once the policy gives up."""
+    adopting the codex turn). Raises the database error once the policy gives up.
+
+    When the database refuses what codex produced (``IntegrityError``, ``DataError``: a constraint, a
+    value PostgreSQL cannot store), the turn ends failed with that reason and without the refused rows
+    (what codex proved — a rotation — still commits): left running, it would only fail the same way
+    on every re-run until the attempts ran out, under the wrong reason."""
     started = time.monotonic()
     retries = 0
     while True:
         try:
             return write(**kwargs)
+        except (IntegrityError, DataError) as exc:
+            outcome = kwargs.get("result")
+            if write is turn_fail and (not isinstance(outcome, TurnOutcome) or not outcome.messages):
+                raise  # nothing left to leave out
+            logger.exception("turn %s: the database refused the turn's results", kwargs.get("turn_id"))
+            bare = replace(outcome, messages=[], final_text="") if isinstance(outcome, TurnOutcome) else None
+            return _commit(budget, turn_fail, turn_id=kwargs["turn_id"], token=kwargs["token"], result=bare,
+                           reason=f"the database refused this turn's results ({type(exc).__name__}: {exc}); "
+                                  "none of its items was stored")
         except (OperationalError, InterfaceError):
             delay = budget.next_delay(retries=retries, elapsed=time.monotonic() - started)
             if delay is None:

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
@@ -41,7 +42,8 @@ def idempotent(
 ) -> tuple[T, bool]:
     """Run ``create()`` once per ``(user, scope, key)``; return ``(object, created)``.
 
-    ``key`` None: no idempotency, just ``create()``. Raises ``InvalidIdempotencyKey`` for a malformed key and
+    ``key`` None: no idempotency, just ``create()``. A key whose object has since been deleted runs
+    ``create()`` again (the key then names the new object). Raises ``InvalidIdempotencyKey`` for a malformed key and
     ``IdempotencyMismatch`` when the key was used with a different ``body``.
     """
     if key is None:
@@ -58,7 +60,10 @@ def idempotent(
         if row is not None and row.created_at >= fresh_after:
             if row.request_hash != digest:
                 raise IdempotencyMismatch("this Idempotency-Key was already used with a different request body")
-            return load(row.object_id), False
+            try:
+                return load(row.object_id), False
+            except ObjectDoesNotExist:
+                pass  # the object was deleted since (e.g. by an operator): the key is spent; run afresh
         obj = create()
         IdempotencyKey.objects.update_or_create(
             user=user, scope=scope, key=key,

@@ -33,5 +33,7 @@ def session_create(
         with transaction.atomic():
             session.save(force_insert=True)
     except IntegrityError as exc:
+        if not Session.objects.filter(pk=session.id).exists():
+            raise  # another constraint, not the id: not the client's "id taken"
         raise SessionIdTaken(f"session id {session.id!r} is already taken") from exc
     return session
