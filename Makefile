@@ -58,7 +58,7 @@ faults: install services
 
 # Move the codex pin (README "Moving the codex pin"): pin @openai/codex at VERSION in package.json and
 # package-lock.json, then run the codex contract test (tests/codex, against the new binary's own schema)
-# and the real-binary end-to-end tests. `make faults` comes after, by hand (~150 s).
+# and the real-binary end-to-end tests. `make faults` comes after, by hand (~4 min).
 codex-bump: $(VENV)/.installed services
 	@test -n "$(VERSION)" || { echo "usage: make codex-bump VERSION=x.y.z"; exit 2; }
 	npm install --save-exact --no-audit --no-fund @openai/codex@$(VERSION)

@@ -11,7 +11,7 @@ Everything runs in one go on this machine with the same model stand-in and the s
 
 Runs are interleaved (stack, same work, warm, …) so drift hits all three alike. Prints the medians
 and ``ratio_vs_same_work`` / ``ratio_vs_warm``. Needs ``DATABASE_URL`` (PostgreSQL; a ``*_bench``
-database is created beside it) and ``CELERY_BROKER_URL``. Run as ``python -m devtools.bench [--runs N]``.
+database is created beside it and dropped after the run) and ``CELERY_BROKER_URL``. Run as ``python -m devtools.bench [--runs N]``.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from devtools.databases import create_database, database_beside
+from devtools.databases import create_database, database_beside, drop_database
 from devtools.processes import free_port, stand_in_argv, wait_for_port_file
 
 BASE = Path(__file__).resolve().parent.parent
@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _stop(procs)
         shutil.rmtree(scratch, ignore_errors=True)
+        drop_database(env["DATABASE_URL"])  # a scratch database: nothing in it outlives the run
 
 
 def _codex_version(argv: list[str]) -> str:
