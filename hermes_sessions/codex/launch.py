@@ -114,10 +114,12 @@ def permission_filesystem(sandbox: str, workdir: Path) -> dict[str, str]:
             if install is not None and (install == entry.resolve() or entry.resolve() in install.parents):
                 continue
             denied.add(entry)
-        for path in sorted({d.resolve() for d in denied}):
-            if path == workdir or path == Path("/"):
-                continue  # the own work dir is reopened below; a denied ancestor of it is masked first
-            table[str(path)] = "none"
+        paths = {d.resolve() for d in denied} - {workdir, Path("/")}
+        for path in sorted(paths):
+            # Only the outermost denied paths: bwrap cannot mask a path inside an already masked one
+            # ("Can't mkdir …: Read-only file system", measured). The own work dir is reopened below.
+            if not any(other in path.parents for other in paths):
+                table[str(path)] = "none"
         table[str(workdir)] = "write"
         return table
     raise ValueError(f"unknown sandbox mode {sandbox!r}")
