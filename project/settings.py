@@ -242,6 +242,8 @@ CODEX_CONFIG_TOML = env_str("CODEX_CONFIG_TOML")
 CODEX_REQUEST_TIMEOUT = env_float("CODEX_REQUEST_TIMEOUT", 30.0)  # seconds, each JSON-RPC request
 CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/start → turn/completed
 CODEX_MAX_FRAME_BYTES = env_int("CODEX_MAX_FRAME_BYTES", 64 * 1024 * 1024)
+# JSON list replacing the start-up sandbox check command (hermes_sessions/codex/sandbox_check.py); tests only.
+CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")
 # Tail cap (characters) of the transcript a fresh thread is seeded with (hermes_sessions/history_seed.py).
 HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
 

@@ -50,6 +50,13 @@ class ScriptedCodex:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def argvs(self) -> list[list[str]]:
+        """Each app-server process's command-line arguments, in spawn order."""
+        path = self.state / "argv.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line)["argv"] for line in path.read_text().splitlines() if line.strip()]
+
     def processes(self) -> list[list[str]]:
         """Request methods grouped per app-server process, in spawn order."""
         groups: dict[int, list[str]] = {}

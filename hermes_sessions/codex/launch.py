@@ -31,7 +31,6 @@ OPENAI_KEY_ENV = "OPENAI_API_KEY"
 
 _COMMON_TOML = """\
 approval_policy = "never"
-sandbox_mode = "read-only"
 check_for_update_on_startup = false
 
 [analytics]
@@ -55,32 +54,140 @@ unbounded_connection_retries = false
 """
 
 
-def render_config_toml() -> str:
+# Permission profiles (docs/codex.md §10): one per sandbox mode a session may have. No legacy
+# ``sandbox_mode`` anywhere: it (or a legacy ``sandbox``/``sandboxPolicy`` request field) would replace
+# the profile with the legacy sandbox, which reads everything the worker's Unix user can read.
+PROFILES = {
+    "read-only": "hermes-read-only",
+    "workspace-write": "hermes-workspace-write",
+    "danger-full-access": "hermes-danger-full-access",
+}
+
+
+def permission_profile(sandbox: str) -> str:
+    """The profile id codex reports as ``activePermissionProfile.id`` for a session in ``sandbox`` mode."""
+    try:
+        return PROFILES[sandbox]
+    except KeyError:
+        raise ValueError(f"unknown sandbox mode {sandbox!r}") from None
+
+
+def _codex_install_dir() -> Path | None:
+    """The directory holding the native binary and its bundled bwrap: the sandbox re-executes the
+    binary inside bubblewrap, so the profile must let it be read (docs/codex.md §10)."""
+    if settings.CODEX_APP_SERVER_COMMAND and not settings.CODEX_BIN:
+        return None
+    try:
+        return Path(codex_binary()).resolve().parent.parent
+    except CodexNotInstalled:
+        return None
+
+
+def permission_filesystem(sandbox: str, workdir: Path) -> dict[str, str]:
+    """The ``[permissions.<profile>.filesystem]`` table for a session whose work dir is ``workdir``.
+
+    read-only / workspace-write: an allow-list — only the platform's basics (``:minimal``: /usr, /etc,
+    /lib…), codex's own install directory and the session's work dir (``read`` / ``write``) are mounted;
+    nothing else exists inside the sandbox: no other session's home or work dir, no ``var/``, no source
+    tree, no ``/tmp``. (A ``read`` entry under a ``none`` root does not reopen it on 0.171.0, and
+    ``extends = ":read-only"`` mounts all of ``/``: both measured, §10.)
+
+    danger-full-access (staff only): ``/`` writable and the network on, but the service's own places are
+    masked — ``HERMES_VAR_DIR``, ``CODEX_HOME``, ``CODEX_USER_HOME``, ``CODEX_WORK_ROOT`` (the session's
+    own work dir reopened writable) and every top-level entry of the source tree except the one holding
+    codex's install (``node_modules``)."""
+    workdir = Path(workdir).resolve()
+    if sandbox in ("read-only", "workspace-write"):
+        table = {":minimal": "read"}
+        install = _codex_install_dir()
+        if install is not None:
+            table[str(install)] = "read"
+        table[str(workdir)] = "read" if sandbox == "read-only" else "write"
+        return table
+    if sandbox == "danger-full-access":
+        table = {"/": "write"}
+        install = _codex_install_dir()
+        denied = {Path(settings.HERMES_VAR_DIR), Path(settings.CODEX_HOME), Path(settings.CODEX_USER_HOME),
+                  Path(settings.CODEX_WORK_ROOT)}
+        base = Path(settings.BASE_DIR).resolve()
+        for entry in sorted(base.iterdir()) if base.is_dir() else []:
+            if install is not None and (install == entry.resolve() or entry.resolve() in install.parents):
+                continue
+            denied.add(entry)
+        paths = {d.resolve() for d in denied} - {workdir, Path("/")}
+        for path in sorted(paths):
+            # Only the outermost denied paths: bwrap cannot mask a path inside an already masked one
+            # ("Can't mkdir …: Read-only file system", measured). The own work dir is reopened below.
+            if not any(other in path.parents for other in paths):
+                table[str(path)] = "none"
+        table[str(workdir)] = "write"
+        return table
+    raise ValueError(f"unknown sandbox mode {sandbox!r}")
+
+
+def _network(sandbox: str) -> dict[str, bool]:
+    return {"enabled": sandbox == "danger-full-access"}
+
+
+def permissions_toml(sandbox: str, workdir: Path) -> str:
+    """``[permissions.<profile>]`` tables for ``sandbox`` mode and ``workdir`` (TOML, after the top-level keys)."""
+    name = permission_profile(sandbox)
+    lines = [f"\n[permissions.{name}.filesystem]"]
+    lines += [f"{json.dumps(path)} = {json.dumps(access)}" for path, access in permission_filesystem(sandbox, workdir).items()]
+    lines += [f"\n[permissions.{name}.network]", f"enabled = {str(_network(sandbox)['enabled']).lower()}"]
+    return "\n".join(lines) + "\n"
+
+
+def permission_overrides(sandbox: str, workdir: Path) -> list[str]:
+    """``-c`` arguments for ``codex app-server`` selecting the session's profile for ``workdir``: the
+    per-session part while ``CODEX_HOME`` (and its ``config.toml``) is shared by all sessions. Measured on
+    0.171.0: ``-c`` overrides apply to ``thread/start`` and ``thread/resume`` alike (docs/codex.md §10)."""
+    name = permission_profile(sandbox)
+    fs = ", ".join(f"{json.dumps(path)} = {json.dumps(access)}" for path, access in permission_filesystem(sandbox, workdir).items())
+    net = str(_network(sandbox)["enabled"]).lower()
+    return [
+        "-c", f"default_permissions={json.dumps(name)}",
+        "-c", f"permissions.{name}.filesystem={{{fs}}}",
+        "-c", f"permissions.{name}.network={{enabled = {net}}}",
+    ]
+
+
+def render_config_toml(*, home: Path | None = None, workdir: Path | None = None, sandbox: str = "read-only") -> str:
     """The ``config.toml`` for ``settings.CODEX_MODEL_PROVIDER``: ``stand-in`` (the local
     Responses-API stand-in at ``CODEX_STAND_IN_URL``) or ``openai`` (api.openai.com, key from
-    ``OPENAI_API_KEY``). ``config`` mode copies the operator's ``CODEX_CONFIG_TOML`` verbatim."""
+    ``OPENAI_API_KEY``). ``config`` mode copies the operator's ``CODEX_CONFIG_TOML`` verbatim.
+
+    ``workdir`` given (a home that serves one session): the file selects that session's permission
+    profile (``default_permissions``, before the first table) and defines it for ``workdir``. Without it
+    (the shared home), the profile comes from ``permission_overrides`` on the command line. ``home`` is
+    the home the file is for (unused in the text today; accepted so per-session homes can pass it)."""
+    del home  # the text does not depend on where the file lives
     provider = settings.CODEX_MODEL_PROVIDER
     if provider == "config":
         return Path(settings.CODEX_CONFIG_TOML).read_text()
+    top = f"default_permissions = {json.dumps(permission_profile(sandbox))}\n" if workdir is not None else ""
+    tail = permissions_toml(sandbox, workdir) if workdir is not None else ""
     if provider == "stand-in":
         model = settings.CODEX_MODEL or "mock-model"
         return (
-            f'model = {json.dumps(model)}\nmodel_provider = "hermes-stand-in"\n'
+            f'model = {json.dumps(model)}\nmodel_provider = "hermes-stand-in"\n' + top
             + _COMMON_TOML
             + "\n[model_providers.hermes-stand-in]\n"
             'name = "hermes_sessions local model stand-in"\n'
             f"base_url = {json.dumps(settings.CODEX_STAND_IN_URL)}\n"
             f'env_key = "{STAND_IN_KEY_ENV}"\n'
             'wire_api = "responses"\nrequest_max_retries = 0\nstream_max_retries = 0\nsupports_websockets = false\n'
+            + tail
         )
     if provider == "openai":
         model = settings.CODEX_MODEL or "gpt-5.5"
         return (
-            f'model = {json.dumps(model)}\nmodel_provider = "openai-api"\n'
+            f'model = {json.dumps(model)}\nmodel_provider = "openai-api"\n' + top
             + _COMMON_TOML
             + "\n[model_providers.openai-api]\n"
             'name = "OpenAI API"\nbase_url = "https://api.openai.com/v1"\n'
             f'env_key = "{OPENAI_KEY_ENV}"\nwire_api = "responses"\n'
+            + tail
         )
     raise ValueError(f"CODEX_MODEL_PROVIDER must be stand-in, openai or config, not {provider!r}")
 
@@ -129,15 +236,17 @@ def codex_binary() -> str:
 _found: dict[str, str] = {}  # glob pattern → binary (the install does not move while a worker runs)
 
 
-def app_server_argv() -> list[str]:
+def app_server_argv(*, sandbox: str | None = None, workdir: Path | None = None) -> list[str]:
     """The command that starts one app-server: ``settings.CODEX_APP_SERVER_COMMAND`` (a JSON list;
-    the tests' scripted stand-in) or ``[<native codex>, "app-server"]``."""
+    the tests' scripted stand-in) or ``[<native codex>, "app-server"]``; with ``sandbox`` and
+    ``workdir``, followed by ``permission_overrides`` (the session's permission profile)."""
+    extra = permission_overrides(sandbox, workdir) if sandbox is not None and workdir is not None else []
     if settings.CODEX_APP_SERVER_COMMAND:
         argv = json.loads(settings.CODEX_APP_SERVER_COMMAND)
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise ValueError("CODEX_APP_SERVER_COMMAND must be a JSON list of strings")
-        return argv
-    return [codex_binary(), "app-server"]
+        return argv + extra
+    return [codex_binary(), "app-server", *extra]
 
 
 def app_server_env() -> dict[str, str]:

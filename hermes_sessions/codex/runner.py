@@ -39,15 +39,11 @@ logger = logging.getLogger(__name__)
 INTERRUPT_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.25
 
-_SANDBOX_POLICY = {
-    "read-only": lambda cwd: {"type": "readOnly"},
-    # Only the session's own directory is writable: not /tmp, not $TMPDIR (shared with other sessions).
-    "workspace-write": lambda cwd: {
-        "type": "workspaceWrite", "writableRoots": [cwd], "networkAccess": False,
-        "excludeTmpdirEnvVar": True, "excludeSlashTmp": True,
-    },
-    "danger-full-access": lambda cwd: {"type": "dangerFullAccess"},
-}
+# No legacy ``sandbox`` (thread/start) or ``sandboxPolicy`` (turn/start) is ever sent: on codex 0.171.0
+# a legacy field replaces the configured permission profile with the legacy sandbox, which reads
+# everything (openai/codex#46252, measured: docs/codex.md §10). The sandbox is the app-server's
+# permission profile (``launch.permission_overrides``), checked after every thread/start and thread/resume.
+BWRAP_PREFIX = "bwrap:"
 
 
 @dataclass
@@ -61,6 +57,9 @@ class TurnSpec:
     thread_id: str | None
     cwd: str
     sandbox: str = "read-only"
+    # The permission profile the app-server was launched with (``launch.permission_profile``); when set,
+    # every thread/start and thread/resume answer must report it as ``activePermissionProfile.id``.
+    permission_profile: str = ""
     approval_policy: str = "never"
     model: str | None = None
     developer_instructions: str | None = None
@@ -187,13 +186,55 @@ def drive_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
             _drive(client, spec, out)
         except CodexError as exc:  # codex has the input: never run it again
             raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=False) from exc
+        _fail_on_sandbox_error(out)
     finally:
         out.timings["turn_ms"] = _ms(t1)
     return out
 
 
+class PermissionProfileMismatch(CodexError):
+    """codex reports a permission profile other than the one the app-server was launched with (e.g. a
+    resume that came back under the default profile, openai/codex#25590): no command may run."""
+
+
+class SandboxFailure(CodexError):
+    """A command's output starts with ``bwrap:``: codex's sandbox could not run on this host. An
+    infrastructure failure, not the model's: the turn fails (nothing is ever run unsandboxed)."""
+
+
+def _check_profile(spec: TurnSpec, out: TurnOutcome, method: str, result: dict[str, Any]) -> None:
+    """Fail the run (before ``turn/start``) when ``result`` names another profile than ``spec``'s."""
+    if not spec.permission_profile:
+        return
+    active = result.get("activePermissionProfile")
+    got = active.get("id") if isinstance(active, dict) else None
+    if got != spec.permission_profile:
+        exc = PermissionProfileMismatch(
+            f"codex {method} reported permission profile {got!r}, not {spec.permission_profile!r}; "
+            "no command was run — the binding is kept"
+        )
+        raise TurnRunError(str(exc), out, exc)
+
+
+def _fail_on_sandbox_error(out: TurnOutcome) -> None:
+    """A command whose output starts with ``bwrap:`` never ran: the sandbox failed on this host
+    (openai/codex#29908, #15057). The turn ends ``failed`` with that reason (its items are kept),
+    whatever codex's own status."""
+    for message in out.messages:
+        if message.get("role") != "tool" or not str(message.get("tool_call_id", "")).startswith("codex_exec_"):
+            continue
+        lines = str(message.get("content") or "").lstrip().splitlines()
+        if lines and lines[0].startswith("[") and lines[0].endswith("]"):
+            lines = lines[1:]  # the projection's "[exit N]" / "[status]" prefix
+        first = lines[0].strip() if lines else ""
+        if first.startswith(BWRAP_PREFIX):
+            out.status = "failed"
+            out.error = f"codex sandbox unavailable on this host: {first[:300]} — the command did not run"
+            return
+
+
 def _thread_params(spec: TurnSpec) -> dict[str, Any]:
-    params: dict[str, Any] = {"cwd": spec.cwd, "sandbox": spec.sandbox, "approvalPolicy": spec.approval_policy}
+    params: dict[str, Any] = {"cwd": spec.cwd, "approvalPolicy": spec.approval_policy}
     if spec.model:
         params["model"] = spec.model
     if spec.developer_instructions:
@@ -207,7 +248,6 @@ def _turn_params(spec: TurnSpec, thread_id: str, text: str) -> dict[str, Any]:
         "input": [{"type": "text", "text": text, "text_elements": []}],
         "cwd": spec.cwd,
         "approvalPolicy": spec.approval_policy,
-        "sandboxPolicy": _SANDBOX_POLICY[spec.sandbox](spec.cwd),
     }
     if spec.model:
         params["model"] = spec.model
@@ -225,7 +265,8 @@ def _start_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, text:
         try:
             started = client.request("turn/start", params)
         except ThreadNotLoaded:
-            client.request("thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
+            resumed = client.request("thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
+            _check_profile(spec, out, "thread/resume", resumed)
             started = client.request("turn/start", params)
     except JsonRpcError as exc:
         # codex refused turn/start: it never ran the input, so the run may be tried again.
@@ -249,6 +290,7 @@ def _open_thread(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, firs
         if out.thread_action:
             return spec.text, reused
         result = _request_step(client, out, "thread/start", _thread_params(spec))
+        _check_profile(spec, out, "thread/start", result)
     except TurnRunError:
         out.methods = client.sent_methods[first:]
         raise
@@ -275,6 +317,7 @@ def _resume_bound(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> 
         return
     except CodexError as exc:
         raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
+    _check_profile(spec, out, "thread/resume", resumed)
     # codex's own spelling of the id from here on: notifications are matched against it.
     out.thread_action, out.thread_id = "resumed", _thread_id(resumed) or spec.thread_id
 
@@ -291,6 +334,7 @@ def _resume_previous(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) 
         return False
     except CodexError as exc:
         raise TurnRunError(_describe("thread/resume", exc), out, exc) from exc
+    _check_profile(spec, out, "thread/resume", resumed)
     out.thread_action = "rotated" if out.rotated_from else "started"
     out.thread_id = _thread_id(resumed) or spec.previous_thread_id
     return True

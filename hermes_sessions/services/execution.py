@@ -29,8 +29,9 @@ from django.db import DataError, IntegrityError, InterfaceError, OperationalErro
 from .. import policy
 from ..codex.client import AppServerClient
 from ..codex.errors import retryable
-from ..codex.launch import app_server_argv, app_server_env, ensure_codex_home
+from ..codex.launch import app_server_argv, app_server_env, ensure_codex_home, permission_profile
 from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, drive_turn
+from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
 from ..history_seed import seeded_input
 from ..models import Turn
@@ -178,11 +179,15 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
     config = claim.config
     t0 = time.monotonic()
     try:
+        check_sandbox()  # cached per process; never run commands on a host whose sandbox fails
+    except SandboxUnavailable as exc:
+        raise _StartupError(str(exc), cause=exc) from exc
+    try:
         ensure_codex_home()
         workdir = policy.session_workdir(claim.session_id)
         workdir.mkdir(parents=True, exist_ok=True)
         client = AppServerClient(
-            app_server_argv(),
+            app_server_argv(sandbox=config["sandbox"], workdir=workdir),
             env=app_server_env(),
             cwd=str(workdir),
             request_timeout=settings.CODEX_REQUEST_TIMEOUT,
@@ -200,6 +205,7 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         thread_id=claim.thread_id,
         cwd=str(workdir),
         sandbox=config["sandbox"],
+        permission_profile=permission_profile(config["sandbox"]),
         approval_policy=config["approval_policy"],
         model=config.get("model"),
         developer_instructions=config.get("developer_instructions"),

@@ -12,6 +12,7 @@ State lives in the directory named by env ``SCRIPTED_STATE_DIR`` so a "restart" 
 * ``rollouts/<thread id>.jsonl``: one line per turn (written at ``turn/start``); ``thread/resume`` of a
   thread without one answers ``-32600 no rollout found for thread id <id>``. ``turn/start`` on a thread this
   process has not started or resumed answers ``-32600 thread not found: <id>``.
+* ``argv.jsonl``: each process's command-line arguments, ``{"pid", "argv"}``.
 * ``methods.jsonl``: every request received, ``{"pid", "method", "params"}``, written before any fault acts.
 * ``server_answers.jsonl``: the client's answer to each scripted server request ``{"method", "answer"}``.
 * ``script.json``: faults, ``{method: [action, ...]}``. Each call of ``method`` consumes the next action
@@ -36,6 +37,9 @@ State lives in the directory named by env ``SCRIPTED_STATE_DIR`` so a "restart" 
                                then ends it with status ``interrupted``)
   ``{"respond_last": true}``   send the whole turn (``turn/started`` … ``turn/completed``) first and the
                                ``turn/start`` response after it (the reader sees the turn before its id)
+  thread/start and thread/resume:
+  ``{"active_profile": "id"}``  report this ``activePermissionProfile.id`` (default: the one the command
+                               line selects with ``-c default_permissions="…"``, as codex does; none without)
   any method:
   ``{"exit_after": code}``     answer normally, then exit at once with ``code``
 
@@ -54,6 +58,16 @@ STATE = os.environ.get("SCRIPTED_STATE_DIR") or tempfile.mkdtemp(prefix="scripte
 ROLLOUTS = os.path.join(STATE, "rollouts")
 os.makedirs(ROLLOUTS, exist_ok=True)
 
+def _profile_from_argv(argv):
+    """``-c default_permissions="<id>"`` on the command line (``launch.permission_overrides``), as codex
+    reports it in ``activePermissionProfile``; ``None`` without one."""
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "-c" and value.startswith("default_permissions="):
+            return json.loads(value.split("=", 1)[1])
+    return None
+
+
+PROFILE = _profile_from_argv(sys.argv)
 loaded_threads = set()
 active_turns = {}  # thread id -> turn id of a turn left running by no_completion
 inbox = collections.deque()  # client messages read while waiting for a server-request answer
@@ -154,8 +168,10 @@ def thread_obj(thread_id, cwd, turns):
     }
 
 
-def session_result(thread, params):
-    return {
+def session_result(thread, params, action=None):
+    profile = (action or {}).get("active_profile", PROFILE)
+    extra = {"activePermissionProfile": {"id": profile, "extends": None}} if profile else {}
+    return {**extra,
         "thread": thread, "model": params.get("model") or "mock-model", "modelProvider": "fake",
         "serviceTier": None, "cwd": thread["cwd"], "approvalPolicy": params.get("approvalPolicy") or "never",
         "approvalsReviewer": "user", "sandbox": {"type": "readOnly", "networkAccess": False},
@@ -286,7 +302,7 @@ def handle_initialize(request_id, params, action):
 def handle_thread_start(request_id, params, action):
     thread = thread_obj(str(uuid.uuid4()), params.get("cwd") or os.getcwd(), [])
     loaded_threads.add(thread["id"])
-    respond(request_id, session_result(thread, params))
+    respond(request_id, session_result(thread, params, action))
     return notify("thread/started", {"thread": thread})
 
 
@@ -301,7 +317,7 @@ def handle_thread_resume(request_id, params, action):
     ]
     loaded_threads.add(thread_id)
     notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "idle"}})
-    return respond(request_id, session_result(thread_obj(thread_id, params.get("cwd") or os.getcwd(), turns), params))
+    return respond(request_id, session_result(thread_obj(thread_id, params.get("cwd") or os.getcwd(), turns), params, action))
 
 
 def handle_turn_interrupt(request_id, params, action):
@@ -387,6 +403,7 @@ def process_request(message):
 
 
 def main():
+    append_jsonl("argv.jsonl", {"pid": os.getpid(), "argv": sys.argv[1:]})
     while True:
         message = read_message()
         if message is None:

@@ -48,7 +48,9 @@ def test_config_is_offline_and_written_atomically(codex_dirs, settings):
     home = ensure_codex_home()
     text = (home / "config.toml").read_text()
     for line in ('plugins = false', 'unbounded_connection_retries = false', 'request_max_retries = 0',
-                 'base_url = "http://127.0.0.1:9/v1"', 'sandbox_mode = "read-only"', 'approval_policy = "never"'):
+                 'base_url = "http://127.0.0.1:9/v1"', 'approval_policy = "never"'):
         assert line in text
+    # No legacy sandbox: it would replace the permission profiles (docs/codex.md §10).
+    assert "sandbox_mode" not in text
     assert home.is_absolute()
     assert sorted(p.name for p in home.iterdir()) == ["config.toml"]

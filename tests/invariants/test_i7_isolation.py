@@ -3,6 +3,7 @@ nothing is written through them); each session's codex runs in its own work dire
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 from rest_framework.test import APIClient
@@ -82,7 +83,11 @@ def test_each_session_runs_codex_in_its_own_directory_and_may_write_only_there(u
     assert len(set(cwds)) == 2
     assert cwds[0].endswith(one.id) and cwds[1].endswith(two.id)
     assert not cwds[1].startswith(cwds[0] + "/") and not cwds[0].startswith(cwds[1] + "/")
-    for params in starts:
-        policy = params["sandboxPolicy"]
-        assert policy["writableRoots"] == [params["cwd"]]
-        assert policy["excludeSlashTmp"] is True and policy["excludeTmpdirEnvVar"] is True
+    # The sandbox is the app-server's permission profile (docs/codex.md §10): the only writable path
+    # it names is the session's own directory; no legacy sandbox field rides on the requests.
+    for params, argv in zip(starts, scripted_codex.argvs(), strict=True):
+        assert "sandboxPolicy" not in params
+        assert 'default_permissions="hermes-workspace-write"' in argv
+        table = next(a for a in argv if a.startswith("permissions.hermes-workspace-write.filesystem="))
+        writable = [k for k, v in tomllib.loads("t = " + table.split("=", 1)[1])["t"].items() if v == "write"]
+        assert writable == [params["cwd"]]
