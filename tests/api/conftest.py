@@ -2,8 +2,8 @@
 import pytest
 from rest_framework.test import APIClient
 
-from hermes_sessions import tasks
 from tests.factories import UserFactory
+from tests.support.dispatch import hold_dispatches
 
 
 @pytest.fixture
@@ -21,11 +21,4 @@ def client(user):
 @pytest.fixture
 def dispatched(monkeypatch):
     """Record run_turn dispatches instead of running codex; returns the list of turn ids sent."""
-    sent: list[str] = []
-
-    def record(*args, **kwargs):
-        task_args = kwargs.get("args") if "args" in kwargs else (args[0] if args else [])
-        sent.append(str(task_args[0]))
-
-    monkeypatch.setattr(tasks.run_turn, "apply_async", record)
-    return sent
+    return hold_dispatches(monkeypatch)

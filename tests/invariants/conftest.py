@@ -37,22 +37,6 @@ def queue_turn(*, session, text: str, user) -> Turn:
     return services.turn_enqueue(session=session, input_text=text, user=user)
 
 
-def hold_dispatches(monkeypatch) -> list[str]:
-    """Hold back the Celery task sends (``run_turn.apply_async``) instead of running them, so a test
-    can play the worker by hand; returns the list of turn ids that would have been sent. Deliver
-    one with ``deliver``."""
-    from hermes_sessions import tasks
-
-    sent: list[str] = []
-
-    def record(*args, **kwargs):
-        task_args = kwargs.get("args") if "args" in kwargs else (args[0] if args else [])
-        sent.append(str(task_args[0]))
-
-    monkeypatch.setattr(tasks.run_turn, "apply_async", record)
-    return sent
-
-
 def deliver(turn_id) -> str:
     """Run the Celery task for ``turn_id`` in this process, as a worker receiving it would."""
     from hermes_sessions import tasks

@@ -13,8 +13,9 @@ import pytest
 from hermes_sessions import services
 from hermes_sessions.codex.client import AppServerClient
 from hermes_sessions.models import Message, Turn
+from tests.support.dispatch import hold_dispatches
 
-from .conftest import deliver, expire_lease, hold_dispatches, queue_turn
+from .conftest import deliver, expire_lease, queue_turn
 
 SCRIPTED = Path(__file__).resolve().parents[1] / "codex" / "scripted_app_server.py"
 

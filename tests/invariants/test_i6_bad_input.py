@@ -9,8 +9,7 @@ from rest_framework.test import APIClient
 from hermes_sessions import services
 from hermes_sessions.models import IdempotencyKey, Message, Session, Turn
 from tests.factories import SessionFactory, UserFactory
-
-from .conftest import hold_dispatches
+from tests.support.dispatch import hold_dispatches
 
 pytestmark = pytest.mark.django_db
 

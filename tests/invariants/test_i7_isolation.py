@@ -10,8 +10,7 @@ from rest_framework.test import APIClient
 
 from hermes_sessions.models import Message, Notice, Turn
 from tests.factories import MessageFactory, NoticeFactory, SessionFactory, TurnFactory, UserFactory
-
-from .conftest import hold_dispatches
+from tests.support.dispatch import hold_dispatches
 
 
 @pytest.fixture
