@@ -16,7 +16,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -85,31 +86,54 @@ def render_config_toml() -> str:
     raise ValueError(f"CODEX_MODEL_PROVIDER must be stand-in, openai or config, not {provider!r}")
 
 
-def ensure_codex_home() -> Path:
-    """Create ``CODEX_HOME`` (absolute) and write ``config.toml`` if its content changed.
-    The write is atomic (temp file + rename) so concurrent workers never see half a file."""
-    home = Path(settings.CODEX_HOME).resolve()
+@dataclass(frozen=True)
+class SessionHome:
+    """The directories one session's app-server runs with (all absolute):
+    ``home`` is its ``CODEX_HOME`` (``CODEX_HOMES_ROOT/<session id>/home``), ``user_home`` the
+    ``HOME`` beside it (``…/<session id>/user_home``). The same absolute path on every host, so a
+    thread moving between hosts adds no extra skills developer message (``docs/codex.md`` §7)."""
+
+    home: Path
+    user_home: Path
+
+
+def session_home(session_id: str) -> SessionHome:
+    """The paths of ``session_id``'s home under ``settings.CODEX_HOMES_ROOT`` (nothing created).
+    Session ids never contain ``/`` and never start with ``.`` (``models.SESSION_ID_RE``)."""
+    root = Path(settings.CODEX_HOMES_ROOT).resolve() / session_id
+    return SessionHome(home=root / "home", user_home=root / "user_home")
+
+
+def prepare_session_home(session_id: str) -> SessionHome:
+    """Wipe and recreate ``session_id``'s home and ``HOME`` (a worker's disk is a cache: nothing
+    from an earlier turn, host-local sqlite included, survives — ``docs/codex.md`` §7), then write
+    its ``config.toml``. Returns the paths; the caller restores the thread's rollout into it."""
+    paths = session_home(session_id)
+    shutil.rmtree(paths.home.parent, ignore_errors=True)
+    paths.home.mkdir(parents=True)
+    paths.user_home.mkdir(parents=True)
+    _write_config(paths.home)
+    return paths
+
+
+def _write_config(home: Path) -> None:
+    """The one place ``config.toml`` is rendered and written (atomically: temp file + rename)."""
     target = home / "config.toml"
-    content = render_config_toml()
-    if _written.get(str(target)) == content and target.exists():
-        return home  # this process wrote exactly this already: skip the read on the turn's hot path
+    tmp = home / f".config.toml.{os.getpid()}"
+    tmp.write_text(render_config_toml())
+    os.replace(tmp, target)
+
+
+def ensure_codex_home() -> Path:
+    """Create the shared ``settings.CODEX_HOME`` and its ``config.toml`` — for tools that drive
+    codex outside a session (the contract tests, the bench); turns use ``prepare_session_home``.
+    ``settings.CODEX_HOME`` is otherwise only read: the legacy location of rollouts written before
+    they were kept in PostgreSQL (``services/rollouts.py`` imports them)."""
+    home = Path(settings.CODEX_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     Path(settings.CODEX_USER_HOME).resolve().mkdir(parents=True, exist_ok=True)
-    if not target.exists() or target.read_text() != content:
-        tmp = home / f".config.toml.{os.getpid()}"
-        tmp.write_text(content)
-        os.replace(tmp, target)
-    _written[str(target)] = content
+    _write_config(home)
     return home
-
-
-_written: dict[str, str] = {}  # config.toml path → content this process last wrote or verified
-
-
-def codex_home_id() -> str:
-    """This worker's ``CODEX_HOME`` identity (``settings.CODEX_HOME_ID`` or ``<hostname>:<path>``),
-    recorded on each binding so a worker can tell "rollout gone" from "rollout elsewhere"."""
-    return settings.CODEX_HOME_ID or f"{socket.gethostname()}:{Path(settings.CODEX_HOME).resolve()}"
 
 
 def codex_binary() -> str:
@@ -140,8 +164,12 @@ def app_server_argv() -> list[str]:
     return [codex_binary(), "app-server"]
 
 
-def app_server_env() -> dict[str, str]:
-    """The app-server's whole environment (an allow-list, nothing inherited wholesale)."""
+def app_server_env(home: SessionHome | None = None) -> dict[str, str]:
+    """The app-server's whole environment (an allow-list, nothing inherited wholesale), with
+    ``CODEX_HOME``/``HOME`` of ``home`` (a session's) or, without it, the shared ``settings.CODEX_HOME``
+    and ``settings.CODEX_USER_HOME`` (tools outside a session)."""
+    if home is None:
+        home = SessionHome(home=Path(settings.CODEX_HOME).resolve(), user_home=Path(settings.CODEX_USER_HOME).resolve())
     path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     if not settings.CODEX_APP_SERVER_COMMAND:
         # The bundled bubblewrap lives here; on PATH it silences codex's configWarning.
@@ -150,8 +178,8 @@ def app_server_env() -> dict[str, str]:
             path = f"{resources}{os.pathsep}{path}"
     env = {
         "PATH": path,
-        "HOME": str(Path(settings.CODEX_USER_HOME).resolve()),
-        "CODEX_HOME": str(Path(settings.CODEX_HOME).resolve()),
+        "HOME": str(home.user_home),
+        "CODEX_HOME": str(home.home),
         "RUST_LOG": os.environ.get("CODEX_RUST_LOG", "warn"),
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
