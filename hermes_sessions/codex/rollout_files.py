@@ -1,7 +1,6 @@
 """Codex's rollout file of a thread, on a worker's disk: find it, restore it, read what a turn appended.
 
-Facts this rests on (``docs/codex.md`` §7; measured in ``docs/codex.md`` §7's sources, portability
-experiments 1–4 and 9):
+Facts this rests on (``docs/codex.md`` §7):
 
 - a thread's rollout is ``CODEX_HOME/sessions/…/rollout-<ts>-<thread id>.jsonl``; ``thread/resume``
   finds it by scanning ``sessions/`` for that name, at any depth — so restoring the file alone at its

@@ -61,7 +61,7 @@ class Command(BaseCommand):
                         "turn 2's model request carried turn 1's exchange")
 
             removed = self._remove_rollout(thread1)
-            self.stdout.write(f"lost the rollout (PostgreSQL rows and file): {removed}")
+            self.stdout.write(f"lost the rollout (its database rows and the file): {removed}")
             t3 = self._turn(client, "hello three")
             self._check(failures, t3["thread_action"] == "rotated" and t3["codex_thread_id"] != thread1,
                         "turn 3 rotated to a new thread")
