@@ -166,3 +166,16 @@ def test_the_history_seed_reads_a_bounded_tail_of_a_long_transcript(user, settin
     assert f"LIMIT {limit}" in sql and "ORDER BY" in sql and "DESC" in sql
     assert seed.endswith("message 10000") and "[… earlier turns omitted …]" in seed
     assert len(seed) <= settings.HERMES_HISTORY_SEED_MAX_CHARS
+
+
+def test_nothing_that_lists_sessions_or_turns_loads_rollout_bytes(user, scripted_codex, run_turn_now, admin_client):
+    from django.contrib import admin
+
+    assert RolloutChunk not in admin.site._registry and CodexRollout not in admin.site._registry
+    session = services.session_create(owner=user)
+    run_turn_now(session=session, text="hello one", user=user)
+    with CaptureQueriesContext(connection) as queries:
+        assert admin_client.get("/admin/hermes_sessions/session/").status_code == 200
+        assert admin_client.get(f"/admin/hermes_sessions/session/{session.pk}/change/").status_code == 200
+        assert admin_client.get("/admin/hermes_sessions/turn/").status_code == 200
+    assert not [q["sql"] for q in queries if "rolloutchunk" in q["sql"]]
