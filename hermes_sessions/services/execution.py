@@ -175,7 +175,10 @@ def _restore(claim: TurnClaim) -> tuple[Path, RolloutBase | None]:
         base = rollout_restore(session_id=claim.session_id, thread_id=claim.thread_id,
                                generation=claim.rollout_generation, home=paths.home)
         for leftover in filter(None, leftovers):
-            if leftover.extends(base if leftover.thread_id == claim.thread_id else None):
+            bound = leftover.thread_id == claim.thread_id
+            # The bound thread: only an extension of the stored rollout (none stored: nothing to extend);
+            # the lost worker's unbound fresh thread: PostgreSQL never had it.
+            if not bound or (base is not None and leftover.extends(base)):
                 write_leftover(paths.home, leftover)
     except RolloutFenced as exc:
         raise TurnRunError(str(exc), TurnOutcome(), TurnAbandoned(str(exc))) from exc
