@@ -125,6 +125,7 @@ def _environment(bench_db_url: str, broker: str, scratch: Path) -> dict[str, str
         "CELERY_BROKER_URL": broker,
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "CODEX_HOME": str(scratch / "codex_home"),
+        "CODEX_HOMES_ROOT": str(scratch / "homes"),
         "CODEX_USER_HOME": str(scratch / "user_home"),
         "CODEX_WORK_ROOT": str(scratch / "work"),
         "CODEX_MODEL_PROVIDER": "stand-in",
@@ -148,7 +149,7 @@ def _start_stand_in(env: dict[str, str], scratch: Path, procs: list[subprocess.P
 def _setup_django(env: dict[str, str]) -> str:
     """This process on the bench database (created, migrated); returns the ``bench`` user's token."""
     os.environ.update({k: env[k] for k in ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_TASK_ALWAYS_EAGER", "CODEX_HOME",
-                                            "CODEX_USER_HOME", "CODEX_WORK_ROOT", "CODEX_STAND_IN_URL", "HERMES_TURN_QUEUE")})
+                                            "CODEX_HOMES_ROOT", "CODEX_USER_HOME", "CODEX_WORK_ROOT", "CODEX_STAND_IN_URL", "HERMES_TURN_QUEUE")})
     create_database(env["DATABASE_URL"])
     import django
 

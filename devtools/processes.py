@@ -87,7 +87,7 @@ def _ppid(pid: int) -> int:
 
 
 def codex_processes(codex_home: str | Path) -> list[CodexProcess]:
-    """Live processes that codex spawned with this ``CODEX_HOME``.
+    """Live processes that codex spawned with this ``CODEX_HOME`` or one below it (a homes root).
 
     codex gets ``CODEX_HOME`` in its environment, not its argv, so ``pgrep -f`` cannot find them; its
     environment is allow-listed and so, unlike the project's own Python processes (a worker started
@@ -99,7 +99,8 @@ def codex_processes(codex_home: str | Path) -> list[CodexProcess]:
             continue
         pid = int(entry)
         env = _read(f"/proc/{pid}/environ").split(b"\0")
-        if marker not in env or any(e.startswith(b"DATABASE_URL=") for e in env):
+        if not any(e == marker or e.startswith(marker + b"/") for e in env) or any(
+                e.startswith(b"DATABASE_URL=") for e in env):
             continue
         fields = _stat_fields(pid)
         if not fields or fields[0] == "Z":

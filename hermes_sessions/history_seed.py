@@ -24,6 +24,8 @@ HEADER = (
 OMITTED = "[… earlier turns omitted …]"
 CURRENT_TURN_MARKER = "[CURRENT USER TURN]"
 TOOL_RESULT_CHARS = 400
+# The fewest characters a rendered row adds to the seed: "[USER]\n" (7) plus the 2-character separator.
+MIN_SEED_ROW_CHARS = 9
 
 
 def _render_row(row: Message) -> str | None:
@@ -44,21 +46,22 @@ def _render_row(row: Message) -> str | None:
     return None  # system rows are not replayed
 
 
-def render_history_seed(rows: Iterable[Message], *, max_chars: int | None = None) -> str:
+def render_history_seed(rows: Iterable[Message], *, max_chars: int | None = None, more_before: bool = False) -> str:
     """Return the seed text for ``rows`` (Message-like objects with ``role``, ``content``,
     ``tool_calls``, oldest first), or ``""`` when there is nothing to replay.
 
     The whole result — header, the ``OMITTED`` marker and the kept rows — is at most ``max_chars``
     characters (default ``settings.HERMES_HISTORY_SEED_MAX_CHARS``). When the rows do not fit, the newest
     whole rows that do are kept behind the marker; if even the newest row does not fit, its end is
-    kept. A cap too small to hold the header and the marker gives ``""`` (no seed)."""
+    kept. A cap too small to hold the header and the marker gives ``""`` (no seed). ``more_before``:
+    ``rows`` is only the tail of the transcript (older rows were not read), so the marker is always shown."""
     cap = settings.HERMES_HISTORY_SEED_MAX_CHARS if max_chars is None else max_chars
     blocks = [b for b in (_render_row(r) for r in rows) if b]
     if not blocks:
         return ""
     head = HEADER + "\n\n"
     whole = head + "\n\n".join(blocks)
-    if len(whole) <= cap:
+    if len(whole) <= cap and not more_before:
         return whole
     head += OMITTED + "\n\n"
     budget = cap - len(head)  # for the kept blocks and the separators between them

@@ -167,9 +167,6 @@ class CodexBinding(models.Model):
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="bindings")
     thread_id = models.CharField(max_length=64)
-    # Where the thread's rollout lives (settings.CODEX_HOME_ID of the worker that bound it): a worker
-    # with another CODEX_HOME cannot see the rollout, and must not take its absence for a dead thread.
-    codex_home = models.CharField(max_length=300, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by_turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
@@ -187,6 +184,54 @@ class CodexBinding(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} → {self.thread_id} ({self.status})"
+
+
+class CodexRollout(models.Model):
+    """A codex thread's rollout, kept in PostgreSQL (``docs/contract.md`` I8): the file
+    ``CODEX_HOME/<relpath>`` is the concatenation of its ``RolloutChunk`` rows in ``seq`` order.
+
+    ``length`` (bytes) and ``sha256`` (hex) describe those bytes; ``generation`` is the fencing
+    token, +1 per committed turn (a finalize that read another generation commits nothing);
+    ``codex_version`` is the codex that last wrote it. No chunk bytes live on this row, so listing
+    rollouts never loads them."""
+
+    thread_id = models.CharField(max_length=64, unique=True)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="rollouts")
+    relpath = models.CharField(max_length=500)
+    length = models.BigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64)
+    generation = models.BigIntegerField(default=0)
+    codex_version = models.CharField(max_length=64, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["session", "updated_at"]
+
+    def __str__(self) -> str:
+        return f"{self.thread_id} ({self.length} B, generation {self.generation})"
+
+
+class RolloutChunk(models.Model):
+    """The bytes one turn appended to a rollout, insert-only (never updated or deleted one by one:
+    retention deletes whole rollouts, so TOAST never bloats — ``../shared/pitfalls.md``).
+    ``offset`` is where they start in the file; ``data`` is stored as ``compression`` says
+    (``zlib`` or ``""`` for none); ``sha256`` (hex) is of the uncompressed bytes, ``size`` their length."""
+
+    rollout = models.ForeignKey(CodexRollout, on_delete=models.CASCADE, related_name="chunks")
+    seq = models.PositiveIntegerField()
+    offset = models.BigIntegerField()
+    size = models.BigIntegerField()
+    compression = models.CharField(max_length=8, blank=True)
+    data = models.BinaryField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["rollout", "seq"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "seq"], name="rollout_chunk_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.rollout_id}#{self.seq} @{self.offset} ({self.size} B)"
 
 
 class Notice(models.Model):

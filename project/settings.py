@@ -225,11 +225,13 @@ CODEX_BIN = env_str("CODEX_BIN")  # empty: located under node_modules at first u
 CODEX_NODE_MODULES = env_path("CODEX_NODE_MODULES", BASE_DIR / "node_modules")
 # Full argv override (JSON list). Tests point this at the scripted app-server stand-in.
 CODEX_APP_SERVER_COMMAND = env_str("CODEX_APP_SERVER_COMMAND")
+# Each turn's app-server gets CODEX_HOMES_ROOT/<session id>/home (its CODEX_HOME, wiped and restored
+# from PostgreSQL at every turn) and .../user_home (its HOME). Same absolute path on every host.
+CODEX_HOMES_ROOT = env_path("CODEX_HOMES_ROOT", HERMES_VAR_DIR / "codex" / "homes")
+# The legacy shared home: rollouts written before PostgreSQL kept them are imported from here (on first
+# use, or all at once by `manage.py import_rollouts`); tools that drive codex outside a session use it.
 CODEX_HOME = env_path("CODEX_HOME", HERMES_VAR_DIR / "codex" / "home")
-# Names this CODEX_HOME in bindings. Workers that share one CODEX_HOME (one host, or one shared
-# filesystem) must share this id; the default is host:path.
-CODEX_HOME_ID = env_str("CODEX_HOME_ID")  # empty: f"{hostname}:{CODEX_HOME}"
-# HOME given to codex, so the operator's own ~/.codex never leaks in.
+# HOME given to codex run on the shared CODEX_HOME (tools), so the operator's own ~/.codex never leaks in.
 CODEX_USER_HOME = env_path("CODEX_USER_HOME", HERMES_VAR_DIR / "codex" / "user_home")
 # Per-session working directories are created under this root.
 CODEX_WORK_ROOT = env_path("CODEX_WORK_ROOT", HERMES_VAR_DIR / "codex" / "work")

@@ -26,7 +26,8 @@ REAL_CODEX_GLOB = "node_modules/@openai/codex-linux-*/vendor/*/bin/codex"
 
 @pytest.fixture
 def codex_dirs(tmp_path, settings):
-    """Per-test CODEX_HOME, HOME and work root (absolute, as codex requires)."""
+    """Per-test homes root, legacy CODEX_HOME, HOME and work root (absolute, as codex requires)."""
+    settings.CODEX_HOMES_ROOT = tmp_path / "homes"
     settings.CODEX_HOME = tmp_path / "codex_home"
     settings.CODEX_USER_HOME = tmp_path / "codex_user_home"
     settings.CODEX_WORK_ROOT = tmp_path / "work"
@@ -72,7 +73,10 @@ class ScriptedCodex:
         ]
 
     def remove_rollout(self, thread_id: str) -> None:
-        (self.state / "rollouts" / f"{thread_id}.jsonl").unlink()
+        """The thread's rollout is lost: gone from PostgreSQL (each turn's home is made from it)."""
+        from hermes_sessions.services.rollouts import rollout_forget
+
+        assert rollout_forget(thread_id=thread_id) == 1
 
 
 @pytest.fixture

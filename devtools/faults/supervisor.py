@@ -130,7 +130,8 @@ class Stack:
         self.scratch = scratch
         self.logdir = scratch / "logs"
         self.logdir.mkdir(parents=True)
-        self.codex_home = str((scratch / "codex_home").resolve())
+        # codex's homes: the shared one (tools) and the per-session ones, both found by this prefix.
+        self.codex_home = str((scratch / "codex").resolve())
         self.work_root = str((scratch / "work").resolve())
         self.queue = f"faults-turns-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.procs: list[Proc] = []  # stand-in, gunicorn, sweeper — in that order
@@ -153,7 +154,8 @@ class Stack:
             "DATABASE_URL": db_url,
             "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "CELERY_TASK_ALWAYS_EAGER": "0",
-            "CODEX_HOME": self.codex_home,
+            "CODEX_HOME": f"{self.codex_home}/home",
+            "CODEX_HOMES_ROOT": f"{self.codex_home}/homes",
             "CODEX_USER_HOME": str(self.scratch / "user_home"),
             "CODEX_WORK_ROOT": self.work_root,
             "CODEX_MODEL_PROVIDER": "stand-in",

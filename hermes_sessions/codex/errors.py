@@ -12,9 +12,9 @@ type is chosen on code **and** message prefix:
 type                     codex answer                                           what happens (runner, then services)
 =======================  =====================================================  ==========================================
 :class:`ThreadGone`      ``-32600`` ``no rollout found for thread id <id>``     **rotate**: start a fresh, seeded thread; the
-                         (resume of an unknown thread, of one that never ran    old binding ends with one notice — unless
-                         a turn, or whose rollout file is gone)                 the binding was made under another
-                                                                                ``CODEX_HOME``: then **fail**, binding kept
+                         (resume of an unknown thread, of one that never ran    old binding ends with one notice — only when
+                         a turn, or whose rollout file is gone)                 PostgreSQL holds no rollout for it; one
+                                                                                restored from it: **fail**, binding kept
 :class:`ThreadBusy`      ``-32600`` ``thread <id> already has an active         **retry** the whole run on a new app-server
                          writer`` (another live app-server holds the thread)    (``RetryPolicy``), then requeue, then fail
 :class:`Overloaded`      ``-32001`` (any message; codex sends ``Server          **retry**, as ``ThreadBusy``

@@ -16,7 +16,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -93,7 +94,8 @@ def permission_filesystem(sandbox: str, workdir: Path) -> dict[str, str]:
     ``extends = ":read-only"`` mounts all of ``/``: both measured, §10.)
 
     danger-full-access (staff only): ``/`` writable and the network on, but the service's own places are
-    masked — ``HERMES_VAR_DIR``, ``CODEX_HOME``, ``CODEX_USER_HOME``, ``CODEX_WORK_ROOT`` (the session's
+    masked — ``HERMES_VAR_DIR``, ``CODEX_HOME``, ``CODEX_USER_HOME``, ``CODEX_HOMES_ROOT`` (every session's
+    home), ``CODEX_WORK_ROOT`` (the session's
     own work dir reopened writable) and every top-level entry of the source tree except the one holding
     codex's install (``node_modules``)."""
     workdir = Path(workdir).resolve()
@@ -108,7 +110,7 @@ def permission_filesystem(sandbox: str, workdir: Path) -> dict[str, str]:
         table = {"/": "write"}
         install = _codex_install_dir()
         denied = {Path(settings.HERMES_VAR_DIR), Path(settings.CODEX_HOME), Path(settings.CODEX_USER_HOME),
-                  Path(settings.CODEX_WORK_ROOT)}
+                  Path(settings.CODEX_HOMES_ROOT), Path(settings.CODEX_WORK_ROOT)}
         base = Path(settings.BASE_DIR).resolve()
         for entry in sorted(base.iterdir()) if base.is_dir() else []:
             if install is not None and (install == entry.resolve() or entry.resolve() in install.parents):
@@ -192,31 +194,59 @@ def render_config_toml(*, home: Path | None = None, workdir: Path | None = None,
     raise ValueError(f"CODEX_MODEL_PROVIDER must be stand-in, openai or config, not {provider!r}")
 
 
-def ensure_codex_home() -> Path:
-    """Create ``CODEX_HOME`` (absolute) and write ``config.toml`` if its content changed.
-    The write is atomic (temp file + rename) so concurrent workers never see half a file."""
-    home = Path(settings.CODEX_HOME).resolve()
+@dataclass(frozen=True)
+class SessionHome:
+    """The directories one session's app-server runs with (all absolute):
+    ``home`` is its ``CODEX_HOME`` (``CODEX_HOMES_ROOT/<session id>/home``), ``user_home`` the
+    ``HOME`` beside it (``…/<session id>/user_home``). The same absolute path on every host, so a
+    thread moving between hosts adds no extra skills developer message (``docs/codex.md`` §7)."""
+
+    home: Path
+    user_home: Path
+
+
+def session_home(session_id: str) -> SessionHome:
+    """The paths of ``session_id``'s home under ``settings.CODEX_HOMES_ROOT`` (nothing created).
+    Session ids never contain ``/`` and never start with ``.`` (``models.SESSION_ID_RE``)."""
+    root = Path(settings.CODEX_HOMES_ROOT).resolve() / session_id
+    return SessionHome(home=root / "home", user_home=root / "user_home")
+
+
+def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir: Path | None = None) -> SessionHome:
+    """Wipe and recreate ``session_id``'s home and ``HOME`` (a worker's disk is a cache: nothing
+    from an earlier turn, host-local sqlite included, survives — ``docs/codex.md`` §7), then write
+    its ``config.toml`` — with ``sandbox`` and ``workdir``, one that also selects and defines the
+    session's permission profile, so even an app-server started without ``permission_overrides`` runs
+    the session's commands under it. Returns the paths; the caller restores the thread's rollout into it."""
+    paths = session_home(session_id)
+    shutil.rmtree(paths.home.parent, ignore_errors=True)
+    paths.home.mkdir(parents=True)
+    paths.user_home.mkdir(parents=True)
+    _write_config(paths.home, sandbox=sandbox, workdir=workdir)
+    return paths
+
+
+def _write_config(home: Path, *, sandbox: str | None = None, workdir: Path | None = None) -> None:
+    """The one place ``config.toml`` is rendered and written (atomically: temp file + rename)."""
     target = home / "config.toml"
-    content = render_config_toml()
-    if _written.get(str(target)) == content and target.exists():
-        return home  # this process wrote exactly this already: skip the read on the turn's hot path
+    tmp = home / f".config.toml.{os.getpid()}"
+    if sandbox is not None and workdir is not None:
+        tmp.write_text(render_config_toml(home=home, workdir=workdir, sandbox=sandbox))
+    else:
+        tmp.write_text(render_config_toml())
+    os.replace(tmp, target)
+
+
+def ensure_codex_home() -> Path:
+    """Create the shared ``settings.CODEX_HOME`` and its ``config.toml`` — for tools that drive
+    codex outside a session (the contract tests, the bench); turns use ``prepare_session_home``.
+    ``settings.CODEX_HOME`` is otherwise only read: the legacy location of rollouts written before
+    they were kept in PostgreSQL (``services/rollouts.py`` imports them)."""
+    home = Path(settings.CODEX_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     Path(settings.CODEX_USER_HOME).resolve().mkdir(parents=True, exist_ok=True)
-    if not target.exists() or target.read_text() != content:
-        tmp = home / f".config.toml.{os.getpid()}"
-        tmp.write_text(content)
-        os.replace(tmp, target)
-    _written[str(target)] = content
+    _write_config(home)
     return home
-
-
-_written: dict[str, str] = {}  # config.toml path → content this process last wrote or verified
-
-
-def codex_home_id() -> str:
-    """This worker's ``CODEX_HOME`` identity (``settings.CODEX_HOME_ID`` or ``<hostname>:<path>``),
-    recorded on each binding so a worker can tell "rollout gone" from "rollout elsewhere"."""
-    return settings.CODEX_HOME_ID or f"{socket.gethostname()}:{Path(settings.CODEX_HOME).resolve()}"
 
 
 def codex_binary() -> str:
@@ -249,8 +279,12 @@ def app_server_argv(*, sandbox: str | None = None, workdir: Path | None = None) 
     return [codex_binary(), "app-server", *extra]
 
 
-def app_server_env() -> dict[str, str]:
-    """The app-server's whole environment (an allow-list, nothing inherited wholesale)."""
+def app_server_env(home: SessionHome | None = None) -> dict[str, str]:
+    """The app-server's whole environment (an allow-list, nothing inherited wholesale), with
+    ``CODEX_HOME``/``HOME`` of ``home`` (a session's) or, without it, the shared ``settings.CODEX_HOME``
+    and ``settings.CODEX_USER_HOME`` (tools outside a session)."""
+    if home is None:
+        home = SessionHome(home=Path(settings.CODEX_HOME).resolve(), user_home=Path(settings.CODEX_USER_HOME).resolve())
     path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     if not settings.CODEX_APP_SERVER_COMMAND:
         # The bundled bubblewrap lives here; on PATH it silences codex's configWarning.
@@ -259,8 +293,8 @@ def app_server_env() -> dict[str, str]:
             path = f"{resources}{os.pathsep}{path}"
     env = {
         "PATH": path,
-        "HOME": str(Path(settings.CODEX_USER_HOME).resolve()),
-        "CODEX_HOME": str(Path(settings.CODEX_HOME).resolve()),
+        "HOME": str(home.user_home),
+        "CODEX_HOME": str(home.home),
         "RUST_LOG": os.environ.get("CODEX_RUST_LOG", "warn"),
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",

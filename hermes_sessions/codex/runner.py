@@ -10,7 +10,9 @@ Re-runs after a lost worker add ``thread/turns/list`` (adopt the turn if codex c
 when that worker had started a fresh thread, first try ``thread/resume`` of that thread.
 
 Decisions are made on the error's type (the table in ``errors.py``): only ``ThreadGone`` on the bound
-thread rotates (unless ``TurnSpec.rotation_refusal`` forbids it); ``ThreadNotLoaded`` on ``turn/start``
+thread rotates, and only when ``TurnSpec.rollout_restored`` is False (PostgreSQL held no rollout for
+it: the thread truly is gone — with a restored rollout, codex's "no rollout found" is an
+infrastructure failure and the turn fails, binding kept); ``ThreadNotLoaded`` on ``turn/start``
 resumes and retries once; every other failure ends the run with ``TurnRunError`` — its ``cause`` the
 typed error, ``before_turn_start`` whether codex can have run the input — and leaves the binding alone.
 The runner never retries or sleeps: the caller applies the one retry policy
@@ -33,6 +35,7 @@ from typing import Any, Callable
 from .client import AppServerClient
 from .errors import CodexError, JsonRpcError, ThreadGone, ThreadNotLoaded, TransportError, TurnTimeout
 from .projection import ItemProjector
+from .rollout_files import RolloutDelta
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +73,9 @@ class TurnSpec:
     client_turn_id: str | None = None
     adopt_completed: bool = False
     control: TurnControl | None = None
-    # Non-empty: codex's "no rollout found" for the bound thread must not rotate it, and this is the
-    # failure reason to give instead (decided by ``services.bindings.rotation_refusal``).
-    rotation_refusal: str = ""
+    # The bound thread's rollout was restored from PostgreSQL into this app-server's CODEX_HOME: codex's
+    # "no rollout found" then cannot mean the thread is gone, and fails the turn instead of rotating.
+    rollout_restored: bool = False
     # Re-runs only: the fresh thread a lost worker started for this turn (not bound: I1).
     previous_thread_id: str | None = None
     # Called with a freshly started thread's id before turn/start, so a re-run can find it.
@@ -120,6 +123,10 @@ class TurnOutcome:
     rotated_from: str | None = None
     rotation_reason: str = ""
     adopted: bool = False  # codex had already completed this turn (a re-run after a crash)
+    # What codex appended to the thread's rollout (read after the app-server exited), stored with the
+    # turn (services/rollouts.py); None when the thread has no rollout (it ran no turn).
+    rollout: RolloutDelta | None = None
+    codex_version: str = ""  # from initialize's userAgent
 
 
 class TurnRunError(CodexError):
@@ -304,15 +311,18 @@ def _open_thread(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, firs
 
 def _resume_bound(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
     """``thread/resume`` the bound thread. ``ThreadGone`` marks the rotation in ``out`` (the caller then
-    starts a fresh thread) unless ``spec.rotation_refusal`` says why it must not rotate here."""
+    starts a fresh thread) unless ``spec.rollout_restored``: then codex lost a file we just wrote and
+    verified, which is no proof the thread is gone — the turn fails and the binding is kept."""
     assert spec.thread_id  # the caller checks: only a bound thread is resumed
     try:
         # A plain resume (no overrides) writes nothing to the rollout (docs/codex.md §7);
         # excludeTurns: our transcript is the source of truth (I5), and it is faster.
         resumed = client.request("thread/resume", {"threadId": spec.thread_id, "excludeTurns": True})
     except ThreadGone as exc:
-        if spec.rotation_refusal:
-            raise TurnRunError(spec.rotation_refusal, out, exc) from exc
+        if spec.rollout_restored:
+            reason = (f"codex found no rollout for thread {spec.thread_id} although it was restored from "
+                      f"PostgreSQL into this turn's CODEX_HOME ({exc.message}); not rotating — the binding is kept")
+            raise TurnRunError(reason, out, exc) from exc
         out.rotated_from, out.rotation_reason = spec.thread_id, exc.message
         return
     except CodexError as exc:

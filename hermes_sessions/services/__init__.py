@@ -12,7 +12,6 @@ from .bindings import (
     binding_publish,
     binding_rotate,
     notice_acknowledge,
-    rotation_refusal,
 )
 from .dispatch import session_dispatch_next_on_commit, turn_dispatch_on_commit
 from .errors import IdempotencyMismatch, InvalidIdempotencyKey, InvalidInput, ServiceError, SessionBusy, SessionIdTaken
@@ -39,7 +38,7 @@ from .turns import (
 __all__ = [
     "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken",
     "NOTICE_BINDING_ENDED", "NOTICE_THREAD_ROTATED", "binding_end", "binding_publish", "binding_rotate",
-    "notice_acknowledge", "rotation_refusal", "session_dispatch_next_on_commit", "turn_dispatch_on_commit",
+    "notice_acknowledge", "session_dispatch_next_on_commit", "turn_dispatch_on_commit",
     "turn_execute", "idempotent", "SweepReport", "turns_sweep", "RetryPolicy", "retry_policy", "session_create",
     "MAX_INPUT_CHARS", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
     "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat", "turn_note_thread", "turn_requeue",

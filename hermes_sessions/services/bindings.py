@@ -10,7 +10,7 @@ A binding says which codex thread a session continues (``docs/contract.md`` §1)
 
 ``binding_publish`` and ``binding_rotate`` run inside the one transaction that ends a turn
 (``turns._commit_turn``), under the session row lock; ``binding_end`` and ``notice_acknowledge`` open
-their own. ``rotation_refusal`` decides whether codex's "no rollout found" may rotate a binding here.
+their own.
 """
 from __future__ import annotations
 
@@ -21,31 +21,12 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from ..codex.launch import codex_home_id
 from ..models import CodexBinding, Notice, Session, Turn
 from ..sanitize import clean_text
 
 NOTICE_THREAD_ROTATED = "Codex thread could not be resumed; starting a new one."
 NOTICE_BINDING_ENDED = "Codex thread binding ended by an operator; the next turn starts a new one."
 MAX_REASON_CHARS = 8_000
-
-
-def rotation_refusal(*, thread_id: str | None, thread_home: str) -> str:
-    """Why codex's ``no rollout found`` for the bound thread must not rotate it on this worker, or ``""``
-    when it may.
-
-    ``thread_home`` is the binding's ``codex_home`` (the ``CODEX_HOME_ID`` its rollout was written
-    under; ``""`` for bindings from before that was kept). A rollout written under another
-    ``CODEX_HOME`` (another host) is absent here by construction, so its absence proves nothing
-    (``docs/codex.md`` §7): the turn fails with this reason and the binding is kept.
-    """
-    if not thread_id or not thread_home or thread_home == codex_home_id():
-        return ""
-    return (
-        f"codex has no rollout for thread {thread_id} in this worker's CODEX_HOME, but the thread "
-        f"was bound in {thread_home!r}; not rotating — run this session's turns on workers "
-        "that share that CODEX_HOME (CODEX_HOME_ID) — the binding is kept"
-    )
 
 
 def _require_transaction() -> None:
@@ -71,19 +52,15 @@ def binding_publish(*, session: Session, turn: Turn, thread_id: str, resumed: bo
     """Bind ``session`` to ``thread_id``, the thread ``turn`` ran on, now that the turn's rows commit
     with it (I1). Inside the turn's finalize transaction, under the session lock.
 
-    * Already bound to it: only ``codex_home`` is brought up to date (the rollout is here now).
+    * Already bound to it: nothing to do (its rollout is stored in the same transaction).
     * ``resumed`` but the binding was ended meanwhile (an operator's decision while the turn ran):
       nothing — the next turn starts a fresh thread.
     * Otherwise an active binding to another thread ends ("replaced by a newer thread") and a new
-      one is created under this worker's ``CODEX_HOME_ID``.
+      one is created.
     """
     _require_transaction()
-    home = codex_home_id()
     active = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
     if active and active.thread_id == thread_id:
-        if active.codex_home != home:
-            active.codex_home = home
-            active.save(update_fields=["codex_home"])
         return
     if resumed:
         return
@@ -94,7 +71,7 @@ def binding_publish(*, session: Session, turn: Turn, thread_id: str, resumed: bo
         active.ended_by_turn = turn
         active.save(update_fields=["status", "ended_at", "ended_reason", "ended_by_turn"])
     CodexBinding.objects.create(
-        session=session, thread_id=clean_text(thread_id, max_chars=64), codex_home=home, created_by_turn=turn
+        session=session, thread_id=clean_text(thread_id, max_chars=64), created_by_turn=turn
     )
 
 

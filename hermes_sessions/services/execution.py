@@ -20,23 +20,33 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import DataError, IntegrityError, InterfaceError, OperationalError, close_old_connections, connection
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+)
 
 from .. import policy
 from ..codex.client import AppServerClient
 from ..codex.errors import retryable
-from ..codex.launch import app_server_argv, app_server_env, ensure_codex_home, permission_profile
+from ..codex.launch import app_server_argv, app_server_env, permission_profile, prepare_session_home, session_home
+from ..codex.rollout_files import RolloutBase, RolloutDiverged, read_delta, read_leftover, write_leftover
 from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, drive_turn
 from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
 from ..history_seed import seeded_input
 from ..models import Turn
-from .bindings import rotation_refusal
 from .retry_policy import RetryPolicy, retry_policy
+from .rollouts import RolloutFenced, rollout_restore
 from .turns import (
     TurnClaim,
     history_seed,
@@ -175,31 +185,69 @@ class _StartupError(Exception):
         self.cause = cause
 
 
+def _restore(claim: TurnClaim) -> tuple[Path, RolloutBase | None]:
+    """Wipe and recreate the session's ``CODEX_HOME`` and restore the bound thread's rollout from
+    PostgreSQL into it (``services/rollouts.py``). A generation that moved on since the claim means
+    another writer has the thread: this run commits nothing (as a lost claim). Stored bytes that do not
+    verify fail the turn."""
+    try:
+        # A re-run after a lost worker on this host: that worker's rollout of this turn's thread may hold
+        # the turn codex completed (to adopt, not run twice); kept only if it extends what PostgreSQL has.
+        old = session_home(claim.session_id).home
+        leftovers = [read_leftover(old, t) for t in (claim.thread_id, claim.previous_thread_id)] if claim.attempt > 1 else []
+        paths = prepare_session_home(claim.session_id, sandbox=claim.config["sandbox"],
+                                     workdir=policy.session_workdir(claim.session_id))
+        base = rollout_restore(session_id=claim.session_id, thread_id=claim.thread_id,
+                               generation=claim.rollout_generation, home=paths.home)
+        for leftover in filter(None, leftovers):
+            bound = leftover.thread_id == claim.thread_id
+            # The bound thread: only an extension of the stored rollout (none stored: nothing to extend);
+            # the lost worker's unbound fresh thread: PostgreSQL never had it.
+            if not bound or (base is not None and leftover.extends(base)):
+                write_leftover(paths.home, leftover)
+    except RolloutFenced as exc:
+        raise TurnRunError(str(exc), TurnOutcome(), TurnAbandoned(str(exc))) from exc
+    except RolloutDiverged as exc:
+        raise TurnRunError(f"{exc} — the binding is kept", TurnOutcome(), exc) from exc
+    except (OSError, DatabaseError) as exc:  # a full disk, a lost database connection: fail (or retry) the turn
+        raise _StartupError(f"the session's CODEX_HOME could not be prepared: {exc}", cause=exc) from exc
+    return paths.home, base
+
+
+def _codex_version(init: object) -> str:
+    """``"0.171.0"`` from initialize's ``userAgent`` (``"<client>/<version> (…)"``, ``docs/codex.md`` §2)."""
+    agent = str(init.get("userAgent") or "") if isinstance(init, dict) else ""
+    return agent.split("/", 1)[-1].split(" ", 1)[0] if "/" in agent else ""
+
+
 def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
+    """One try: fresh home + restore, spawn, drive the turn, close (codex exits: the rollout file is
+    complete), then read what codex appended to the rollout (checked against the stored prefix)."""
     config = claim.config
-    t0 = time.monotonic()
     try:
         check_sandbox()  # cached per process; never run commands on a host whose sandbox fails
     except SandboxUnavailable as exc:
         raise _StartupError(str(exc), cause=exc) from exc
+    t0 = time.monotonic()
+    home, base = _restore(claim)
+    restore_ms = round((time.monotonic() - t0) * 1000, 1)
     try:
-        ensure_codex_home()
         workdir = policy.session_workdir(claim.session_id)
         workdir.mkdir(parents=True, exist_ok=True)
         client = AppServerClient(
             app_server_argv(sandbox=config["sandbox"], workdir=workdir),
-            env=app_server_env(),
+            env=app_server_env(session_home(claim.session_id)),
             cwd=str(workdir),
             request_timeout=settings.CODEX_REQUEST_TIMEOUT,
             max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
             stderr_tail_lines=STDERR_TAIL_LINES,
             server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
         )
-        client.start()
+        version = _codex_version(client.start())
     except Exception as exc:  # noqa: BLE001 — any start-up trouble fails (or retries) the turn, not the worker
         logger.warning("turn %s: codex app-server did not start: %s", claim.turn_id, exc)
         raise _StartupError(f"codex app-server could not be started: {exc}", cause=exc) from exc
-    initialize_ms = round((time.monotonic() - t0) * 1000, 1)
+    initialize_ms = round((time.monotonic() - t0) * 1000, 1) - restore_ms
     spec = TurnSpec(
         text=claim.input_text,
         thread_id=claim.thread_id,
@@ -216,14 +264,14 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         client_turn_id=str(claim.turn_id),
         adopt_completed=claim.attempt > 1,
         control=control,
-        rotation_refusal=rotation_refusal(thread_id=claim.thread_id, thread_home=claim.thread_home),
+        rollout_restored=base is not None,
         previous_thread_id=claim.previous_thread_id,
         on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
     )
     try:
         outcome = drive_turn(client, spec)
     except TurnRunError as exc:
-        exc.outcome.timings["initialize_ms"] = initialize_ms
+        exc.outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
         raise
     except SoftTimeLimitExceeded:
         if control.running:  # Celery's soft limit: ask codex to stop the turn before the app-server goes
@@ -234,12 +282,26 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
                 logger.info("turn %s: turn/interrupt at the soft time limit got no answer", claim.turn_id)
         raise
     finally:
-        # Close before committing: the thread's writer lock must be free before the next turn of
-        # this session can be dispatched (codex allows one writer per thread).
+        # Close before reading the rollout and committing: codex has exited, so the file is complete
+        # and the thread's writer lock is free (docs/codex.md §1, §7).
         client.close()
-    outcome.timings["initialize_ms"] = initialize_ms
+    outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
+    _capture_rollout(outcome, home, base, version)
     outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
     return outcome
+
+
+def _capture_rollout(outcome: TurnOutcome, home: Path, base: RolloutBase | None, version: str) -> None:
+    """Fill ``outcome.rollout`` with what codex appended to the thread's rollout. A file that no longer
+    starts with the stored bytes fails the turn (fail closed: a diverged copy is never stored)."""
+    if not outcome.thread_id:
+        return
+    extends = base if base is not None and base.thread_id == outcome.thread_id else None
+    try:
+        outcome.rollout = read_delta(home, outcome.thread_id, extends)
+    except RolloutDiverged as exc:
+        raise TurnRunError(f"{exc} — the binding is kept", outcome, exc, before_turn_start=False) from exc
+    outcome.codex_version = version
 
 
 class _Heartbeat:

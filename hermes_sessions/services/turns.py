@@ -30,10 +30,10 @@ from django.utils import timezone
 
 from .. import policy
 from ..codex.runner import TurnOutcome
-from ..history_seed import render_history_seed
+from ..history_seed import MIN_SEED_ROW_CHARS, render_history_seed
 from ..models import CodexBinding, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
-from . import bindings, dispatch
+from . import bindings, dispatch, rollouts
 from .errors import InvalidInput, SessionBusy
 from .locks import lock_session_and_turn
 from .users import require_user
@@ -102,7 +102,8 @@ class TurnClaim:
     token: uuid.UUID
     input_text: str
     thread_id: str | None  # the active binding's thread, if any
-    thread_home: str = ""  # the CODEX_HOME id its rollout lives in ("" for bindings from before that was kept)
+    # The fencing generation of that thread's rollout in PostgreSQL when claimed (None: none stored).
+    rollout_generation: int | None = None
     config: dict[str, Any] = field(default_factory=dict)  # policy.effective_config(...)
     attempt: int = 1  # >1: an earlier worker died holding this turn
     previous_thread_id: str | None = None  # the fresh thread that earlier worker had started, if any
@@ -164,13 +165,14 @@ def _start_claim(session: Session, turn: Turn) -> TurnClaim:
     if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
         _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
     binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
+    stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
     return TurnClaim(
         turn_id=turn.id,
         session_id=session.id,
         token=token,
         input_text=turn.input,
         thread_id=binding.thread_id if binding else None,
-        thread_home=binding.codex_home if binding else "",
+        rollout_generation=stored.generation if stored is not None else None,
         config=policy.effective_config(session.model_config),
         attempt=turn.attempt,
         previous_thread_id=previous_thread_id,
@@ -252,8 +254,26 @@ def turn_cancel(*, turn: Turn) -> Turn:
 def history_seed(*, session_id: str, exclude_turn_id: uuid.UUID) -> str:
     """The bounded rendering of the session's transcript that a fresh thread's first input carries
     (``docs/contract.md`` §3); the rows of ``exclude_turn_id`` (the current turn) are left out. Reads only."""
-    rows = Message.objects.filter(session_id=session_id).exclude(turn_id=exclude_turn_id).order_by("seq")
-    return render_history_seed(rows)
+    rows, more_before = history_seed_rows(session_id=session_id, exclude_turn_id=exclude_turn_id)
+    return render_history_seed(rows, more_before=more_before)
+
+
+def history_seed_rows(*, session_id: str, exclude_turn_id: uuid.UUID) -> tuple[list[Message], bool]:
+    """The newest transcript rows the seed can hold, oldest first, and whether older rows exist.
+    One query with a LIMIT (``seed_row_limit() + 1`` rows, newest first), so the seed's cost does not
+    grow with the session's history."""
+    limit = seed_row_limit()
+    newest = list(
+        Message.objects.filter(session_id=session_id).exclude(turn_id=exclude_turn_id)
+        .only("role", "content", "tool_calls").order_by("-seq")[: limit + 1]
+    )
+    return newest[:limit][::-1], len(newest) > limit
+
+
+def seed_row_limit() -> int:
+    """Rows that can contribute to a seed of ``HERMES_HISTORY_SEED_MAX_CHARS``: every rendered row costs
+    at least ``MIN_SEED_ROW_CHARS`` (``[USER]``/``[ASSISTANT]`` header, newline, separator)."""
+    return settings.HERMES_HISTORY_SEED_MAX_CHARS // MIN_SEED_ROW_CHARS + 1
 
 
 # --- turns: finish ---------------------------------------------------------------------------------
@@ -300,13 +320,27 @@ def turn_fail(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str, result: Turn
 def _commit_turn(
     turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool
 ) -> Turn | None:
-    """The one transaction that ends a claimed turn: rows, rotation, binding, state, next dispatch."""
+    """The one transaction that ends a claimed turn: rows, rollout, rotation, binding, state, next
+    dispatch. A rollout whose generation moved on since this worker restored it (another writer,
+    ``rollouts.RolloutFenced``) rolls all of it back: the turn commits nothing (``None``)."""
+    try:
+        return _commit_turn_once(turn_id, token, result, status=status, error=error, bind=bind)
+    except rollouts.RolloutFenced as exc:
+        logger.warning("turn %s: %s; committing nothing", turn_id, exc)
+        return None
+
+
+def _commit_turn_once(
+    turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool
+) -> Turn | None:
     with transaction.atomic(durable=True):
         locked = _lock_claimed(turn_id, token)
         if locked is None:
             return None
         session, turn = locked
         _append_messages(session, turn, result.messages)
+        if result.rollout is not None:
+            rollouts.rollout_store(session=session, delta=result.rollout, codex_version=result.codex_version)
         if result.rotated_from:
             bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
                                     reason=result.rotation_reason)

@@ -9,7 +9,9 @@ carries ``clientId`` = turn/start's ``clientUserMessageId``); other methods get 
 
 State lives in the directory named by env ``SCRIPTED_STATE_DIR`` so a "restart" is a new process on it:
 
-* ``rollouts/<thread id>.jsonl``: one line per turn (written at ``turn/start``); ``thread/resume`` of a
+* ``$CODEX_HOME/sessions/…/rollout-<ts>-<thread id>.jsonl`` (``rollouts/`` in the state directory when
+  ``CODEX_HOME`` is unset): one line per turn (written at ``turn/start``), found by name at any depth
+  as codex does; ``thread/resume`` of a
   thread without one answers ``-32600 no rollout found for thread id <id>``. ``turn/start`` on a thread this
   process has not started or resumed answers ``-32600 thread not found: <id>``.
 * ``argv.jsonl``: each process's command-line arguments, ``{"pid", "argv"}``.
@@ -47,6 +49,7 @@ Closing stdin ends the process with exit code 0.
 """
 
 import collections
+import glob
 import json
 import os
 import sys
@@ -55,7 +58,7 @@ import time
 import uuid
 
 STATE = os.environ.get("SCRIPTED_STATE_DIR") or tempfile.mkdtemp(prefix="scripted-app-server-")
-ROLLOUTS = os.path.join(STATE, "rollouts")
+ROLLOUTS = os.path.join(os.environ["CODEX_HOME"], "sessions") if os.environ.get("CODEX_HOME") else os.path.join(STATE, "rollouts")
 os.makedirs(ROLLOUTS, exist_ok=True)
 
 def _profile_from_argv(argv):
@@ -146,6 +149,10 @@ def next_action(method):
 
 
 def rollout_path(thread_id):
+    """The existing rollout of the thread (any depth, by name, as codex finds it), else where a new one goes."""
+    if os.environ.get("CODEX_HOME"):
+        found = sorted(glob.glob(os.path.join(ROLLOUTS, "**", f"rollout-*-{thread_id}.jsonl"), recursive=True))
+        return found[0] if found else os.path.join(ROLLOUTS, "2026", "01", "01", f"rollout-2026-01-01T00-00-00-{thread_id}.jsonl")
     return os.path.join(ROLLOUTS, f"{thread_id}.jsonl")
 
 
@@ -245,6 +252,7 @@ def handle_turn_start(request_id, params, action):
              "cachedInputTokens": 0, "outputTokens": len(reply.split()), "reasoningOutputTokens": 0}
     cut_off = failed or action.get("no_completion") or "exit_mid_turn" in action
     items = [user_item] + list(action.get("turn_items") or []) + ([] if cut_off else [agent_item])
+    os.makedirs(os.path.dirname(rollout_path(thread_id)), exist_ok=True)
     with open(rollout_path(thread_id), "a", encoding="utf-8") as fh:
         status = "failed" if failed else "interrupted" if cut_off else "completed"
         fh.write(json.dumps({"id": turn_id, "items": items, "usage": usage, "status": status}) + "\n")

@@ -54,3 +54,19 @@ def test_config_is_offline_and_written_atomically(codex_dirs, settings):
     assert "sandbox_mode" not in text
     assert home.is_absolute()
     assert sorted(p.name for p in home.iterdir()) == ["config.toml"]
+
+
+def test_each_session_gets_a_fresh_home_of_its_own(codex_dirs, settings):
+    settings.CODEX_MODEL_PROVIDER = "stand-in"
+    from hermes_sessions.codex.launch import prepare_session_home, session_home
+
+    paths = prepare_session_home("sess-a")
+    assert paths == session_home("sess-a")
+    assert paths.home == (settings.CODEX_HOMES_ROOT / "sess-a" / "home").resolve() and paths.home.is_absolute()
+    (paths.home / "sessions").mkdir()
+    (paths.home / "sessions" / "leftover.jsonl").write_text("old")
+    again = prepare_session_home("sess-a")  # the next turn: wiped and made again
+    assert sorted(p.name for p in again.home.iterdir()) == ["config.toml"] and again.user_home.is_dir()
+    env = app_server_env(again)
+    assert (env["CODEX_HOME"], env["HOME"]) == (str(again.home), str(again.user_home))
+    assert session_home("sess-b").home.parent != again.home.parent

@@ -45,7 +45,7 @@ def test_app_server_killed_mid_turn_fails_the_turn_fast_and_keeps_the_binding(us
     t1 = run_turn_now(session=session, text="hello one", user=user)
     assert t1.status == Turn.Status.SUCCEEDED, t1.error
 
-    killer = kill_codex_when_streaming(Path(settings.CODEX_HOME), real_codex)
+    killer = kill_codex_when_streaming(Path(settings.CODEX_HOMES_ROOT), real_codex)
     started = time.monotonic()
     t2 = run_turn_now(session=session, text="SLOW please", user=user)
     killer.join()
@@ -53,7 +53,7 @@ def test_app_server_killed_mid_turn_fails_the_turn_fast_and_keeps_the_binding(us
     assert "codex turn failed" in t2.error
     assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
     assert not Notice.objects.exists()
-    assert codex_pids(settings.CODEX_HOME) == []
+    assert codex_pids(settings.CODEX_HOMES_ROOT) == []
 
     t3 = run_turn_now(session=session, text="hello three", user=user)
     assert (t3.status, t3.thread_action, t3.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", t1.codex_thread_id)
@@ -66,4 +66,4 @@ def test_unreachable_model_fails_the_turn_with_codex_reason(user, real_codex, ru
     turn = run_turn_now(session=session, text="hello", user=user)
     assert turn.status == Turn.Status.FAILED and time.monotonic() - started < 10
     assert "Connection failed" in turn.error or "connect" in turn.error.lower()
-    assert codex_pids(settings.CODEX_HOME) == []
+    assert codex_pids(settings.CODEX_HOMES_ROOT) == []

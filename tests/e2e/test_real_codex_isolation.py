@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def real_codex(codex_dirs, settings, real_codex_bin, monkeypatch):
-    settings.HERMES_VAR_DIR = codex_dirs  # the service's var/: CODEX_HOME, the work root and secrets live here
+    settings.HERMES_VAR_DIR = codex_dirs  # the service's var/: the homes, the work root and secrets live here
     sandbox_check.reset_cache()
     with ModelStandIn() as stand_in:
         use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
@@ -37,7 +37,8 @@ def test_a_session_cannot_read_another_sessions_rollout_work_dir_or_var(user, re
     other = services.session_create(owner=user)
     first = run_turn_now(session=other, text=f"RUNCMD echo {other_word}", user=user)
     assert first.status == Turn.Status.SUCCEEDED, first.error
-    rollouts = list(Path(settings.CODEX_HOME).rglob("rollout-*.jsonl"))
+    # The other session's home on this host's disk (its last turn's, restored from PostgreSQL).
+    rollouts = list(Path(settings.CODEX_HOMES_ROOT).rglob("rollout-*.jsonl"))
     assert rollouts and other_word in rollouts[0].read_text()  # the other session's words are on disk
     (Path(settings.CODEX_WORK_ROOT) / other.id / "notes.txt").write_text(work_word)
     (Path(settings.HERMES_VAR_DIR) / "secret.env").write_text(var_word)
@@ -47,7 +48,7 @@ def test_a_session_cannot_read_another_sessions_rollout_work_dir_or_var(user, re
     (Path(settings.CODEX_WORK_ROOT) / me.id).mkdir(parents=True, exist_ok=True)
     (Path(settings.CODEX_WORK_ROOT) / me.id / "mine.txt").write_text(own)
     cmd = (
-        f"cat {rollouts[0]}; grep -r {other_word[:7]} {settings.CODEX_HOME} {settings.CODEX_WORK_ROOT}; "
+        f"cat {rollouts[0]}; grep -r {other_word[:7]} {settings.CODEX_HOMES_ROOT} {settings.CODEX_HOME} {settings.CODEX_WORK_ROOT}; "
         f"cat {settings.CODEX_WORK_ROOT}/{other.id}/notes.txt; cat {settings.HERMES_VAR_DIR}/secret.env; "
         f"cat {settings.BASE_DIR}/project/settings.py | head -3; ls {settings.CODEX_WORK_ROOT}; "
         f"cat mine.txt; ls /usr/bin | head -1; cat /etc/hostname; echo DONE"
@@ -59,7 +60,9 @@ def test_a_session_cannot_read_another_sessions_rollout_work_dir_or_var(user, re
     assert Path("/etc/hostname").read_text().strip() in seen  # ordinary reads work
     for word in (other_word, work_word, var_word, "DJANGO_SETTINGS_MODULE", "env_path("):
         assert word not in seen, f"{word!r} leaked into the other session's command output"
-    assert other.id not in seen.replace(f"{settings.CODEX_WORK_ROOT}/{other.id}/", "")  # `ls` of the work root
+    # `ls` of the work root shows no other session (the paths the command itself named aside).
+    named = seen.replace(f"{settings.CODEX_WORK_ROOT}/{other.id}/", "").replace(f"{settings.CODEX_HOMES_ROOT}/{other.id}/", "")
+    assert other.id not in named
 
 
 def test_workspace_write_writes_its_own_dir_and_reads_no_one_elses(user, real_codex, run_turn_now, settings):

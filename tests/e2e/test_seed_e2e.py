@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -14,6 +13,7 @@ from rest_framework.test import APIClient
 
 from devtools.model_stand_in import ModelStandIn
 from devtools.processes import codex_pids
+from hermes_sessions.services.rollouts import rollout_forget
 from project.celery import app as celery_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -39,6 +39,7 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
     """A real `celery worker` process on the test database and the test broker."""
     assert settings.CELERY_BROKER_URL, "the e2e tests need CELERY_BROKER_URL (make test sets it)"
     settings.CODEX_HOME = tmp_path / "codex_home"
+    settings.CODEX_HOMES_ROOT = tmp_path / "homes"
     env = {
         **os.environ,
         "DATABASE_URL": _database_url(),
@@ -46,6 +47,7 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "CODEX_BIN": real_codex_bin,
         "CODEX_HOME": str(settings.CODEX_HOME),
+        "CODEX_HOMES_ROOT": str(settings.CODEX_HOMES_ROOT),
         "CODEX_USER_HOME": str(tmp_path / "codex_user_home"),
         "CODEX_WORK_ROOT": str(tmp_path / "work"),
         "CODEX_MODEL_PROVIDER": "stand-in",
@@ -80,7 +82,7 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         _forget_queue(settings.CELERY_BROKER_URL)
-        assert codex_pids(settings.CODEX_HOME) == [], "codex processes left behind"
+        assert codex_pids(settings.CODEX_HOMES_ROOT) == [], "codex processes left behind"
 
 
 def _forget_queue(broker_url: str) -> None:
@@ -129,9 +131,9 @@ def test_restart_resumes_and_dead_thread_rotates_through_the_real_stack(user, ce
     texts = [text for req in turn2_requests for _, text in stand_in.user_texts(req)]
     assert "hello one" in texts and "echo: hello one" in texts and "hello two" in texts
 
-    rollouts = list(Path(settings.CODEX_HOME).glob(f"sessions/**/rollout-*-{thread1}.jsonl"))
-    assert len(rollouts) == 1
-    rollouts[0].unlink()
+    # The rollout is lost (an operator-lost rollout): PostgreSQL, which each turn's home is made from,
+    # no longer has it, and codex, given a fresh home without it, says "no rollout found".
+    assert rollout_forget(thread_id=thread1) == 1
     t3 = _run(client, "sess-codex-restart", "hello three")
     assert (t3["status"], t3["thread_action"]) == ("succeeded", "rotated"), t3
     assert t3["codex_thread_id"] != thread1

@@ -12,7 +12,10 @@ import pytest
 
 from hermes_sessions import services
 from hermes_sessions.codex.client import AppServerClient
+from hermes_sessions.codex.launch import session_home
+from hermes_sessions.codex.rollout_files import find_rollout
 from hermes_sessions.models import Message, Turn
+from hermes_sessions.services.rollouts import rollout_forget, rollout_import
 from tests.support.dispatch import hold_dispatches
 
 from .conftest import deliver, expire_lease, queue_turn
@@ -27,9 +30,11 @@ def stored(session):
                 .values_list("id", "seq", "role", "content", "turn_id", "codex_item_id", "created_at"))
 
 
-def rewrite_codex_history(scripted_codex, thread_id):
-    """Make codex's record of the thread disagree with ours: every item says something else."""
-    path = scripted_codex.state / "rollouts" / f"{thread_id}.jsonl"
+def rewrite_codex_history(session, thread_id):
+    """Make codex's record of the thread disagree with ours: every item says something else — in the
+    rollout on disk and in the copy PostgreSQL keeps (which each turn's CODEX_HOME is made from)."""
+    home = session_home(session.id).home
+    path = find_rollout(home, thread_id)
     turns = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for turn in turns:
         for item in turn["items"]:
@@ -38,11 +43,14 @@ def rewrite_codex_history(scripted_codex, thread_id):
             for part in item.get("content") or []:
                 part["text"] = "codex remembers it differently"
     path.write_text("".join(json.dumps(t) + "\n" for t in turns))
+    rollout_forget(thread_id=thread_id)
+    assert rollout_import(session_id=session.id, thread_id=thread_id, home=home) is not None
 
 
-def codex_runs_turn(scripted_codex, thread_id, text, *, client_turn_id):
-    """A worker's app-server runs one turn to turn/completed (and the worker then dies)."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SCRIPTED_STATE_DIR": str(scripted_codex.state)}
+def codex_runs_turn(scripted_codex, session, thread_id, text, *, client_turn_id):
+    """A worker's app-server runs one turn to turn/completed in the session's home (and the worker then dies)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SCRIPTED_STATE_DIR": str(scripted_codex.state),
+           "CODEX_HOME": str(session_home(session.id).home)}
     with AppServerClient([sys.executable, str(SCRIPTED)], env=env, cwd=str(scripted_codex.state)) as client:
         client.start()
         client.request("thread/resume", {"threadId": thread_id, "excludeTurns": True})
@@ -62,7 +70,7 @@ def test_resume_and_adoption_never_rewrite_earlier_rows(user, scripted_codex, ru
     t1 = run_turn_now(session=session, text="hello one", user=user)
     before = stored(session)
     assert [r[3] for r in before] == ["hello one", "echo: hello one"]
-    rewrite_codex_history(scripted_codex, t1.codex_thread_id)
+    rewrite_codex_history(session, t1.codex_thread_id)
 
     t2 = run_turn_now(session=session, text="hello two", user=user)  # a plain resume
     assert (t2.status, t2.thread_action) == (Turn.Status.SUCCEEDED, "resumed"), t2.error
@@ -76,8 +84,8 @@ def test_resume_and_adoption_never_rewrite_earlier_rows(user, scripted_codex, ru
         sent = hold_dispatches(patched)
         t3 = queue_turn(session=session, text="hello three", user=user)
         claim = services.turn_claim(turn_id=t3.id)
-        codex_runs_turn(scripted_codex, t1.codex_thread_id, "hello three", client_turn_id=str(claim.turn_id))
-        rewrite_codex_history(scripted_codex, t1.codex_thread_id)
+        codex_runs_turn(scripted_codex, session, t1.codex_thread_id, "hello three", client_turn_id=str(claim.turn_id))
+        rewrite_codex_history(session, t1.codex_thread_id)
         expire_lease(t3)
         services.turns_sweep()
         assert sent == [str(t3.id), str(t3.id)]  # accepted, then taken back from the dead worker

@@ -102,15 +102,6 @@ def test_the_workers_commit_points_are_durable(call):
         call()  # folded into a caller's transaction: refused
 
 
-def test_rotation_refusal_only_for_a_thread_bound_under_another_codex_home(settings):
-    settings.CODEX_HOME_ID = "host-b:/srv/codex"
-    assert bindings.rotation_refusal(thread_id=None, thread_home="host-a:/srv/codex") == ""
-    assert bindings.rotation_refusal(thread_id="t1", thread_home="") == ""  # older bindings: may rotate
-    assert bindings.rotation_refusal(thread_id="t1", thread_home="host-b:/srv/codex") == ""
-    reason = bindings.rotation_refusal(thread_id="t1", thread_home="host-a:/srv/codex")
-    assert "t1" in reason and "'host-a:/srv/codex'" in reason and "not rotating" in reason
-
-
 def test_dispatch_finds_the_task_in_a_process_that_never_imported_it():
     """The API server imports no tasks module; dispatch must still find run_turn (Celery autodiscovery)."""
     code = (

@@ -31,7 +31,7 @@ def test_a_rotation_after_an_operator_ended_the_binding_writes_no_second_notice(
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id: None)  # play the worker by hand
     session = services.session_create(owner=user)
     with transaction.atomic():
-        CodexBinding.objects.create(session=session, thread_id="thread-x", codex_home="")
+        CodexBinding.objects.create(session=session, thread_id="thread-x")
     turn = turns.turn_enqueue(session=session, input_text="hi", user=user)
     claim = turns.turn_claim(turn_id=turn.pk)
     assert claim is not None and claim.thread_id == "thread-x"

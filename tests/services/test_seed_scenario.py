@@ -200,18 +200,16 @@ def test_a_second_delivery_of_a_finished_turn_changes_nothing(user, scripted_cod
     assert (Message.objects.count(), CodexBinding.objects.count(), len(scripted_codex.calls())) == before
 
 
-def test_a_thread_bound_under_another_codex_home_is_not_rotated(user, scripted_codex, run_turn_now, settings):
-    """Two hosts, two CODEX_HOMEs: the other host's "no rollout found" is not proof the thread is dead."""
-    settings.CODEX_HOME_ID = "host-a:/srv/codex"
+def test_codex_losing_a_rollout_postgresql_holds_is_not_rotated(user, scripted_codex, run_turn_now):
+    """PostgreSQL holds the thread's rollout (restored into the turn's home): codex's "no rollout found"
+    is then an infrastructure failure, not proof the thread is gone — fail, keep the binding, no notice."""
     session = services.session_create(owner=user)
     t1 = run_turn_now(session=session, text="hello one", user=user)
-    assert active_binding(session).codex_home == "host-a:/srv/codex"
-
-    settings.CODEX_HOME_ID = "host-b:/srv/codex"
-    scripted_codex.remove_rollout(t1.codex_thread_id)  # host b cannot see host a's rollout
+    gone = {"error": {"code": -32600, "message": "no rollout found for thread id {thread_id}"}}
+    scripted_codex.script({"thread/resume": [gone]})
     t2 = run_turn_now(session=session, text="hello two", user=user)
     assert t2.status == Turn.Status.FAILED
-    assert "host-a:/srv/codex" in t2.error and "not rotating" in t2.error
+    assert "restored from PostgreSQL" in t2.error and "not rotating" in t2.error
     assert scripted_codex.processes()[-1] == ["initialize", "thread/resume"]
     assert active_binding(session).thread_id == t1.codex_thread_id
     assert not Notice.objects.exists()

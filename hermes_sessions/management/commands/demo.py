@@ -2,13 +2,13 @@
 
 Through the REST API and the real task code (eager Celery when no broker is configured):
 turn 1 starts a thread; turn 2 runs on a new app-server process, resumes the thread, and its model
-request carries turn 1's exchange; the thread's rollout file is then removed and turn 3 rotates to
-a fresh thread with exactly one notice. Exits non-zero unless all of that held.
+request carries turn 1's exchange; the thread's rollout is then lost — its rows deleted from
+PostgreSQL and the file from the session's CODEX_HOME (an operator-lost rollout; each turn's home is
+made from PostgreSQL) — and turn 3 rotates to a fresh thread with exactly one notice. Exits non-zero unless all of that held.
 """
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -18,8 +18,10 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from devtools.model_stand_in import ModelStandIn
+from hermes_sessions.codex.launch import session_home
 from hermes_sessions.models import Session
 from hermes_sessions.services import NOTICE_THREAD_ROTATED
+from hermes_sessions.services.rollouts import rollout_forget
 
 SESSION_ID = "sess-codex-restart"
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -59,7 +61,7 @@ class Command(BaseCommand):
                         "turn 2's model request carried turn 1's exchange")
 
             removed = self._remove_rollout(thread1)
-            self.stdout.write(f"removed rollout: {removed}")
+            self.stdout.write(f"lost the rollout (its database rows and the file): {removed}")
             t3 = self._turn(client, "hello three")
             self._check(failures, t3["thread_action"] == "rotated" and t3["codex_thread_id"] != thread1,
                         "turn 3 rotated to a new thread")
@@ -114,12 +116,15 @@ class Command(BaseCommand):
         return turn
 
     def _remove_rollout(self, thread_id: str) -> str:
-        files = list(Path(settings.CODEX_HOME).glob(f"sessions/**/rollout-*-{thread_id}.jsonl"))
-        if not files:
-            raise CommandError(f"no rollout file for thread {thread_id} under {settings.CODEX_HOME}")
+        """Lose the thread's rollout as an operator could: the copy in PostgreSQL (the source of truth)
+        and the file left in the session's home by turn 2 (each turn's home is wiped anyway)."""
+        home = session_home(SESSION_ID).home
+        files = list(home.glob(f"sessions/**/rollout-*-{thread_id}.jsonl"))
+        if not files or rollout_forget(thread_id=thread_id) != 1:
+            raise CommandError(f"no stored rollout for thread {thread_id} (PostgreSQL and {home})")
         for f in files:
             f.unlink()
-        return ", ".join(str(f) for f in files)
+        return ", ".join(["1 CodexRollout row with its chunks"] + [str(f) for f in files])
 
     def _check(self, failures: list[str], ok: bool, what: str) -> None:
         self.stdout.write(("  ok   " if ok else "  FAIL ") + what)

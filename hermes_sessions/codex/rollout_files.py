@@ -1,0 +1,150 @@
+"""Codex's rollout file of a thread, on a worker's disk: find it, restore it, read what a turn appended.
+
+Facts this rests on (``docs/codex.md`` §7):
+
+- a thread's rollout is ``CODEX_HOME/sessions/…/rollout-<ts>-<thread id>.jsonl``; ``thread/resume``
+  finds it by scanning ``sessions/`` for that name, at any depth — so restoring the file alone at its
+  original relative path moves the thread to another home;
+- it is append-only: a turn adds bytes at the end; a plain ``thread/resume`` (no overrides) writes
+  nothing; the file is complete when ``turn/completed`` arrives, and closing the app-server adds
+  nothing;
+- a stale copy resumes without error and silently drops the newer turns — so a restored file is
+  verified (length, sha256) before codex sees it, and a file whose prefix no longer matches what was
+  stored is refused (``RolloutDiverged``), never stored.
+
+Nothing here touches the database; ``hermes_sessions.services.rollouts`` does.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class RolloutDiverged(Exception):
+    """The rollout file on disk is not an extension of the bytes PostgreSQL holds (or the restored
+    file does not match them): the copy diverged, and nothing may be stored from it."""
+
+
+@dataclass(frozen=True)
+class RolloutBase:
+    """What a turn started from: ``thread_id``'s stored rollout — ``relpath`` (relative to
+    ``CODEX_HOME``), ``length`` (bytes), ``sha256`` (hex of those bytes) and the fencing
+    ``generation`` read with it. ``generation`` 0 with ``length`` 0: nothing stored yet."""
+
+    thread_id: str
+    relpath: str
+    length: int
+    sha256: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class RolloutDelta:
+    """What a turn appended to ``thread_id``'s rollout: ``data`` (bytes from ``offset``), the file's
+    ``relpath``, its new total ``length`` and ``sha256`` (hex, of the whole file), and ``base`` — the
+    stored rollout it extends (``None``: a new thread, ``offset`` 0)."""
+
+    thread_id: str
+    relpath: str
+    offset: int
+    data: bytes
+    length: int
+    sha256: str
+    base: RolloutBase | None
+
+
+def find_rollout(home: Path, thread_id: str) -> Path | None:
+    """The rollout of ``thread_id`` under ``home/sessions`` (any depth), or ``None``. More than one
+    match (codex would pick one unpredictably) raises ``RolloutDiverged``."""
+    found = sorted((home / "sessions").glob(f"**/rollout-*-{thread_id}.jsonl"))
+    if len(found) > 1:
+        raise RolloutDiverged(f"{len(found)} rollout files for thread {thread_id} under {home}")
+    return found[0] if found else None
+
+
+def write_rollout(home: Path, base: RolloutBase, data: bytes) -> Path:
+    """Write ``data`` (the whole stored rollout) to ``home/<base.relpath>`` and verify it against
+    ``base`` (length and sha256) before codex may see it. Raises ``RolloutDiverged`` on a mismatch or
+    a relpath that leaves ``home/sessions``."""
+    target = (home / base.relpath).resolve()
+    if not target.is_relative_to(home / "sessions") or not target.name.endswith(f"-{base.thread_id}.jsonl"):
+        raise RolloutDiverged(f"stored rollout path {base.relpath!r} is not a rollout under sessions/")
+    if len(data) != base.length or hashlib.sha256(data).hexdigest() != base.sha256:
+        raise RolloutDiverged(
+            f"the rollout of thread {base.thread_id} read from PostgreSQL does not match its record "
+            f"({len(data)} bytes, expected {base.length})"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return target
+
+
+def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutDelta | None:
+    """After the app-server exited: the bytes codex appended to ``thread_id``'s rollout since
+    ``base``. ``None`` when there is no file and nothing was stored (a thread that ran no turn).
+    Raises ``RolloutDiverged`` when the stored prefix (``base.length`` bytes, ``base.sha256``) does
+    not match the file's start, or the file is gone although a base was restored."""
+    path = find_rollout(home, thread_id)
+    if path is None:
+        if base is not None and base.length:
+            raise RolloutDiverged(f"the rollout of thread {thread_id} is gone from {home} after the turn")
+        return None
+    data = path.read_bytes()
+    offset = base.length if base is not None else 0
+    if base is not None and (len(data) < offset or hashlib.sha256(data[:offset]).hexdigest() != base.sha256):
+        raise RolloutDiverged(
+            f"the rollout of thread {thread_id} no longer starts with the {offset} bytes stored in PostgreSQL; "
+            "not storing a diverged copy"
+        )
+    return RolloutDelta(
+        thread_id=thread_id,
+        relpath=str(path.relative_to(home)),
+        offset=offset,
+        data=data[offset:],
+        length=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        base=base,
+    )
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A rollout found in a session's home before it is wiped: ``relpath`` and the whole ``data``."""
+
+    thread_id: str
+    relpath: str
+    data: bytes
+
+    def extends(self, base: RolloutBase | None) -> bool:
+        """True when these bytes are ``base`` plus an append (or ``base`` is ``None``): codex resumes an
+        extension of what it wrote before without losing anything (append-only, ``docs/codex.md`` §7)."""
+        if base is None:
+            return True
+        return len(self.data) > base.length and hashlib.sha256(self.data[: base.length]).hexdigest() == base.sha256
+
+
+def read_leftover(home: Path, thread_id: str | None) -> Leftover | None:
+    """The rollout of ``thread_id`` still in ``home`` (a lost worker's, on this host), or ``None``."""
+    if not thread_id or not home.is_dir():
+        return None
+    try:
+        path = find_rollout(home, thread_id)
+    except RolloutDiverged:
+        return None
+    if path is None:
+        return None
+    return Leftover(thread_id=thread_id, relpath=str(path.relative_to(home)), data=path.read_bytes())
+
+
+def write_leftover(home: Path, leftover: Leftover) -> None:
+    """Put a leftover rollout back into the freshly made ``home``, at its relative path."""
+    target = (home / leftover.relpath).resolve()
+    if not target.is_relative_to(home / "sessions"):
+        raise RolloutDiverged(f"leftover rollout path {leftover.relpath!r} is not under sessions/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(leftover.data)

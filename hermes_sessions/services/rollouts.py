@@ -1,0 +1,174 @@
+"""Codex rollouts in PostgreSQL: the only code that writes ``CodexRollout`` and ``RolloutChunk`` rows.
+
+PostgreSQL is the source of truth for a thread's rollout (``docs/contract.md`` I8); a worker's disk
+is a cache wiped at every turn. Per turn (``execution.py``):
+
+    turn_claim        reads the bound thread's generation g (``rollout_state``)
+    rollout_restore   writes the stored bytes into the session's fresh CODEX_HOME at the original
+                      relative path and verifies length + sha256 (a rollout still in the legacy shared
+                      ``settings.CODEX_HOME`` is imported first: ``rollout_import``)
+    … codex runs the turn; the app-server exits; ``codex.rollout_files.read_delta`` checks the prefix …
+    rollout_store     inside the turn's finalize transaction: one insert-only chunk with the appended
+                      bytes, and ``UPDATE … SET generation = g+1 WHERE generation = g``; a generation
+                      that moved on raises ``RolloutFenced`` and the whole finalize commits nothing
+
+Chunks are compressed with zlib when that makes them smaller (``compression = "zlib"``; measured in
+the README: codex's JSONL shrinks to about a fifth).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import zlib
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.utils import timezone
+
+from ..codex.rollout_files import RolloutBase, RolloutDelta, RolloutDiverged, find_rollout, write_rollout
+from ..models import CodexRollout, RolloutChunk, Session
+
+logger = logging.getLogger(__name__)
+
+ZLIB_LEVEL = 6
+
+
+class RolloutFenced(Exception):
+    """The stored rollout moved on (another writer committed generation g+1, or created it) since this
+    worker read generation g: its turn must commit nothing."""
+
+
+def _base(row: CodexRollout) -> RolloutBase:
+    return RolloutBase(thread_id=row.thread_id, relpath=row.relpath, length=row.length, sha256=row.sha256,
+                       generation=row.generation)
+
+
+def rollout_state(*, thread_id: str | None) -> RolloutBase | None:
+    """The stored rollout of ``thread_id`` (no bytes loaded), or ``None`` when PostgreSQL holds none."""
+    if not thread_id:
+        return None
+    # codex answers with the canonical lower-case spelling of a thread's UUID (docs/codex.md §3).
+    row = CodexRollout.objects.filter(thread_id=thread_id.lower()).first()
+    return _base(row) if row is not None else None
+
+
+def _encode(data: bytes) -> tuple[bytes, str]:
+    packed = zlib.compress(data, ZLIB_LEVEL)
+    return (packed, "zlib") if len(packed) < len(data) else (data, "")
+
+
+def _decode(data: bytes, compression: str) -> bytes:
+    if compression == "zlib":
+        return zlib.decompress(data)
+    if compression:
+        raise RolloutDiverged(f"unknown rollout chunk compression {compression!r}")
+    return data
+
+
+def rollout_load(*, base: RolloutBase) -> bytes:
+    """The whole stored rollout of ``base.thread_id``: its chunks in ``seq`` order, each checked
+    (offset, size, sha256). Raises ``RolloutDiverged`` when they do not add up to ``base``."""
+    parts: list[bytes] = []
+    length = 0
+    chunks = RolloutChunk.objects.filter(rollout__thread_id=base.thread_id).order_by("seq")
+    for chunk in chunks.values_list("offset", "size", "compression", "data", "sha256").iterator():
+        offset, size, compression, data, sha = chunk
+        raw = _decode(bytes(data), compression)
+        if offset != length or len(raw) != size or hashlib.sha256(raw).hexdigest() != sha:
+            raise RolloutDiverged(f"stored rollout chunk of thread {base.thread_id} at offset {offset} is damaged")
+        parts.append(raw)
+        length += size
+    return b"".join(parts)
+
+
+def _insert_chunk(rollout: CodexRollout, *, seq: int, offset: int, data: bytes) -> None:
+    if not data:
+        return
+    stored, compression = _encode(data)
+    RolloutChunk.objects.create(rollout=rollout, seq=seq, offset=offset, size=len(data), compression=compression,
+                                data=stored, sha256=hashlib.sha256(data).hexdigest())
+
+
+def rollout_import(*, session_id: str, thread_id: str, home: Path | None = None) -> RolloutBase | None:
+    """Import ``thread_id``'s rollout from a home on disk (default: the legacy shared
+    ``settings.CODEX_HOME``, where rollouts lived before PostgreSQL kept them) unless PostgreSQL
+    already holds it. Returns the stored rollout, or ``None`` when neither has one. Its own
+    transaction; a concurrent import of the same thread keeps the first one."""
+    thread_id = thread_id.lower()
+    stored = rollout_state(thread_id=thread_id)
+    if stored is not None:
+        return stored
+    source = Path(home or settings.CODEX_HOME).resolve()
+    path = find_rollout(source, thread_id)
+    if path is None:
+        return None
+    data = path.read_bytes()
+    try:
+        with transaction.atomic():
+            row = CodexRollout.objects.create(
+                thread_id=thread_id, session_id=session_id, relpath=str(path.relative_to(source)), length=len(data),
+                sha256=hashlib.sha256(data).hexdigest(), generation=1, codex_version="imported",
+            )
+            _insert_chunk(row, seq=1, offset=0, data=data)
+    except IntegrityError:
+        logger.info("rollout of thread %s was imported concurrently", thread_id)
+    else:
+        logger.info("imported the rollout of thread %s from %s (%d bytes)", thread_id, path, len(data))
+    return rollout_state(thread_id=thread_id)
+
+
+def rollout_restore(*, session_id: str, thread_id: str | None, generation: int | None, home: Path) -> RolloutBase | None:
+    """Put ``thread_id``'s stored rollout into ``home`` (a session's freshly wiped ``CODEX_HOME``) at
+    its original relative path, verified before ``thread/resume`` sees it. ``generation`` is what the
+    claim read (``None``: PostgreSQL held no rollout then — one in the legacy home is imported now).
+    Returns what was restored (the base a turn's delta extends), or ``None`` when there is no stored
+    rollout anywhere (codex will then say ``no rollout found``, and the thread truly is gone).
+    Raises ``RolloutFenced`` when the generation moved on since the claim, ``RolloutDiverged`` when
+    the stored bytes do not verify."""
+    if not thread_id:
+        return None
+    base = rollout_state(thread_id=thread_id) if generation is not None else rollout_import(
+        session_id=session_id, thread_id=thread_id)
+    if base is None:
+        return None
+    if generation is not None and base.generation != generation:
+        raise RolloutFenced(f"rollout of thread {thread_id} is at generation {base.generation}, claimed at {generation}")
+    write_rollout(home, base, rollout_load(base=base))
+    return base
+
+
+def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str = "") -> None:
+    """Append ``delta`` (what a turn added to its thread's rollout) inside the turn's finalize
+    transaction, under the session lock: one chunk (insert-only) and the fenced header update
+    ``generation = g+1 WHERE generation = g AND length = <base length>``. Raises ``RolloutFenced``
+    when another writer moved the rollout on (the caller rolls everything back)."""
+    if not connection.in_atomic_block:
+        raise TransactionManagementError("rollout_store runs inside the turn's finalize transaction")
+    base = delta.base
+    if base is None or base.generation == 0:
+        if CodexRollout.objects.filter(thread_id=delta.thread_id).exists():
+            raise RolloutFenced(f"rollout of thread {delta.thread_id} was stored by another writer")
+        row = CodexRollout.objects.create(
+            thread_id=delta.thread_id, session=session, relpath=delta.relpath, length=delta.length,
+            sha256=delta.sha256, generation=1, codex_version=codex_version[:64],
+        )
+        _insert_chunk(row, seq=1, offset=0, data=delta.data)
+        return
+    moved = CodexRollout.objects.filter(
+        thread_id=delta.thread_id, generation=base.generation, length=base.length, sha256=base.sha256
+    ).update(length=delta.length, sha256=delta.sha256, generation=base.generation + 1, relpath=delta.relpath,
+             codex_version=codex_version[:64], updated_at=timezone.now())
+    if not moved:
+        raise RolloutFenced(f"rollout of thread {delta.thread_id} moved on from generation {base.generation}")
+    row = CodexRollout.objects.only("pk").get(thread_id=delta.thread_id)
+    _insert_chunk(row, seq=base.generation + 1, offset=delta.offset, data=delta.data)
+
+
+def rollout_forget(*, thread_id: str) -> int:
+    """Delete ``thread_id``'s stored rollout, chunks included (an operator's decision, or the demo's
+    "rollout lost"). Returns how many rollouts were deleted (0 or 1)."""
+    with transaction.atomic():
+        deleted, by_model = CodexRollout.objects.filter(thread_id=thread_id).delete()
+    return by_model.get(CodexRollout._meta.label, 0)

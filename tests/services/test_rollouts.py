@@ -1,0 +1,181 @@
+"""Rollouts in PostgreSQL (issue 7): stored with the turn, restored into a fresh home per turn,
+fenced by generation, imported from the legacy shared home, and the bounded history seed."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import uuid
+import zlib
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from hermes_sessions import services
+from hermes_sessions.codex.launch import session_home
+from hermes_sessions.codex.rollout_files import RolloutBase, RolloutDiverged, find_rollout, read_delta, write_rollout
+from hermes_sessions.models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Turn
+from hermes_sessions.services import execution, rollouts
+from hermes_sessions.services.turns import history_seed
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+
+
+def stored_bytes(thread_id: str) -> bytes:
+    row = CodexRollout.objects.get(thread_id=thread_id)
+    return rollouts.rollout_load(base=rollouts.rollout_state(thread_id=row.thread_id))
+
+
+def test_each_turn_stores_what_codex_appended(user, scripted_codex, run_turn_now):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t1.status, t2.status, t2.thread_action) == (Turn.Status.SUCCEEDED,) * 2 + ("resumed",), t2.error
+    row = CodexRollout.objects.get(thread_id=t1.codex_thread_id)
+    on_disk = find_rollout(session_home(session.id).home, t1.codex_thread_id).read_bytes()
+    assert (row.generation, row.length, row.sha256) == (2, len(on_disk), hashlib.sha256(on_disk).hexdigest())
+    assert row.relpath.startswith("sessions/") and row.session_id == session.id
+    chunks = list(RolloutChunk.objects.filter(rollout=row).order_by("seq").values_list("seq", "offset", "size"))
+    assert chunks[0][:2] == (1, 0) and chunks[1][:2] == (2, chunks[0][2])  # turn 2 appended after turn 1
+    assert stored_bytes(t1.codex_thread_id) == on_disk
+
+
+def test_a_wiped_disk_loses_nothing(user, scripted_codex, run_turn_now, settings):
+    """Every turn's home is made from PostgreSQL: wiping all homes (a new host) still resumes."""
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    shutil.rmtree(settings.CODEX_HOMES_ROOT)
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t2.status, t2.thread_action, t2.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", t1.codex_thread_id)
+    assert not Notice.objects.exists()
+    # and the home holds only this session's thread
+    files = sorted(p.name for p in (session_home(session.id).home / "sessions").rglob("*.jsonl"))
+    assert files == [find_rollout(session_home(session.id).home, t1.codex_thread_id).name]
+
+
+def _queued(session, text, user, monkeypatch):
+    """A queued turn whose Celery task is held back, for the test to play the worker by hand."""
+    from hermes_sessions import tasks
+
+    monkeypatch.setattr(tasks.run_turn, "apply_async", lambda *a, **k: None)
+    return services.turn_enqueue(session=session, input_text=text, user=user)
+
+
+def test_a_stale_generation_commits_nothing(user, scripted_codex, run_turn_now, monkeypatch):
+    """Two writers raced on one thread: the one whose generation moved on commits nothing."""
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    t2 = _queued(session, "hello two", user, monkeypatch)
+    claim = services.turn_claim(turn_id=t2.id)
+    assert claim.rollout_generation == 1
+    outcome = execution._run_once(claim, execution.TurnControl())
+    assert outcome.rollout is not None and outcome.rollout.base.generation == 1
+    # The other writer (read the same generation 1) commits first.
+    other = read_delta(session_home(session.id).home, t1.codex_thread_id, outcome.rollout.base)
+    with transaction.atomic():
+        rollouts.rollout_store(session=session, delta=other)
+    rows_before, chunks_before = Message.objects.count(), RolloutChunk.objects.count()
+
+    assert services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome) is None
+    t2.refresh_from_db()
+    assert t2.status == Turn.Status.RUNNING  # nothing committed: the lease and the sweep take it from here
+    assert (Message.objects.count(), RolloutChunk.objects.count()) == (rows_before, chunks_before)
+    assert CodexRollout.objects.get(thread_id=t1.codex_thread_id).generation == 2
+
+
+def test_a_generation_moved_on_since_the_claim_runs_nothing(user, scripted_codex, run_turn_now, monkeypatch):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    t2 = _queued(session, "hello two", user, monkeypatch)
+    claim = services.turn_claim(turn_id=t2.id)
+    CodexRollout.objects.filter(thread_id=t1.codex_thread_id).update(generation=5)
+    with pytest.raises(execution.TurnRunError) as info:
+        execution._run_once(claim, execution.TurnControl())
+    assert isinstance(info.value.cause, execution.TurnAbandoned)
+    assert len(scripted_codex.processes()) == 1  # no app-server was spawned for the stale claim
+
+
+def test_a_diverged_file_is_refused(tmp_path):
+    base = RolloutBase(thread_id="t1", relpath="sessions/rollout-x-t1.jsonl", length=3,
+                       sha256=hashlib.sha256(b"abc").hexdigest(), generation=1)
+    home = tmp_path / "home"
+    write_rollout(home, base, b"abc")
+    (home / base.relpath).write_bytes(b"abXdef")  # not an extension of the stored bytes
+    with pytest.raises(RolloutDiverged, match="no longer starts with"):
+        read_delta(home, "t1", base)
+    with pytest.raises(RolloutDiverged, match="does not match"):
+        write_rollout(home, base, b"abd")
+    with pytest.raises(RolloutDiverged, match="not a rollout"):
+        write_rollout(home, RolloutBase("t1", "../escape-t1.jsonl", 3, base.sha256, 1), b"abc")
+
+
+def test_damaged_stored_chunks_fail_the_turn_and_keep_the_binding(user, scripted_codex, run_turn_now):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    RolloutChunk.objects.filter(rollout__thread_id=t1.codex_thread_id).update(data=zlib.compress(b"garbage"))
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert t2.status == Turn.Status.FAILED and "damaged" in t2.error
+    assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
+    assert scripted_codex.processes()[-1] != ["initialize", "thread/resume"]  # codex never saw the bad copy
+
+
+def _move_to_legacy_home(session, thread_id, settings):
+    """Make the thread look like one bound before this change: its rollout only in the shared home."""
+    src = find_rollout(session_home(session.id).home, thread_id)
+    rel = src.relative_to(session_home(session.id).home)
+    (settings.CODEX_HOME / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(src, settings.CODEX_HOME / rel)
+    rollouts.rollout_forget(thread_id=thread_id)
+
+
+def test_a_legacy_rollout_is_imported_on_first_use(user, scripted_codex, run_turn_now, settings):
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    _move_to_legacy_home(session, t1.codex_thread_id, settings)
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t2.status, t2.thread_action) == (Turn.Status.SUCCEEDED, "resumed"), t2.error
+    assert CodexRollout.objects.get(thread_id=t1.codex_thread_id).generation == 2  # imported (1), then turn 2
+    assert not Notice.objects.exists()
+
+
+def test_import_rollouts_command_imports_every_bound_thread(user, scripted_codex, run_turn_now, settings):
+    threads = []
+    for i in range(3):
+        session = services.session_create(owner=user, session_id=f"legacy-{i}")
+        thread_id = run_turn_now(session=session, text=f"hello {i}", user=user).codex_thread_id
+        _move_to_legacy_home(session, thread_id, settings)
+        threads.append(thread_id)
+    call_command("import_rollouts")
+    assert sorted(CodexRollout.objects.values_list("thread_id", flat=True)) == sorted(threads)
+    call_command("import_rollouts")  # again: nothing to do
+    assert CodexRollout.objects.count() == 3
+
+
+def test_the_history_seed_reads_a_bounded_tail_of_a_long_transcript(user, settings):
+    session = services.session_create(owner=user)
+    Message.objects.bulk_create(
+        [Message(session=session, seq=i, role="user" if i % 2 else "assistant", content=f"message {i}")
+         for i in range(1, 10_001)]
+    )
+    with CaptureQueriesContext(connection) as queries:
+        seed = history_seed(session_id=session.id, exclude_turn_id=uuid.uuid4())
+    assert len(queries) == 1
+    sql = queries[0]["sql"]
+    limit = settings.HERMES_HISTORY_SEED_MAX_CHARS // 9 + 2
+    assert f"LIMIT {limit}" in sql and "ORDER BY" in sql and "DESC" in sql
+    assert seed.endswith("message 10000") and "[… earlier turns omitted …]" in seed
+    assert len(seed) <= settings.HERMES_HISTORY_SEED_MAX_CHARS
+
+
+def test_nothing_that_lists_sessions_or_turns_loads_rollout_bytes(user, scripted_codex, run_turn_now, admin_client):
+    from django.contrib import admin
+
+    assert RolloutChunk not in admin.site._registry and CodexRollout not in admin.site._registry
+    session = services.session_create(owner=user)
+    run_turn_now(session=session, text="hello one", user=user)
+    with CaptureQueriesContext(connection) as queries:
+        assert admin_client.get("/admin/hermes_sessions/session/").status_code == 200
+        assert admin_client.get(f"/admin/hermes_sessions/session/{session.pk}/change/").status_code == 200
+        assert admin_client.get("/admin/hermes_sessions/turn/").status_code == 200
+    assert not [q["sql"] for q in queries if "rolloutchunk" in q["sql"]]
