@@ -7,11 +7,22 @@ Everything runs in one go on this machine with the same model stand-in and the s
   reports ``succeeded`` (polled every 5 ms);
 * **same work**: a minimal script spawns the app-server, ``initialize``, ``thread/resume``,
   ``turn/start`` → ``turn/completed``, closes it (what the worker must do for a restarted session);
+* **same work, fresh home**: the same script on a ``CODEX_HOME`` made afresh for the turn with only the
+  thread's rollout in it (as every stack turn's home is; making it is not timed);
 * **warm**: ``turn/start`` → ``turn/completed`` on an app-server already running with the thread loaded.
 
-Runs are interleaved (stack, same work, warm, …) so drift hits all three alike. Prints the medians
-and ``ratio_vs_same_work`` / ``ratio_vs_warm``. Needs ``DATABASE_URL`` (PostgreSQL; a ``*_bench``
-database is created beside it and dropped after the run) and ``CELERY_BROKER_URL``. Run as ``python -m devtools.bench [--runs N]``.
+Runs are interleaved (stack, same work, fresh home, warm, …) so drift hits them alike. Prints the medians
+and ``ratio_vs_same_work`` / ``ratio_vs_warm`` / ``ratio_fresh_home_vs_same_work``, and in the same run:
+
+* **rollout overhead**: the stack turns' ``restore_ms`` / ``capture_ms`` / ``store_ms`` (``Turn.timings``)
+  and ``ratio_rollout_overhead`` = turn / (turn − restore − capture − store);
+* **bytes stored per turn**: the bench thread's ``RolloutChunk`` sizes, raw and as stored;
+* **long history** (``bench_history.py``): first turns and rotations in a session with 100,000 prior
+  messages against one with 10, interleaved with the rounds above: ``ratio_history_first_turn``,
+  ``ratio_history_rotation``.
+
+Needs ``DATABASE_URL`` (PostgreSQL; a ``*_bench``
+database is created beside it and dropped after the run) and ``CELERY_BROKER_URL``. Run as ``python -m devtools.bench [--runs N] [--history-runs N]``.
 """
 from __future__ import annotations
 
@@ -20,7 +31,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +39,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from devtools.bench_figures import chunk_figures, median_ms, phase_median, ratio, rollout_overhead
+from devtools.bench_history import BIG, SMALL, HistoryBench
 from devtools.databases import create_database, database_beside, drop_database
 from devtools.processes import free_port, stand_in_argv, wait_for_port_file
 
@@ -78,10 +90,6 @@ class Direct:
         self.proc.wait(timeout=10)
 
 
-def median_ms(values: list[float]) -> float:
-    return round(statistics.median(values) * 1000, 1)
-
-
 class StackClient:
     """The REST API as a client sees it, with the ``bench`` user's token."""
 
@@ -106,10 +114,11 @@ class StackClient:
                 time.sleep(0.1)
         self.call("POST", "/sessions/", {"id": self.session_id})
 
-    def turn(self, text: str) -> tuple[float, dict[str, Any]]:
-        """POST a turn and poll it every 5 ms until terminal; ``(seconds, the turn)``; it must succeed."""
+    def turn(self, text: str, *, session_id: str | None = None) -> tuple[float, dict[str, Any]]:
+        """POST a turn (to the bench session unless ``session_id``) and poll it every 5 ms until
+        terminal; ``(seconds, the turn)``; it must succeed."""
         t0 = time.monotonic()
-        turn = self.call("POST", f"/sessions/{self.session_id}/turns/", {"input": text})
+        turn = self.call("POST", f"/sessions/{session_id or self.session_id}/turns/", {"input": text})
         while turn["status"] not in ("succeeded", "failed", "cancelled"):
             time.sleep(0.005)
             turn = self.call("GET", f"/turns/{turn['id']}/")
@@ -189,18 +198,58 @@ def _direct_thread(argv: list[str], codex_env: dict[str, str], work: str) -> tup
     return d, thread
 
 
-def _measure(client: StackClient, runs: int, work: str) -> dict[str, Any]:
-    """``runs`` interleaved rounds of stack, same work and warm; the seconds of each and the worker's
-    phase timings."""
+class FreshHome:
+    """The direct script's work on a ``CODEX_HOME`` made afresh for every turn, holding only the
+    thread's rollout and ``config.toml`` (what a stack turn's app-server starts on): codex's own cost
+    of a cold home (it creates its sqlite state databases on start) without our restore around it."""
+
+    def __init__(self, argv: list[str], codex_env: dict[str, str], work: str, root: Path):
+        from hermes_sessions.codex.rollout_files import find_rollout
+
+        self.argv, self.work, self.root = argv, work, root
+        shared = Path(codex_env["CODEX_HOME"])
+        d, self.thread = _direct_thread(argv, codex_env, work)  # a thread of its own, started in the shared home
+        d.close()
+        path = find_rollout(shared, self.thread)
+        assert path is not None, "the fresh-home thread has no rollout"
+        self.relpath, self.data = path.relative_to(shared), path.read_bytes()
+        self.config = (shared / "config.toml").read_bytes()
+        self.env = {**codex_env, "CODEX_HOME": str(root / "home"), "HOME": str(root / "user_home")}
+
+    def turn(self, text: str) -> float:
+        """Wipe and make the home (not timed), then spawn … close as the direct script does; seconds."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        home = self.root / "home"
+        (self.root / "user_home").mkdir(parents=True)
+        (home / self.relpath).parent.mkdir(parents=True)
+        (home / "config.toml").write_bytes(self.config)
+        (home / self.relpath).write_bytes(self.data)
+        t0 = time.monotonic()
+        d = Direct(self.argv, self.env, self.work)
+        d.initialize()
+        d.request("thread/resume", {"threadId": self.thread, "excludeTurns": True})
+        d.turn(self.thread, text)
+        d.close()
+        elapsed = time.monotonic() - t0
+        self.data = (home / self.relpath).read_bytes()  # the next turn continues this one
+        return elapsed
+
+
+def _measure(client: StackClient, runs: int, work: str, history: HistoryBench | None, history_runs: int) -> dict[str, Any]:
+    """``runs`` interleaved rounds of stack, same work and warm — the first ``history_runs`` of them
+    followed by a round of long-history turns; the seconds of each and the worker's phase timings."""
     from hermes_sessions.codex.launch import app_server_argv, app_server_env
 
     client.turn("warm-up")  # starts the session's thread
+    if history is not None:
+        history.round(0, record=False)  # warm-up: every kind of turn once, on both sessions
     argv, codex_env = app_server_argv(), app_server_env()
     Path(work).mkdir(parents=True, exist_ok=True)
     d, direct_thread = _direct_thread(argv, codex_env, work)  # the direct script's own thread
     d.close()
     warm, warm_thread = _direct_thread(argv, codex_env, work)  # the warm app-server: kept loaded
-    out: dict[str, Any] = {"stack": [], "same": [], "warm": [], "phases": [], "argv": argv}
+    fresh = FreshHome(argv, codex_env, work, Path(work).parent / "fresh_home")
+    out: dict[str, Any] = {"stack": [], "same": [], "fresh": [], "warm": [], "phases": [], "argv": argv}
     for i in range(runs):
         elapsed, turn = client.turn(f"bench {i}")
         out["stack"].append(elapsed)
@@ -212,9 +261,12 @@ def _measure(client: StackClient, runs: int, work: str) -> dict[str, Any]:
         d.turn(direct_thread, f"bench {i}")
         d.close()
         out["same"].append(time.monotonic() - t0)
+        out["fresh"].append(fresh.turn(f"bench {i}"))
         t0 = time.monotonic()
         warm.turn(warm_thread, f"bench {i}")
         out["warm"].append(time.monotonic() - t0)
+        if history is not None and i < history_runs:
+            history.round(i)
     warm.close()
     return out
 
@@ -225,12 +277,54 @@ def _print_results(runs: int, m: dict[str, Any]) -> None:
     print(f"median_stack_ms: {s}        (POST turn → GET shows succeeded; gunicorn, Celery worker, fresh app-server, resume)")
     print(f"median_same_work_ms: {a}    (direct script: spawn, initialize, thread/resume, turn, close)")
     print(f"median_warm_ms: {w}         (turn on an already-running app-server with the thread loaded)")
-    for key in ("initialize_ms", "thread_ms", "turn_ms", "codex_ms", "run_ms"):
-        vals = [p[key] for p in m["phases"] if key in p]
-        if vals:
-            print(f"  worker {key}: median {statistics.median(vals)}")
+    f = median_ms(m["fresh"])
+    print(f"median_same_work_fresh_home_ms: {f}   (the direct script on a CODEX_HOME made afresh with only the rollout, "
+          "as each stack turn's; making it not timed)")
+    for key in ("restore_ms", "initialize_ms", "thread_ms", "turn_ms", "capture_ms", "codex_ms", "store_ms", "run_ms"):
+        value = phase_median(m["phases"], key)
+        if value is not None:
+            print(f"  worker {key}: median {value}")
     print(f"ratio_vs_same_work: {s / a:.2f}")
     print(f"ratio_vs_warm: {s / w:.2f}")
+    print(f"ratio_fresh_home_vs_same_work: {f / a:.2f}   (codex's own cost of starting on a cold home)")
+
+
+def _print_rollout_figures(m: dict[str, Any], chunks: list[tuple[int, int, int]]) -> None:
+    """Figure 1 (restore + store against the whole turn) and figure 2 (bytes stored per turn)."""
+    o = rollout_overhead(m["stack"], m["phases"])
+    print(f"median_restore_ms: {o['restore_ms']}   (wipe + recreate the session's CODEX_HOME, load the chunks, write + verify the rollout)")
+    print(f"median_capture_ms: {o['capture_ms']}   (read what codex appended, check the stored prefix)")
+    print(f"median_store_ms: {o['store_ms']}     (compress, insert the chunk, fenced header update — inside finalize)")
+    print(f"ratio_rollout_overhead: {o['ratio_rollout_overhead']:.3f}   "
+          "(stack turn / (stack turn − restore − capture − store); target ≤ 1.10)")
+    c = chunk_figures(chunks)
+    print(f"chunk_bytes_raw_median: {c['chunk_bytes_raw_median']:.0f}   (per resumed echo turn, {c['turns']} turns)")
+    print(f"chunk_bytes_stored_median: {c['chunk_bytes_stored_median']:.0f}   (zlib: {c['chunk_stored_percent']} % of raw)")
+    print(f"first_chunk_bytes: {c['first_chunk_bytes_raw']} raw, {c['first_chunk_bytes_stored']} stored   (the thread's first turn)")
+
+
+def _print_history_figures(h: HistoryBench) -> None:
+    """Figure 3: turns that read a 100,000-message history against a 10-message one."""
+    for kind in h.KINDS:
+        name = "first_turn" if kind == "first" else "rotation"
+        big, small = h.seconds[(kind, BIG)], h.seconds[(kind, SMALL)]
+        threads = "/".join(str(phase_median(h.timings[(kind, n)], "thread_ms")) for n in (BIG, SMALL))
+        print(f"median_history_{name}_ms: {median_ms(big)} ({BIG:,} messages) vs {median_ms(small)} ({SMALL})   "
+              f"(worker thread_ms {threads}; {len(big)} runs each)")
+        print(f"ratio_history_{name}: {ratio(big, small):.3f}   (target ≤ 1.05)")
+    print(f"median_history_seed_read_ms: {median_ms(h.seed_seconds[BIG])} ({BIG:,} messages) vs "
+          f"{median_ms(h.seed_seconds[SMALL])} ({SMALL})   (turns.history_seed alone, in the bench process)")
+
+
+def _chunks(session_id: str) -> list[tuple[int, int, int]]:
+    """``(seq, size, stored bytes)`` of the chunks of the session's bound thread's rollout."""
+    from django.db.models.functions import Length
+
+    from hermes_sessions.models import CodexBinding, RolloutChunk
+
+    thread = CodexBinding.objects.get(session_id=session_id, status=CodexBinding.Status.ACTIVE).thread_id
+    rows = RolloutChunk.objects.filter(rollout__thread_id=thread).annotate(stored=Length("data"))
+    return [(seq, size, stored) for seq, size, stored in rows.values_list("seq", "size", "stored")]
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -250,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its medians; exits with a message without PostgreSQL and a broker."""
     parser = argparse.ArgumentParser(prog="python -m devtools.bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--history-runs", type=int, default=9,
+                        help="rounds (of the first --runs) followed by the long-history turns; 0 skips them")
     args = parser.parse_args(argv)
 
     db_url = os.environ.get("DATABASE_URL", "")
@@ -264,7 +360,16 @@ def main(argv: list[str] | None = None) -> int:
         token = _setup_django(env)
         client = StackClient(_start_api_and_worker(env, procs), token)
         client.wait_up()
-        _print_results(args.runs, _measure(client, args.runs, env["CODEX_WORK_ROOT"]))
+        history = HistoryBench(client) if args.history_runs > 0 else None
+        if history is not None:
+            t0 = time.monotonic()
+            history.create()
+            print(f"history_setup_s: {time.monotonic() - t0:.1f}   ({BIG:,} + {SMALL} messages by INSERT … SELECT generate_series)")
+        m = _measure(client, args.runs, env["CODEX_WORK_ROOT"], history, args.history_runs)
+        _print_results(args.runs, m)
+        _print_rollout_figures(m, _chunks(client.session_id))
+        if history is not None:
+            _print_history_figures(history)
         return 0
     finally:
         _stop(procs)

@@ -286,7 +286,9 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         # and the thread's writer lock is free (docs/codex.md §1, §7).
         client.close()
     outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
+    t1 = time.monotonic()
     _capture_rollout(outcome, home, base, version)
+    outcome.timings["capture_ms"] = round((time.monotonic() - t1) * 1000, 1)  # read + check the appended bytes
     outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
     return outcome
 

@@ -17,6 +17,7 @@ must never be folded into a caller's transaction. Celery tasks are sent through 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -340,7 +341,9 @@ def _commit_turn_once(
         session, turn = locked
         _append_messages(session, turn, result.messages)
         if result.rollout is not None:
+            t0 = time.monotonic()
             rollouts.rollout_store(session=session, delta=result.rollout, codex_version=result.codex_version)
+            result.timings["store_ms"] = round((time.monotonic() - t0) * 1000, 1)  # compress + chunk + header
         if result.rotated_from:
             bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
                                     reason=result.rotation_reason)
