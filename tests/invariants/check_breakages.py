@@ -38,13 +38,12 @@ BREAKAGES: list[Breakage] = [
     # --- I1 durable before bound -----------------------------------------------------------------
     Breakage(
         "bind-at-thread-start", "I1", "hermes_sessions/services/turns.py",
-        "    Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(\n"
-        "        codex_thread_id=clean_text(thread_id, max_chars=64)\n    )\n",
-        "    Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(\n"
-        "        codex_thread_id=clean_text(thread_id, max_chars=64)\n    )\n"
-        "    session_id = Turn.objects.get(pk=turn_id).session_id\n"
-        "    CodexBinding.objects.filter(session_id=session_id, status=CodexBinding.Status.ACTIVE).update(status=CodexBinding.Status.ENDED)\n"
-        "    CodexBinding.objects.create(session_id=session_id, thread_id=thread_id)\n",
+        "        Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(\n"
+        "            codex_thread_id=clean_text(thread_id, max_chars=64)\n        )\n",
+        "        Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).update(\n"
+        "            codex_thread_id=clean_text(thread_id, max_chars=64)\n        )\n"
+        "        session, turn = lock_session_and_turn(turn_id)\n"
+        "        bindings.binding_publish(session=session, turn=turn, thread_id=thread_id, resumed=False)\n",
         (T + "test_i1_durable_before_bound.py::test_a_first_turn_that_dies_after_thread_start_binds_nothing",),
     ),
     Breakage(
@@ -61,23 +60,22 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "bind-in-its-own-transaction", "I1", "hermes_sessions/services/turns.py",
-        "        _append_messages(session, turn, result.messages)\n"
-        "        _apply_rotation(session, turn, result)\n"
-        "        if bind:\n"
-        "            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)\n",
-        "        if bind:\n"
-        "            _bind(session, turn, result.thread_id, resumed=result.thread_action == Turn.ThreadAction.RESUMED)\n"
-        "    with transaction.atomic():\n"
+        "        session, turn = locked\n"
+        "        _append_messages(session, turn, result.messages)\n",
+        "        session, turn = locked\n"
+        "        if bind:  # publish (and commit) the binding first; the second publish below finds it done\n"
+        "            bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,\n"
+        "                                     resumed=result.thread_action == Turn.ThreadAction.RESUMED)\n"
+        "    with transaction.atomic(durable=True):\n"
         "        session, turn = _lock_claimed(turn_id, token)\n"
-        "        _append_messages(session, turn, result.messages)\n"
-        "        _apply_rotation(session, turn, result)\n",
+        "        _append_messages(session, turn, result.messages)\n",
         (T + "test_i1_durable_before_bound.py::test_rows_binding_notice_and_state_commit_together_or_not_at_all",),
     ),
     # --- I2 exactly once -------------------------------------------------------------------------
     Breakage(
         "fence-finalize-fail-requeue", "I2", "hermes_sessions/services/turns.py",
-        "    if turn.status != Turn.Status.RUNNING or turn.claim_token != token:\n",
-        "    if turn.status != Turn.Status.RUNNING:\n",
+        "    if locked[1].status != Turn.Status.RUNNING or locked[1].claim_token != token:\n",
+        "    if locked[1].status != Turn.Status.RUNNING:\n",
         (T + "test_i2_claim_fence.py::test_a_stale_claim_commits_nothing_while_the_turn_runs_under_another",),
     ),
     Breakage(
@@ -88,14 +86,14 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "claim-a-running-turn", "I2", "hermes_sessions/services/turns.py",
-        "        if turn.status != Turn.Status.QUEUED:\n            return None\n",
-        "        if turn.status not in (Turn.Status.QUEUED, Turn.Status.RUNNING):\n            return None\n",
+        "        if turn.status != Turn.Status.QUEUED or not _runnable(session, turn):\n",
+        "        if turn.status not in (Turn.Status.QUEUED, Turn.Status.RUNNING) or not _runnable(session, turn):\n",
         (T + "test_i2_exactly_once.py::test_a_second_claim_of_a_running_turn_is_refused",),
     ),
     Breakage(
         "user-row-per-claim", "I2", "hermes_sessions/services/turns.py",
-        "        if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():\n",
-        "        if True:\n",
+        "    if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():\n",
+        "    if True:\n",
         (T + "test_i2_exactly_once.py::test_a_reclaimed_turn_keeps_one_user_row",),
     ),
     Breakage(
@@ -110,27 +108,35 @@ BREAKAGES: list[Breakage] = [
         "fields=('session', 'thread_id'), name='binding_one_active_per_session'",
         (T + "test_i2_exactly_once.py::test_the_database_refuses_duplicate_effects",),
     ),
+    Breakage(
+        "rotation-two-notices", "I2", "hermes_sessions/services/bindings.py",
+        "    CodexBinding.objects.create(\n",
+        "    if CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ENDED).exists():  # publish notes it too\n"
+        "        Notice.objects.create(session=session, turn=turn, kind=Notice.Kind.LIFECYCLE, text=NOTICE_THREAD_ROTATED)\n"
+        "    CodexBinding.objects.create(\n",
+        ("tests/services/test_seed_scenario.py::test_dead_thread_rotates_once_with_notice",),
+    ),
     # --- I3 one turn at a time -------------------------------------------------------------------
     Breakage(
         "claim-beside-a-running-turn", "I3", "hermes_sessions/services/turns.py",
-        "        if siblings.filter(status=Turn.Status.RUNNING).exists():\n",
-        "        if False:\n",
+        "    if siblings.filter(status=Turn.Status.RUNNING).exists():\n",
+        "    if False:\n",
         (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_second_turn_while_one_runs",),
     ),
     Breakage(
         "claim-out-of-order", "I3", "hermes_sessions/services/turns.py",
-        "        if siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists():\n",
-        "        if False:\n",
+        "    return not siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists()\n",
+        "    return True\n",
         (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_later_turn_while_an_earlier_one_is_queued",),
     ),
     Breakage(
         "session-locked-while-codex-works", "I3", "hermes_sessions/services/execution.py",
-        "        return _run_with_retries(claim, control)\n",
+        "        return _run_with_retries(claim, control, retry_policy())\n",
         "        from django.db import transaction as _tx\n"
         "        from ..models import Session as _Session\n"
         "        with _tx.atomic():\n"
         "            _Session.objects.select_for_update().get(pk=claim.session_id)\n"
-        "            return _run_with_retries(claim, control)\n",
+        "            return _run_with_retries(claim, control, retry_policy())\n",
         (T + "test_i3_one_turn_at_a_time.py::test_no_row_lock_is_held_while_codex_works",),
     ),
     # --- I4 every wait ends ----------------------------------------------------------------------
@@ -154,15 +160,28 @@ BREAKAGES: list[Breakage] = [
         "    deadline = time.monotonic() + 86400.0\n",
         (T + "test_i4_every_wait_ends.py::test_a_turn_whose_completion_never_comes_ends_failed_with_a_reason",),
     ),
+    Breakage(
+        "retry-deadline-ignored", "I4", "hermes_sessions/services/retry_policy.py",
+        "        if elapsed + delay > self.deadline:\n            return None\n",
+        "",
+        ("tests/services/test_retry_policy.py::test_the_deadline_ends_a_claims_retries_early",),
+    ),
     # --- I5 our transcript is the source of truth --------------------------------------------------
     Breakage(
         "resume-rewrites-transcript", "I5", "hermes_sessions/services/turns.py",
-        "        _append_messages(session, turn, result.messages)\n        _apply_rotation(session, turn, result)\n",
+        "        _append_messages(session, turn, result.messages)\n",
         "        if result.thread_action == Turn.ThreadAction.RESUMED:  # take codex's word for the earlier turns\n"
         "            Message.objects.filter(session=session, role=Message.Role.ASSISTANT).exclude(turn=turn)"
         ".update(content=result.final_text)\n"
-        "        _append_messages(session, turn, result.messages)\n        _apply_rotation(session, turn, result)\n",
+        "        _append_messages(session, turn, result.messages)\n",
         (T + "test_i5_transcript_source_of_truth.py::test_resume_and_adoption_never_rewrite_earlier_rows",),
+    ),
+    # --- design §3.3 rotation only on a thread codex cannot hand back -----------------------------
+    Breakage(
+        "no-rollout-is-not-thread-gone", "§3.3", "hermes_sessions/codex/errors.py",
+        '    ("no rollout found for thread id ", "", ThreadGone),\n',
+        '    ("no rollout found for thread id ", "", ThreadBusy),\n',
+        ("tests/codex/test_errors.py::test_error_from_response_types_each_observed_answer",),
     ),
     # --- I6 bad input ----------------------------------------------------------------------------
     Breakage(
@@ -173,7 +192,7 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "nul-in-query-string-passes", "I6", "hermes_sessions/middleware.py",
-        '"%00" in request.META.get("QUERY_STRING", "") or ',
+        ' or "%00" in query',
         "",
         (T + "test_i6_bad_input.py::test_nul_bytes_in_the_url_are_400_and_write_nothing",),
     ),
@@ -192,14 +211,16 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "turn-get-unscoped", "I7", "hermes_sessions/selectors.py",
-        "    return Turn.objects.get(pk=pk, session__owner=user)\n",
+        "    return Turn.objects.get(pk=pk, session__owner_id=user.pk)\n",
         "    return Turn.objects.get(pk=pk)\n",
         (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",),
     ),
     Breakage(
-        "sandbox-writes-beside-the-session", "I7", "hermes_sessions/codex/runner.py",
-        '"type": "workspaceWrite", "writableRoots": [cwd],',
-        '"type": "workspaceWrite", "writableRoots": [cwd, cwd.rsplit("/", 1)[0]],',
+        "sandbox-writes-beside-the-session", "I7", "hermes_sessions/codex/launch.py",
+        '        table[str(workdir)] = "read" if sandbox == "read-only" else "write"\n',
+        '        table[str(workdir)] = "read" if sandbox == "read-only" else "write"\n'
+        '        if sandbox == "workspace-write":  # the work root, i.e. every session\'s directory\n'
+        '            table[str(workdir.parent)] = "write"\n',
         (T + "test_i7_isolation.py::test_each_session_runs_codex_in_its_own_directory_and_may_write_only_there",),
     ),
     # --- design §3.5 history seed cap --------------------------------------------------------------
@@ -217,8 +238,8 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "seed-service-ignores-cap", "§3.5", "hermes_sessions/services/turns.py",
-        "    return render_history_seed(rows)\n",
-        "    return render_history_seed(rows, max_chars=10**9)\n",
+        "    return render_history_seed(rows",
+        "    return render_history_seed(rows, max_chars=10**9",
         (T + "test_history_seed_cap.py::test_the_service_seed_uses_the_configured_cap",),
     ),
 ]
