@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from .. import policy
 from ..codex.runner import TurnOutcome
-from ..history_seed import MIN_SEED_ROW_CHARS, render_history_seed
+from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history_seed
 from ..models import CodexBinding, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from . import bindings, dispatch, rollouts
@@ -259,16 +259,43 @@ def history_seed(*, session_id: str, exclude_turn_id: uuid.UUID) -> str:
     return render_history_seed(rows, more_before=more_before)
 
 
+#: Rows in the seed's first page; each further page is twice the last (64, 128, 256, …).
+SEED_FIRST_PAGE_ROWS = 64
+
+
 def history_seed_rows(*, session_id: str, exclude_turn_id: uuid.UUID) -> tuple[list[Message], bool]:
     """The newest transcript rows the seed can hold, oldest first, and whether older rows exist.
-    One query with a LIMIT (``seed_row_limit() + 1`` rows, newest first), so the seed's cost does not
-    grow with the session's history."""
-    limit = seed_row_limit()
-    newest = list(
-        Message.objects.filter(session_id=session_id).exclude(turn_id=exclude_turn_id)
-        .only("role", "content", "tool_calls").order_by("-seq")[: limit + 1]
-    )
-    return newest[:limit][::-1], len(newest) > limit
+
+    Read newest first in pages that double in size (keyset on ``seq``, each query with a LIMIT) until
+    the rows read could fill ``HERMES_HISTORY_SEED_MAX_CHARS`` (each row's rendering is at least
+    :func:`_seed_chars_at_least`) or ``seed_row_limit()`` rows are read: the cost follows the cap and
+    the rows' size, never the session's history — about 2 queries and ~2× the rows that fit for
+    chat-sized rows, at most ~7 queries and ``seed_row_limit() + 1`` rows for tiny ones."""
+    limit, cap = seed_row_limit(), settings.HERMES_HISTORY_SEED_MAX_CHARS
+    rows = (Message.objects.filter(session_id=session_id).exclude(turn_id=exclude_turn_id)
+            .only("seq", "role", "content", "tool_calls").order_by("-seq"))
+    newest: list[Message] = []
+    page_rows, chars = SEED_FIRST_PAGE_ROWS, 0
+    while len(newest) <= limit:
+        page_query = rows.filter(seq__lt=newest[-1].seq) if newest else rows
+        page = list(page_query[: min(page_rows, limit + 1 - len(newest))])
+        newest.extend(page)
+        chars += sum(_seed_chars_at_least(m) for m in page)
+        if len(page) < page_rows or chars > cap:
+            break
+        page_rows *= 2
+    more_before = len(newest) > limit or (bool(newest) and chars > cap and rows.filter(seq__lt=newest[-1].seq).exists())
+    return newest[:limit][::-1], more_before
+
+
+def _seed_chars_at_least(row: Message) -> int:
+    """A lower bound of ``row``'s length in the seed (``history_seed.render_history_seed``): once the
+    rows read add up to more than the cap, older rows cannot be in the seed."""
+    if row.role == Message.Role.SYSTEM:
+        return 0  # not replayed
+    text = row.content or ""
+    shown = min(len(text), TOOL_RESULT_CHARS) if row.role == Message.Role.TOOL else len(text)
+    return shown + MIN_SEED_ROW_CHARS
 
 
 def seed_row_limit() -> int:

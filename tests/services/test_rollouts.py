@@ -160,11 +160,33 @@ def test_the_history_seed_reads_a_bounded_tail_of_a_long_transcript(user, settin
     )
     with CaptureQueriesContext(connection) as queries:
         seed = history_seed(session_id=session.id, exclude_turn_id=uuid.uuid4())
-    assert len(queries) == 1
-    sql = queries[0]["sql"]
-    limit = settings.HERMES_HISTORY_SEED_MAX_CHARS // 9 + 2
-    assert f"LIMIT {limit}" in sql and "ORDER BY" in sql and "DESC" in sql
+    # Pages of 64, 128, 256 … rows newest first, each query with a LIMIT: a handful of queries, never
+    # one per row nor one reading the whole history.
+    assert 1 <= len(queries) <= 7, len(queries)
+    for query in queries:  # the pages (ORDER BY seq DESC), then one EXISTS for "older rows left?"
+        sql = query["sql"]
+        assert "LIMIT" in sql and (("ORDER BY" in sql and "DESC" in sql) or sql.startswith("SELECT 1 AS"))
     assert seed.endswith("message 10000") and "[… earlier turns omitted …]" in seed
+    assert len(seed) <= settings.HERMES_HISTORY_SEED_MAX_CHARS
+
+
+def test_the_history_seed_reads_about_the_rows_that_fit_when_rows_are_chat_sized(user, settings, monkeypatch):
+    """With ~400-character rows only ~80 fit in 32,000 characters: the seed reads a small multiple of
+    that, not the ~3,500 rows a cap of tiny rows would need (the bench's long-history first turn)."""
+    from hermes_sessions.services import turns as turn_services
+
+    session = services.session_create(owner=user)
+    Message.objects.bulk_create(
+        [Message(session=session, seq=i, role="user" if i % 2 else "assistant", content=f"{i:05d} " + "x" * 394)
+         for i in range(1, 5_001)]
+    )
+    read: list[int] = []
+    real = turn_services._seed_chars_at_least
+    monkeypatch.setattr(turn_services, "_seed_chars_at_least", lambda row: read.append(row.seq) or real(row))
+    seed = history_seed(session_id=session.id, exclude_turn_id=uuid.uuid4())
+    fit = settings.HERMES_HISTORY_SEED_MAX_CHARS // 400
+    assert fit < len(read) <= 3 * fit + 64, len(read)
+    assert "05000 " in seed and "[… earlier turns omitted …]" in seed
     assert len(seed) <= settings.HERMES_HISTORY_SEED_MAX_CHARS
 
 
