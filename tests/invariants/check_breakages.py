@@ -71,6 +71,12 @@ BREAKAGES: list[Breakage] = [
         "        _append_messages(session, turn, result.messages)\n",
         (T + "test_i1_durable_before_bound.py::test_rows_binding_notice_and_state_commit_together_or_not_at_all",),
     ),
+    Breakage(
+        "failed-rotation-keeps-dead-binding", "I1", "hermes_sessions/services/turns.py",
+        "        if result.rotated_from:\n",
+        "        if result.rotated_from and bind:\n",
+        (T + "test_i1_durable_before_bound.py::test_a_failed_turn_after_codex_proved_the_thread_gone_ends_the_dead_binding_once",),
+    ),
     # --- I2 exactly once -------------------------------------------------------------------------
     Breakage(
         "fence-finalize-fail-requeue", "I2", "hermes_sessions/services/turns.py",
@@ -117,6 +123,12 @@ BREAKAGES: list[Breakage] = [
         ("tests/services/test_seed_scenario.py::test_dead_thread_rotates_once_with_notice",),
     ),
     # --- I3 one turn at a time -------------------------------------------------------------------
+    Breakage(
+        "session-row-not-locked", "I3", "hermes_sessions/services/locks.py",
+        "    session = Session.objects.select_for_update().get(pk=found.session_id)\n",
+        "    session = Session.objects.get(pk=found.session_id)\n",
+        (T + "test_i3_one_turn_at_a_time.py::test_the_claim_lock_holds_the_session_row",),
+    ),
     Breakage(
         "claim-beside-a-running-turn", "I3", "hermes_sessions/services/turns.py",
         "    if siblings.filter(status=Turn.Status.RUNNING).exists():\n",
@@ -241,6 +253,19 @@ BREAKAGES: list[Breakage] = [
         "    return render_history_seed(rows",
         "    return render_history_seed(rows, max_chars=10**9",
         (T + "test_history_seed_cap.py::test_the_service_seed_uses_the_configured_cap",),
+    ),
+    # --- I8 the database holds the whole session -------------------------------------------------
+    Breakage(
+        "rollout-not-stored", "I8", "hermes_sessions/services/turns.py",
+        "            rollouts.rollout_store(session=session, delta=result.rollout, codex_version=result.codex_version)\n",
+        "            pass  # the rollout stays on the worker's disk\n",
+        ("tests/services/test_rollouts.py::test_a_wiped_disk_loses_nothing",),
+    ),
+    Breakage(
+        "rollout-generation-not-fenced", "I8", "hermes_sessions/services/rollouts.py",
+        "        thread_id=delta.thread_id, generation=base.generation, length=base.length, sha256=base.sha256\n",
+        "        thread_id=delta.thread_id\n",
+        ("tests/services/test_rollouts.py::test_a_stale_generation_commits_nothing",),
     ),
 ]
 

@@ -100,3 +100,21 @@ def test_rows_binding_notice_and_state_commit_together_or_not_at_all(user, turn_
     assert services.turn_finalize(turn_id=turn.id, token=claim.token, result=result) is not None
     assert CodexBinding.objects.get(session=session, status="active").thread_id == THREAD
     assert Notice.objects.filter(session=session).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_failed_turn_after_codex_proved_the_thread_gone_ends_the_dead_binding_once(user, turn_outcome):
+    """``turn_fail`` with a result whose ``rotated_from`` is set: the thread is gone for good, so its
+    binding ends (with the one rotation notice) even though the turn failed; nothing new is bound."""
+    session = services.session_create(owner=user)
+    CodexBindingFactory(session=session, thread_id="thread-gone")
+    turn = queue_turn(session=session, text="hi", user=user)
+    claim = services.turn_claim(turn_id=turn.id)
+    assert claim is not None and claim.thread_id == "thread-gone"
+    result = turn_outcome(thread_action="rotated", thread_id="thread-new", rotated_from="thread-gone",
+                          rotation_reason="no rollout found for thread id thread-gone")
+    services.turn_fail(turn_id=turn.id, token=claim.token, reason="thread/start failed", result=result)
+    assert not CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).exists()
+    ended = CodexBinding.objects.get(session=session, thread_id="thread-gone")
+    assert ended.status == CodexBinding.Status.ENDED and "no rollout found" in ended.ended_reason
+    assert Notice.objects.filter(session=session).count() == 1

@@ -88,3 +88,35 @@ def test_no_row_lock_is_held_while_codex_works(user, scripted_codex, run_turn_no
     prober.join()
     assert probe == {"locked": True}
     assert turn.status == Turn.Status.CANCELLED, turn.error
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(20)
+def test_the_claim_lock_holds_the_session_row(user):
+    """Claims, ends and enqueues of one session serialize on the session row: while a worker's
+    transaction holds ``lock_session_and_turn``, nobody else can lock that session row."""
+    from hermes_sessions.services.locks import lock_session_and_turn
+
+    session = services.session_create(owner=user)
+    turn = queue_turn(session=session, text="one", user=user)
+    locked, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        try:
+            with transaction.atomic():
+                assert lock_session_and_turn(turn.id) is not None
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=worker)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        with pytest.raises(Exception, match="could not obtain lock"):  # noqa: B017 — psycopg's LockNotAvailable, wrapped
+            with transaction.atomic():
+                Session.objects.select_for_update(nowait=True).get(pk=session.pk)
+    finally:
+        release.set()
+        holder.join()
