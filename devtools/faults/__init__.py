@@ -12,6 +12,8 @@ stack per run, all real processes on this machine (:mod:`.supervisor`):
 * Celery turn workers (``-Q <unique queue> -c 2``), each in its own process group so a whole worker
   (MainProcess and prefork children) can be ``kill -9``-ed, plus one sweep worker with embedded beat
   (``hermes_sessions.tasks.sweep_turns`` every second) on the default queue;
+* a TCP proxy (:mod:`.pgproxy`, a thread of the harness) through which the turn workers — and only
+  they — reach PostgreSQL: it can cut them off, or stop a worker at an exact SQL statement;
 * codex app-servers (the pinned binary), spawned per turn by the workers, with ``CODEX_HOME`` under a
   temp dir.
 
@@ -20,7 +22,8 @@ Every process of the stack imports the project from a snapshot of the working tr
 versions of the code in one run.
 
 The scenarios (``--scenarios``, comma-separated; all by default) are in :mod:`.scenarios`:
-``kill-worker``, ``duplicate-delivery``, ``concurrent-posts``, ``broker-restart``. After each (every
+``kill-worker``, ``duplicate-delivery``, ``concurrent-posts``, ``broker-restart``; and in
+:mod:`.rollout_scenarios` ``kill-during-rollout`` and ``db-down-during-restore``. After each (every
 accepted turn terminal, bounded by ``--bound``) :mod:`.invariants` checks the database and the stack;
 ``tests/devtools/faults/`` plants defects and shows the checks report each. :mod:`.cli` prints one row
 per scenario and exits 0 only when every row is clean and no codex app-server outlived the workers.

@@ -18,8 +18,12 @@ from typing import Any
 import devtools.faults
 from devtools.databases import database_beside, drop_database
 from devtools.faults.invariants import check
-from devtools.faults.scenarios import SCENARIOS, Scenario
+from devtools.faults.rollout_scenarios import ROLLOUT_SCENARIOS
+from devtools.faults.scenarios import SCENARIOS as BASIC_SCENARIOS
+from devtools.faults.scenarios import Scenario
 from devtools.faults.supervisor import BASE, Stack, log
+
+SCENARIOS = {**BASIC_SCENARIOS, **ROLLOUT_SCENARIOS}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--broker-before", type=float, default=4.0, help="seconds of posting before each kill")
     p.add_argument("--broker-down", type=float, default=3.0, help="seconds the broker stays down")
     p.add_argument("--broker-after", type=float, default=4.0, help="seconds of posting after the last restart")
+    p.add_argument("--rollout-sessions", type=int, default=3, help="sessions in the rollout scenarios")
+    p.add_argument("--rollout-kills", type=int, default=6, help="kills in kill-during-rollout (restore, store, commit in turn)")
+    p.add_argument("--db-down-rounds", type=int, default=4)
+    p.add_argument("--db-down", default="2,8", help="seconds PostgreSQL stays unreachable, taken in turn "
+                                                    "(the faults stack's lease is 4 s)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs) and the *_faults database afterwards")
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args(argv)

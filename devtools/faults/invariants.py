@@ -10,7 +10,12 @@ and needs nothing but Django (the tests in ``tests/devtools/faults/`` plant defe
 * bindings obey I1–I3: one active binding per session, naming the thread of the session's latest
   succeeded turn, created only by a succeeded turn on that thread; one thread per session without
   rotations; no two turns of a session running at once, turns run in accepted order;
-* one notice per rotation, at most one notice per turn.
+* one notice per rotation, at most one notice per turn; no rotation at all where the scenario says so
+  (``Record.expect_no_rotation``: every thread's rollout is stored, so none may be given up);
+* every active binding's thread has its rollout in PostgreSQL, and it adds up: chunks ``1..n`` with
+  contiguous offsets, each chunk's size and sha256 right (after zlib), the total length and sha256
+  those of the ``CodexRollout`` row, ``generation`` = ``n``; and each succeeded turn on that thread has
+  its input in those bytes (else *lost*: the next turn's codex would not know it).
 
 :func:`check` adds what only the running stack can tell (workers that died on their own, 5xx answers,
 codex app-servers left over) and makes the scenario's row of the table.
@@ -57,6 +62,9 @@ def check_database(rec: Record, bound: float) -> Tally:
     for sid in rec.sessions:
         _check_session_bindings(rec, sid, turns, tally)
     _check_notices_per_turn(rec)
+    _check_rollouts(rec, turns, tally)
+    if rec.expect_no_rotation and tally.rotations:
+        rec.violations.append(f"{tally.rotations} rotation(s), where every thread's rollout is stored")
     posted = {p.turn_id for p in rec.posted}
     tally.accepted = len(posted)
     tally.failed_turns = sum(1 for tid, t in turns.items() if tid in posted and t.status == "failed")
@@ -233,6 +241,59 @@ def _check_notices_per_turn(rec: Record) -> None:
                        .values("turn").annotate(n=Count("id")).filter(n__gt=1).count())
     if per_turn_notice:
         rec.violations.append(f"{per_turn_notice} turn(s) with more than one notice")
+
+
+# --------------------------------------------------------------------------------------- rollouts
+
+
+def _check_rollouts(rec: Record, turns: dict[str, Any], tally: Tally) -> None:
+    """The stored rollout of every active binding's thread adds up, and holds its succeeded turns."""
+    from hermes_sessions.models import CodexBinding, CodexRollout
+
+    active = dict(CodexBinding.objects.filter(session_id__in=rec.sessions, status="active")
+                  .values_list("thread_id", "session_id"))
+    stored = {r.thread_id: r for r in CodexRollout.objects.filter(thread_id__in=list(active))}
+    for thread_id, sid in sorted(active.items()):
+        r = stored.get(thread_id)
+        if r is None:
+            rec.violations.append(f"session {sid}: bound thread {thread_id} has no rollout in PostgreSQL")
+            continue
+        data = _stored_rollout(rec.violations, sid, r)
+        if data is None:
+            continue
+        for tid, t in turns.items():
+            if t.status == "succeeded" and t.codex_thread_id == thread_id and t.input.encode() not in data:
+                tally.lost += 1
+                rec.violations.append(f"session {sid}: succeeded turn {tid} is not in its thread's stored rollout")
+
+
+def _stored_rollout(v: list[str], sid: str, r: Any) -> bytes | None:
+    """The bytes of rollout ``r`` from its chunks, or ``None`` (with the violations) when they do not add up."""
+    import hashlib
+    import zlib
+
+    from hermes_sessions.models import RolloutChunk
+
+    parts: list[bytes] = []
+    bad: list[str] = []
+    chunks = RolloutChunk.objects.filter(rollout=r).order_by("seq").values_list("seq", "offset", "size", "compression",
+                                                                               "data", "sha256")
+    for n, (seq, offset, size, compression, data, sha) in enumerate(chunks, start=1):
+        raw = zlib.decompress(bytes(data)) if compression == "zlib" else bytes(data)
+        at = sum(len(p) for p in parts)
+        if seq != n or offset != at or len(raw) != size or hashlib.sha256(raw).hexdigest() != sha:
+            bad.append(f"chunk #{seq} (expected #{n} at offset {at}) has offset {offset}, size {size}/{len(raw)}"
+                       f"{'' if hashlib.sha256(raw).hexdigest() == sha else ', wrong sha256'}")
+        parts.append(raw)
+    data = b"".join(parts)
+    if len(data) != r.length or hashlib.sha256(data).hexdigest() != r.sha256:
+        bad.append(f"chunks hold {len(data)} B (sha256 {hashlib.sha256(data).hexdigest()[:12]}), "
+                   f"the row says {r.length} B (sha256 {r.sha256[:12]})")
+    if r.generation != len(parts):
+        bad.append(f"generation {r.generation} with {len(parts)} chunk(s)")
+    for b in bad:
+        v.append(f"session {sid}: stored rollout of {r.thread_id}: {b}")
+    return None if bad else data
 
 
 # --------------------------------------------------------------------------------------- with the stack

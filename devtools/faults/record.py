@@ -33,4 +33,5 @@ class Record:
     unanswered: list[tuple[str, str]] = field(default_factory=list)  # (session, text) posts that got no 202
     lock: threading.Lock = field(default_factory=threading.Lock)
     row: dict[str, Any] = field(default_factory=dict)
+    expect_no_rotation: bool = False  # a scenario in which no thread may rotate (its rollouts are stored)
     worker_restarts: int = 0  # workers that exited on their own and were restarted, as a supervisor would

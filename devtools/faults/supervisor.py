@@ -17,7 +17,9 @@ import uuid
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+from devtools.faults.pgproxy import PgProxy
 from devtools.processes import CodexProcess, codex_processes, free_port, stand_in_argv, wait_for_port_file
 
 BASE = Path(__file__).resolve().parents[2]
@@ -145,6 +147,7 @@ class Stack:
         self.headers: dict[str, str] = {}
         self.celery_app: Any = None
         self.code = scratch / "code"
+        self.pgproxy: PgProxy | None = None  # the turn workers' only way to PostgreSQL (pgproxy.py)
 
     # -- start-up
 
@@ -183,6 +186,9 @@ class Stack:
         snapshot_tree(self.code)
         sys.path.insert(0, str(self.code))
         self.env = self._environment(db_url)
+        parts = urlsplit(db_url)
+        self.pgproxy = PgProxy((parts.hostname or "127.0.0.1", parts.port or 5432), free_port())
+        self.pgproxy.up()
         self.start_redis()
         self._start_stand_in()
         self._setup_database(db_url)
@@ -267,13 +273,25 @@ class Stack:
                 raise RuntimeError("redis-server did not start:\n" + self.redis.log_tail())
             time.sleep(0.05)
 
+    def worker_database_url(self, name: str) -> str:
+        """The database URL of turn worker ``name``: through the proxy, unencrypted (so a trap can read
+        the SQL), named ``name`` (so a trap knows whose connection it caught)."""
+        assert self.pgproxy is not None
+        parts = urlsplit(self.env["DATABASE_URL"])
+        netloc = parts.netloc.rsplit("@", 1)
+        host = f"127.0.0.1:{self.pgproxy.port}"
+        query = "&".join(filter(None, [parts.query, "sslmode=disable", f"application_name={name}"]))
+        return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host, query=query))
+
     def start_worker(self) -> Proc:
-        """One more turn worker (``-Q <queue> -c CONCURRENCY``) in a process group of its own."""
+        """One more turn worker (``-Q <queue> -c CONCURRENCY``) in a process group of its own, reaching
+        PostgreSQL through the proxy."""
         self.worker_seq += 1
         name = f"worker{self.worker_seq}"
+        env = {**self.env, "DATABASE_URL": self.worker_database_url(name)}
         w = Proc(name, [sys.executable, "-m", "celery", "-A", "project", "worker", "-Q", self.queue, "-c",
                         str(self.args.concurrency), "-n", f"faults-{name}-{os.getpid()}@%h", "--without-gossip",
-                        "--without-mingle", "--without-heartbeat", "-l", "info"], self.env, self.logdir)
+                        "--without-mingle", "--without-heartbeat", "-l", "info"], env, self.logdir)
         self.workers.append(w)
         return w
 
@@ -333,6 +351,12 @@ class Stack:
             p.stop()
         if self.redis is not None:
             self.redis.stop()
+        if self.pgproxy is not None:
+            self.pgproxy.close()
+
+    def worker_named(self, name: str) -> Proc | None:
+        """The running turn worker called ``name`` (its proxy connections carry that name)."""
+        return next((w for w in self.workers if w.name == name), None)
 
     # -- the broker
 

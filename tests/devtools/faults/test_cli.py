@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from devtools.faults.cli import parse_args, print_table
-from devtools.faults.scenarios import SCENARIOS
+from devtools.faults.cli import SCENARIOS, parse_args, print_table
 
 
 def test_all_scenarios_run_by_default_and_an_unknown_one_is_refused(capsys):
     assert parse_args([]).chosen == list(SCENARIOS)
+    assert list(SCENARIOS)[-2:] == ["kill-during-rollout", "db-down-during-restore"]
     assert parse_args(["--scenarios", "concurrent-posts, broker-restart"]).chosen == ["concurrent-posts", "broker-restart"]
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--scenarios", "kill-worker,nap"])

@@ -2,7 +2,9 @@
 planted in the test database, is reported — no stack needed, so this runs in a second."""
 from __future__ import annotations
 
+import hashlib
 import time
+import zlib
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -11,7 +13,7 @@ from django.utils import timezone
 
 from devtools.faults.invariants import Tally, check_database, row
 from devtools.faults.record import Posted, Record
-from hermes_sessions.models import CodexBinding, Message, Notice, Session, Turn
+from hermes_sessions.models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Session, Turn
 from tests.factories import CodexBindingFactory, MessageFactory, SessionFactory, TurnFactory
 
 pytestmark = pytest.mark.django_db
@@ -20,9 +22,26 @@ BOUND = 20.0
 THREAD = "thread-a"
 
 
+def store_rollout(session: Session, inputs: list[str]) -> CodexRollout:
+    """The thread's rollout as the turns' finalizes store it: one chunk per turn (zlib), the row's
+    length, sha256 and generation describing their concatenation."""
+    parts = [f'{{"type":"user_message","message":"{text}"}}\n{{"type":"agent_message"}}\n'.encode() for text in inputs]
+    whole = b"".join(parts)
+    rollout = CodexRollout.objects.create(thread_id=THREAD, session=session, relpath=f"sessions/rollout-x-{THREAD}.jsonl",
+                                          length=len(whole), sha256=hashlib.sha256(whole).hexdigest(),
+                                          generation=len(parts))
+    offset = 0
+    for seq, raw in enumerate(parts, start=1):
+        RolloutChunk.objects.create(rollout=rollout, seq=seq, offset=offset, size=len(raw), compression="zlib",
+                                    data=zlib.compress(raw), sha256=hashlib.sha256(raw).hexdigest())
+        offset += len(raw)
+    return rollout
+
+
 def clean_session(turns: int = 3) -> tuple[Session, Record]:
     """A session as a clean run leaves it: ``turns`` succeeded turns one after the other on one thread,
-    each with its user row and reply, the binding made by the first; all of them accepted by a POST."""
+    each with its user row and reply, the binding made by the first, the thread's rollout stored with
+    one chunk per turn; all of them accepted by a POST."""
     session = SessionFactory()
     rec = Record(name="planted", sessions=[session.pk])
     start = timezone.now() - timedelta(seconds=10)
@@ -39,6 +58,7 @@ def clean_session(turns: int = 3) -> tuple[Session, Record]:
         if n == 1:
             CodexBindingFactory(session=session, thread_id=THREAD, created_by_turn=turn)
     Session.objects.filter(pk=session.pk).update(last_message_seq=2 * turns, last_turn_seq=turns)
+    store_rollout(session, [f"input {n}" for n in range(1, turns + 1)])
     return session, rec
 
 
@@ -94,6 +114,45 @@ def second_thread_without_rotation(session: Session) -> None:
     Turn.objects.filter(pk=turn(session, 2).pk).update(codex_thread_id="thread-b")
 
 
+def forget_rollout(session: Session) -> None:
+    CodexRollout.objects.filter(thread_id=THREAD).delete()
+
+
+def lose_last_chunk(session: Session) -> None:
+    """The turn committed, its chunk did not (the row still describes the longer rollout)."""
+    RolloutChunk.objects.filter(rollout__thread_id=THREAD, seq=3).delete()
+
+
+def skip_generation(session: Session) -> None:
+    CodexRollout.objects.filter(thread_id=THREAD).update(generation=4)
+
+
+def corrupt_chunk(session: Session) -> None:
+    chunk = RolloutChunk.objects.get(rollout__thread_id=THREAD, seq=2)
+    chunk.data = zlib.compress(zlib.decompress(bytes(chunk.data)).replace(b"input 2", b"input X"))
+    chunk.save()
+
+
+def store_turn_twice(session: Session) -> None:
+    """A chunk stored again at the next offset: lengths and the row no longer agree."""
+    c = RolloutChunk.objects.get(rollout__thread_id=THREAD, seq=3)
+    RolloutChunk.objects.create(rollout=c.rollout, seq=4, offset=c.offset + c.size, size=c.size, compression=c.compression,
+                                data=c.data, sha256=c.sha256)
+
+
+def rollout_without_a_turn(session: Session) -> None:
+    """Chunks and row agree, but the third turn's bytes were never stored (its input is not there)."""
+    rollout = CodexRollout.objects.get(thread_id=THREAD)
+    RolloutChunk.objects.filter(rollout=rollout).delete()
+    rollout.delete()
+    store_rollout(session, ["input 1", "input 2"])
+
+
+def rotate_with_notice(session: Session) -> None:
+    Turn.objects.filter(pk=turn(session, 3).pk).update(thread_action="rotated")
+    Notice.objects.create(session=session, turn=turn(session, 3), text="Codex thread could not be resumed")
+
+
 @pytest.mark.parametrize(
     ("plant", "reported", "counted"),
     [
@@ -107,6 +166,12 @@ def second_thread_without_rotation(session: Session) -> None:
         (add_unposted_turn, "exists that no POST accepted", "duplicates"),
         (two_turns_for_one_input, "has 2 turns", "duplicates"),
         (second_thread_without_rotation, "did not resume the session's thread", None),
+        (forget_rollout, "has no rollout in PostgreSQL", None),
+        (lose_last_chunk, "the row says", None),
+        (skip_generation, "generation 4 with 3 chunk(s)", None),
+        (corrupt_chunk, "wrong sha256", None),
+        (store_turn_twice, "generation 3 with 4 chunk(s)", None),
+        (rollout_without_a_turn, "is not in its thread's stored rollout", "lost"),
     ],
     ids=lambda v: getattr(v, "__name__", None),
 )
@@ -117,6 +182,17 @@ def test_each_planted_defect_is_reported(plant: Callable[[Session], None], repor
     assert any(reported in v for v in rec.violations), rec.violations
     if counted:
         assert getattr(tally, counted) >= 1
+
+
+def test_a_rotation_is_reported_where_the_scenario_forbids_it():
+    session, rec = clean_session()
+    rotate_with_notice(session)
+    check_database(rec, BOUND)
+    assert not any("rotation(s), where" in v for v in rec.violations), rec.violations  # allowed by default
+    rec.expect_no_rotation, rec.violations = True, []
+    tally = check_database(rec, BOUND)
+    assert tally.rotations == 1
+    assert any("1 rotation(s), where every thread's rollout is stored" in v for v in rec.violations), rec.violations
 
 
 def test_a_turn_slower_than_the_bound_is_reported():
