@@ -105,10 +105,12 @@ def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolic
 
 
 def _may_retry(exc: TurnRunError | _StartupError) -> bool:
-    """Retrying is safe and useful: codex cannot have run the input, and the cause is transient."""
+    """Retrying is safe and useful: codex cannot have run the input, and the cause is transient (for a
+    start-up error also a lost database connection while restoring the rollout: a blip of a few
+    seconds is retried by the policy, not a failed turn — found by ``make faults``' db-down-during-restore)."""
     if isinstance(exc, TurnRunError):
         return exc.before_turn_start and retryable(exc.cause)
-    return retryable(exc.cause)
+    return retryable(exc.cause) or isinstance(exc.cause, (OperationalError, InterfaceError))
 
 
 def _backoff(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: TurnRunError | _StartupError,
@@ -210,6 +212,8 @@ def _restore(claim: TurnClaim) -> tuple[Path, RolloutBase | None]:
     except RolloutDiverged as exc:
         raise TurnRunError(f"{exc} — the binding is kept", TurnOutcome(), exc) from exc
     except (OSError, DatabaseError) as exc:  # a full disk, a lost database connection: fail (or retry) the turn
+        if isinstance(exc, (OperationalError, InterfaceError)):
+            connection.close()  # the next try opens a fresh connection instead of reusing the broken one
         raise _StartupError(f"the session's CODEX_HOME could not be prepared: {exc}", cause=exc) from exc
     return paths.home, base
 

@@ -120,6 +120,29 @@ def test_damaged_stored_chunks_fail_the_turn_and_keep_the_binding(user, scripted
     assert scripted_codex.processes()[-1] != ["initialize", "thread/resume"]  # codex never saw the bad copy
 
 
+def test_a_database_blip_during_restore_is_retried_not_a_failed_turn(user, scripted_codex, run_turn_now, monkeypatch, settings):
+    """make faults' db-down-during-restore: a connection lost while the rollout is read is retried by
+    the retry policy (on a fresh connection); the turn resumes its thread and succeeds."""
+    from django.db import OperationalError
+
+    settings.HERMES_RETRY_DELAYS = (0.05, 0.05)
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    real_restore, calls = execution.rollout_restore, []
+
+    def blip(**kwargs):
+        calls.append(kwargs["thread_id"])
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_restore(**kwargs)
+
+    monkeypatch.setattr(execution, "rollout_restore", blip)
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t2.status, t2.thread_action, t2.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", t1.codex_thread_id)
+    assert calls == [t1.codex_thread_id, t1.codex_thread_id]
+    assert not Notice.objects.filter(session=session).exists()
+
+
 def _move_to_legacy_home(session, thread_id, settings):
     """Make the thread look like one bound before this change: its rollout only in the shared home."""
     src = find_rollout(session_home(session.id).home, thread_id)
