@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from devtools.model_stand_in import ModelStandIn
 from hermes_sessions import services
 from hermes_sessions.models import CodexRollout, Notice, Turn
 from project.celery import app as celery_app
@@ -42,12 +41,6 @@ def _start_host(name: str, root: Path, env: dict[str, str]) -> tuple[subprocess.
             env=host_env, cwd=settings.BASE_DIR, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
         )
     return proc, log
-
-
-@pytest.fixture
-def stand_in():
-    with ModelStandIn() as server:
-        yield server
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from django.conf import settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from devtools.model_stand_in import ModelStandIn
 from devtools.processes import codex_pids
 from hermes_sessions.services.rollouts import rollout_forget
 from project.celery import app as celery_app
@@ -26,12 +25,6 @@ def _database_url() -> str:
     db = settings.DATABASES["default"]
     auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-@pytest.fixture
-def stand_in():
-    with ModelStandIn() as server:
-        yield server
 
 
 @pytest.fixture
