@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from hermes_sessions import services
 from hermes_sessions.models import CodexRollout, Notice, Turn
 from project.celery import app as celery_app
 
+from .conftest import stop_workers
 from .test_seed_e2e import TURN_QUEUE, _database_url, _forget_queue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -66,14 +66,7 @@ def hosts(tmp_path, stand_in, real_codex_bin, settings):
         yield [tmp_path / f"host{i}" for i in range(HOSTS)], [log for _, log in started]
     finally:
         celery_app.conf.task_always_eager = True
-        for proc, _ in started:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc, _ in started:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_workers([proc for proc, _ in started])
         _forget_queue(settings.CELERY_BROKER_URL)
 
 

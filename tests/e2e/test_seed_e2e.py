@@ -1,7 +1,6 @@
 """The seed scenario end to end: REST API → Redis broker → a real Celery worker process → the real
 pinned codex app-server (one process per turn) → PostgreSQL, with the model stand-in as provider."""
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from rest_framework.test import APIClient
 from devtools.processes import codex_pids
 from hermes_sessions.services.rollouts import rollout_forget
 from project.celery import app as celery_app
+
+from .conftest import stop_workers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -68,12 +69,7 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
         yield proc
     finally:
         celery_app.conf.task_always_eager = True
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_workers([proc])
         _forget_queue(settings.CELERY_BROKER_URL)
         assert codex_pids(settings.CODEX_HOMES_ROOT) == [], "codex processes left behind"
 
