@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import ipaddress
 import json
+import re
 import socket
 import threading
 import time
@@ -24,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["ModelStandIn", "last_user_text", "message_texts"]
+__all__ = ["CURRENT_TURN_MARKER", "ModelStandIn", "last_user_text", "message_texts", "steering_text"]
 
 #: Shell tools codex may offer, in order of preference, with how to build their arguments.
 #: codex 0.169.0 offers ``exec_command`` (arguments ``{"cmd": "..."}``); the others are fallbacks
@@ -36,6 +37,22 @@ _TEXT_PART_TYPES = ("input_text", "output_text", "text")
 _CHUNK_CHARS = 8          # characters per response.output_text.delta in normal replies
 _SLOW_MIN_CHUNKS = 20     # SLOW replies are cut into at least this many deltas
 _TOOL_OUTPUT_CHARS = 200  # "tool said: <output[:200]>"
+
+#: The marker ahead of the current user's text in a rotated thread's first input: the history seed
+#: (earlier turns) comes before it (``hermes_sessions.history_seed.CURRENT_TURN_MARKER``; repeated
+#: here because the stand-in imports no Django, and a test checks the two agree).
+CURRENT_TURN_MARKER = "[CURRENT USER TURN]"
+
+#: ``FAIL<status>`` in the current user turn: answer the model call with that HTTP status.
+_FAIL_STATUS = re.compile(r"FAIL([1-5][0-9][0-9])")
+#: What an OpenAI-like provider says with each status (``error.type`` / ``code``); others: server_error.
+_FAIL_BODIES = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("permission_denied", None),
+    404: ("not_found", "model_not_found"),
+    429: ("rate_limit_exceeded", "rate_limit_exceeded"),
+}
 
 
 # --------------------------------------------------------------------------- request parsing
@@ -88,6 +105,20 @@ def last_user_text(body: Any) -> str:
         if role == "user" and not text.lstrip().startswith("<"):
             last = text
     return last
+
+
+def steering_text(body: Any) -> str:
+    """The text of the CURRENT user turn, the only text whose words steer the stand-in.
+
+    It is the last user message (:func:`last_user_text`), but when that message is a rotated thread's
+    seeded first input — earlier turns replayed ahead of ``[CURRENT USER TURN]`` — only the text after
+    the last marker: a ``SLOW`` or ``FAIL500`` in the replayed history must not steer an unrelated turn.
+    """
+    text = last_user_text(body)
+    marker = "\n%s\n" % CURRENT_TURN_MARKER
+    if marker in text:
+        return text.rsplit(marker, 1)[1]
+    return text
 
 
 def _last_item(body: dict) -> dict:
@@ -277,21 +308,26 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     # ---- the model
+    def _send_failure(self, status: int) -> None:
+        kind, code = _FAIL_BODIES.get(status, ("server_error", None))
+        error = {"message": "model stand-in: forced HTTP %d (FAIL%d)" % (status, status), "type": kind, "code": code}
+        self._send_json(status, {"error": error})
+
     def _respond(self, body: dict) -> None:
         user = last_user_text(body)
+        steer = steering_text(body)  # steering words count only in the current user turn
         last = _last_item(body)
         after_tool = last.get("type") in ("function_call_output", "custom_tool_call_output")
-        if "FAIL500" in user and not after_tool:
-            return self._send_json(
-                500, {"error": {"message": "model stand-in: forced HTTP 500 (FAIL500)", "type": "server_error"}}
-            )
+        fail = _FAIL_STATUS.search(steer)
+        if fail and not after_tool:
+            return self._send_failure(int(fail.group(1)))
         resp_id = "resp_" + uuid.uuid4().hex[:16]
         n_in = max(1, len(json.dumps(body.get("input") or [])) // 4)
         self._sse_start()
         self._sse({"type": "response.created", "response": {"id": resp_id}})
 
-        if "RUNCMD" in user and not after_tool:
-            cmd = user.split("RUNCMD", 1)[1].strip() or "echo hi"
+        if "RUNCMD" in steer and not after_tool:
+            cmd = steer.split("RUNCMD", 1)[1].strip() or "echo hi"
             tool, args = _shell_call(body, cmd)
             call_id = "call_" + uuid.uuid4().hex[:12]
             item = {"type": "function_call", "id": "fc_" + call_id, "call_id": call_id,
@@ -305,7 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
             reply = "tool said: " + _tool_output_text(last.get("output"))[:_TOOL_OUTPUT_CHARS]
         else:
             reply = "echo: " + user
-        slow = "SLOW" in user and not after_tool
+        slow = "SLOW" in steer and not after_tool
         msg_id = "msg_" + uuid.uuid4().hex[:16]
         self._sse({"type": "response.output_item.added", "output_index": 0, "item": {
             "type": "message", "role": "assistant", "id": msg_id, "status": "in_progress", "content": []}})
@@ -349,7 +385,9 @@ class ModelStandIn:
     * ``GET /__requests`` → JSON list of the recorded requests (see :meth:`requests`).
     * ``POST /__reset`` → clears the record, answers ``{"ok": true}``.
 
-    Magic words in the last user text:
+    Magic words steer it only in the current user turn (:func:`steering_text`: the last user text, and
+    in a rotated thread's seeded input only what follows ``[CURRENT USER TURN]``, never the replayed
+    history):
 
     * ``SLOW`` — the reply is cut into at least 20 deltas spread over ``slow_seconds`` seconds
       (for interrupt tests); a client that disconnects midway is tolerated.
@@ -357,7 +395,9 @@ class ModelStandIn:
       (``exec_command`` with arguments ``{"cmd": "<cmd>"}`` in codex 0.169.0), then
       ``response.completed``. Codex runs the tool and POSTs again with a ``function_call_output``
       as the last input item; that request is answered ``"tool said: <output[:200]>"``.
-    * ``FAIL500`` — HTTP 500 with ``{"error": {"message", "type": "server_error"}}``.
+    * ``FAIL<status>`` (``FAIL500``, ``FAIL401``, ``FAIL429``, … any 100–599) — the model call is
+      answered with that HTTP status and ``{"error": {"message", "type", "code"}}`` shaped like
+      OpenAI's (401 ``invalid_api_key``, 429 ``rate_limit_exceeded``, 5xx ``server_error``).
 
     A body that is not a JSON object is recorded (``body: None`` plus ``error`` and ``raw``
     keys) and answered with HTTP 400; the server keeps running.

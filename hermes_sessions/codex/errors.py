@@ -36,6 +36,11 @@ type                     codex answer                                           
 =======================  =====================================================  ==========================================
 
 :func:`retryable` is the **retry** column by type; the runner reports whether ``turn/start`` had been sent.
+
+A turn that codex ran but could not finish (the model call failed) is not a JSON-RPC error: codex sends
+an ``error`` notification and ``turn/completed`` with ``status: failed``, both carrying a ``TurnError``
+``{message, codexErrorInfo, additionalDetails}``. :func:`turn_error_text` is the only code that reads it
+(``docs/codex.md`` §4).
 """
 
 from __future__ import annotations
@@ -189,3 +194,47 @@ def retryable(exc: object) -> bool:
     """True for :data:`RETRYABLE` types — a transient failure that keeps the thread. Whether a retry is
     safe also needs ``turn/start`` not to have been sent; the runner reports that."""
     return isinstance(exc, RETRYABLE)
+
+
+#: ``codexErrorInfo`` variants that carry the HTTP status codex saw, ``{<variant>: {"httpStatusCode": N}}``
+#: (``CodexErrorInfo`` in the pinned schema; measured on codex 0.171.0: 401, 403 and 503 as
+#: ``httpConnectionFailed``, 429 with retries off as ``responseTooManyFailedAttempts``; docs/codex.md §4).
+STATUS_VARIANTS = ("httpConnectionFailed", "responseStreamConnectionFailed", "responseStreamDisconnected",
+                   "responseTooManyFailedAttempts")
+#: Bare-string ``codexErrorInfo`` values that stand for one HTTP status, measured on codex 0.171.0 against
+#: the model stand-in: an HTTP 500 arrives as ``internalServerError`` with codex's generic text ("We’re
+#: currently experiencing high demand, …") and no status anywhere; a 404 as ``modelNotFound``.
+IMPLIED_STATUS = {"internalServerError": 500, "modelNotFound": 404}
+
+
+def model_error_info(info: object) -> tuple[str, int | None]:
+    """``(kind, http status)`` of a ``TurnError.codexErrorInfo``: ``("internalServerError", 500)``,
+    ``("httpConnectionFailed", 401)``, ``("other", None)``; ``("", None)`` for a missing or unknown shape."""
+    if isinstance(info, str):
+        return info, IMPLIED_STATUS.get(info)
+    if isinstance(info, dict) and len(info) == 1:
+        [(kind, body)] = info.items()
+        status = body.get("httpStatusCode") if isinstance(body, dict) else None
+        ok = isinstance(status, int) and not isinstance(status, bool) and kind in STATUS_VARIANTS
+        return str(kind), status if ok else None
+    return "", None
+
+
+def turn_error_text(error: object) -> str:
+    """The reason a failed codex turn gives, from a ``TurnError`` (``error`` notification's ``error``,
+    ``turn/completed``'s ``turn.error``): codex's ``message`` (plus ``additionalDetails``), preceded by the
+    HTTP status of the model call when codex reports one — ``"the model call failed with HTTP 500 (codex:
+    internalServerError): We’re currently experiencing high demand, …"`` — so an operator sees what
+    failed, not only codex's generic text. A bare string is taken as the message; ``None`` or an empty
+    error gives ``""``."""
+    fields = error if isinstance(error, dict) else {"message": error}
+    message = str(fields.get("message") or "")
+    details = fields.get("additionalDetails")
+    if details and str(details) not in message:
+        message = f"{message} ({details})" if message else str(details)
+    kind, status = model_error_info(fields.get("codexErrorInfo"))
+    if status is not None:
+        return f"the model call failed with HTTP {status} (codex: {kind}): {message}"
+    if kind and message:
+        return f"{message} (codex: {kind})"
+    return message

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .client import AppServerClient
-from .errors import CodexError, JsonRpcError, ThreadGone, ThreadNotLoaded, TransportError, TurnTimeout
+from .errors import CodexError, JsonRpcError, ThreadGone, ThreadNotLoaded, TransportError, TurnTimeout, turn_error_text
 from .projection import ItemProjector
 from .rollout_files import RolloutDelta
 
@@ -452,14 +452,12 @@ class _TurnReader:
         elif method == "thread/tokenUsage/updated":
             self.out.usage = _usage(_as_dict(params.get("tokenUsage")))
         elif method == "error" and not params.get("willRetry"):
-            raw = params.get("error") or {}
-            self.last_error = str(_as_dict(raw).get("message") or raw)
+            self.last_error = turn_error_text(params.get("error"))  # names the model call's HTTP status
         elif method == "turn/completed":
             turn = _as_dict(params.get("turn"))
             self.out.status = str(turn.get("status") or "failed")
-            err = turn.get("error") or {}
             if self.out.status != "completed":
-                self.out.error = str((err.get("message") if isinstance(err, dict) else err) or self.last_error or "")
+                self.out.error = turn_error_text(turn.get("error")) or self.last_error
             return True
         return False
 

@@ -17,6 +17,7 @@ from hermes_sessions.codex.errors import (
     TurnTimeout,
     error_from_response,
     retryable,
+    turn_error_text,
 )
 
 TID = "01a2283c-94e3-7b03-b6fc-1f6e4954ec81"
@@ -120,3 +121,33 @@ def test_the_docstring_table_names_every_typed_error():
     for exc_type in (ThreadGone, ThreadBusy, Overloaded, TransportError, RequestTimeout, ThreadNotLoaded,
                      ThreadArchived, InvalidThreadId, JsonRpcError, CodexError):
         assert f":class:`{exc_type.__name__}`" in table, exc_type.__name__
+
+
+# --- turn_error_text: a failed turn's TurnError (docs/codex.md §4, shapes measured on codex 0.171.0) ---
+
+HIGH_DEMAND = "We’re currently experiencing high demand, which may cause temporary errors."
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    ({"message": HIGH_DEMAND, "codexErrorInfo": "internalServerError", "additionalDetails": None},
+     f"the model call failed with HTTP 500 (codex: internalServerError): {HIGH_DEMAND}"),
+    ({"message": "unexpected status 401 Unauthorized: bad key", "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": 401}}},
+     "the model call failed with HTTP 401 (codex: httpConnectionFailed): unexpected status 401 Unauthorized: bad key"),
+    ({"message": "exceeded retry limit, last status: 429 Too Many Requests",
+      "codexErrorInfo": {"responseTooManyFailedAttempts": {"httpStatusCode": 429}}},
+     "the model call failed with HTTP 429 (codex: responseTooManyFailedAttempts): exceeded retry limit, last status: 429 Too Many Requests"),
+    # no status known: codex's text, with its kind and details
+    ({"message": "Reconnecting... waiting for network", "additionalDetails": "Connection failed: error sending request",
+      "codexErrorInfo": {"responseStreamDisconnected": {"httpStatusCode": None}}},
+     "Reconnecting... waiting for network (Connection failed: error sending request) (codex: responseStreamDisconnected)"),
+    ({"message": "Missing environment variable", "codexErrorInfo": "other"}, "Missing environment variable (codex: other)"),
+    ({"message": "plain"}, "plain"),
+    ("a bare string", "a bare string"),
+    (None, ""),
+    ({}, ""),
+    # a status on a variant we do not know, or a bool, is not taken for an HTTP status
+    ({"message": "m", "codexErrorInfo": {"somethingNew": {"httpStatusCode": 500}}}, "m (codex: somethingNew)"),
+    ({"message": "m", "codexErrorInfo": {"httpConnectionFailed": {"httpStatusCode": True}}}, "m (codex: httpConnectionFailed)"),
+])
+def test_turn_error_text_names_the_http_status_codex_saw(error, expected):
+    assert turn_error_text(error) == expected

@@ -101,6 +101,7 @@ def _first_process(run: RealRun, ours: str) -> str:
         run.outcomes["approval"] = drive_turn(client, run.spec(
             "RUNCMD touch approved.txt", thread_id=thread, sandbox="danger-full-access", approval_policy="untrusted"))
         run.outcomes["failed"] = drive_turn(client, run.spec("FAIL500", thread_id=thread))
+        run.outcomes["unauthorized"] = drive_turn(client, run.spec("FAIL401", thread_id=thread))
         control = TurnControl()
         watcher = _interrupt_when_running(control)
         run.outcomes["interrupted"] = drive_turn(client, run.spec("SLOW hello", thread_id=thread, control=control))
@@ -141,6 +142,10 @@ def test_the_run_went_through_every_path(real_run):
     assert "contract-ok" in "\n".join(m["content"] for m in out["command"].messages if m["role"] == "tool")
     assert out["approval"].status == "completed" and not (run.work / "approved.txt").exists()
     assert out["failed"].status == "failed" and out["failed"].error
+    # What failed is named: the HTTP status codex saw (codexErrorInfo, docs/codex.md §4).
+    assert out["failed"].error.startswith("the model call failed with HTTP 500 (codex: internalServerError): ")
+    assert out["unauthorized"].status == "failed"
+    assert out["unauthorized"].error.startswith("the model call failed with HTTP 401 (codex: httpConnectionFailed): ")
     assert out["interrupted"].status == "interrupted"
     assert (out["adopted"].adopted, out["adopted"].status) == (True, "completed")
     assert (out["rotated"].thread_action, out["rotated"].status) == ("rotated", "completed")

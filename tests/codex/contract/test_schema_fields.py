@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from jsonschema import Draft7Validator
 
+from hermes_sessions.codex.errors import IMPLIED_STATUS, STATUS_VARIANTS
+
 from .support import KNOWN_SERVER_REQUESTS, CodexSchema, FieldMissing
 
 # (method, what, path): ``what`` is response (the result of our request), notification, or
@@ -38,6 +40,11 @@ READ_FIELDS = [
     ("turn/completed", "notification", "turn.error.message"),
     ("error", "notification", "error.message"),
     ("error", "notification", "willRetry"),
+    # errors.turn_error_text: what failed, and the model call's HTTP status (docs/codex.md §4)
+    *[(method, "notification", f"{prefix}.{field}")
+      for method, prefix in (("error", "error"), ("turn/completed", "turn.error"))
+      for field in ("additionalDetails", "codexErrorInfo",
+                    *(f"codexErrorInfo.{variant}.httpStatusCode" for variant in STATUS_VARIANTS))],
     # runner._usage
     ("thread/tokenUsage/updated", "notification", "tokenUsage.last.inputTokens"),
     ("thread/tokenUsage/updated", "notification", "tokenUsage.last.cachedInputTokens"),
@@ -81,6 +88,9 @@ READ_VALUES = [
     ("turn/completed", "notification", "turn.status", {"completed", "failed", "interrupted"}),
     ("thread/turns/list", "response", "data[].status", {"completed"}),
     ("item/completed", "notification", "item{commandExecution}.status", {"completed"}),
+    # errors.IMPLIED_STATUS: codexErrorInfo kinds that stand for one HTTP status
+    ("turn/completed", "notification", "turn.error.codexErrorInfo", set(IMPLIED_STATUS)),
+    ("error", "notification", "error.codexErrorInfo", set(IMPLIED_STATUS)),
 ]
 
 # What the runner sends, with the result type it reads.

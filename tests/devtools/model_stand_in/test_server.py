@@ -17,7 +17,9 @@ import urllib.request
 
 import pytest
 
-from devtools.model_stand_in import ModelStandIn, last_user_text
+from devtools.model_stand_in import CURRENT_TURN_MARKER, ModelStandIn, last_user_text, steering_text
+from hermes_sessions.history_seed import CURRENT_TURN_MARKER as SERVICE_MARKER
+from hermes_sessions.history_seed import seeded_input
 
 ENV_CONTEXT = "<environment_context>\n  <cwd>/tmp/x</cwd>\n  <shell>bash</shell>\n</environment_context>"
 
@@ -164,6 +166,68 @@ def test_fail500(model):
     assert ctype == "application/json"
     assert json.loads(raw)["error"]["type"] == "server_error"
     assert len(model.requests()) == 1  # still recorded
+
+
+@pytest.mark.parametrize(("status", "kind", "code"), [
+    (401, "invalid_request_error", "invalid_api_key"),
+    (429, "rate_limit_exceeded", "rate_limit_exceeded"),
+    (503, "server_error", None),
+])
+def test_fail_answers_the_chosen_http_status(model, status, kind, code):
+    got, ctype, raw = post_responses(model, codex_like_body(msg("user", f"please FAIL{status} now")))
+    assert (got, ctype) == (status, "application/json")
+    error = json.loads(raw)["error"]
+    assert (error["type"], error["code"]) == (kind, code)
+    assert f"forced HTTP {status}" in error["message"]
+
+
+def test_the_marker_is_the_one_the_service_seeds_with():
+    assert CURRENT_TURN_MARKER == SERVICE_MARKER
+
+
+@pytest.fixture
+def slow_model():
+    with ModelStandIn(slow_seconds=4.0) as stand_in:
+        yield stand_in
+
+
+def _timed_reply(model: ModelStandIn, body: dict) -> tuple[float, int, list[tuple[str, dict]]]:
+    start = time.monotonic()
+    status, _, raw = post_responses(model, body)
+    return time.monotonic() - start, status, (parse_sse(raw) if status == 200 else [])
+
+
+def test_steering_words_of_earlier_turns_in_a_resumed_history_do_not_steer(slow_model):
+    """codex replays a resumed thread's turns as separate messages: only the last user message steers."""
+    body = codex_like_body(msg("user", "SLOW one"), msg("assistant", "echo: SLOW one"),
+                           msg("user", "FAIL500 two"), msg("user", "RUNCMD echo three"),
+                           msg("assistant", "tool said: three"), msg("user", "plain four"))
+    elapsed, status, events = _timed_reply(slow_model, body)
+    done = [d for n, d in events if n == "response.output_item.done"]
+    assert status == 200 and elapsed < 2.0, (status, elapsed)
+    assert [d["item"]["type"] for d in done] == ["message"]
+    assert done[0]["item"]["content"][0]["text"] == "echo: plain four"
+
+
+def test_steering_words_in_a_rotated_threads_replayed_history_do_not_steer(slow_model):
+    """After a rotation the first input carries the history ahead of [CURRENT USER TURN] (one user
+    message): a SLOW, FAIL500 or RUNCMD in that history must not steer the unrelated turn (it once made
+    it take 21 s)."""
+    seed = "Prior conversation …\n\n[USER]\nSLOW please\n\n[USER]\nFAIL500\n\n[USER]\nRUNCMD rm -rf x"
+    text = seeded_input(seed, "what is new?")
+    assert steering_text(codex_like_body(msg("user", text))) == "what is new?"
+    elapsed, status, events = _timed_reply(slow_model, codex_like_body(msg("user", text)))
+    done = [d for n, d in events if n == "response.output_item.done"]
+    assert status == 200 and elapsed < 2.0, (status, elapsed)
+    assert [d["item"]["type"] for d in done] == ["message"]  # no function_call from the old RUNCMD
+
+
+def test_a_steering_word_in_the_current_turn_of_a_seeded_input_still_steers(slow_model):
+    text = seeded_input("Prior conversation …\n\n[USER]\nhello", "SLOW now")
+    elapsed, status, _ = _timed_reply(slow_model, codex_like_body(msg("user", text)))
+    assert status == 200 and elapsed >= 3.5, elapsed
+    status, _, _ = post_responses(slow_model, codex_like_body(msg("user", seeded_input("[USER]\nhi", "FAIL500"))))
+    assert status == 500
 
 
 def test_slow_spreads_deltas_and_survives_a_disconnect(model):
