@@ -1,24 +1,29 @@
 """Celery tasks: thin, id-taking, calling services. Sent by name from ``services/dispatch.py``."""
 import math
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
 from . import services
 
 
 @shared_task(
+    bind=True,
     name="hermes_sessions.tasks.run_turn",
     ignore_result=True,
     # Backstops behind the runner's own turn deadline (which interrupts codex and fails the turn).
     soft_time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 60),
     time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 120),
 )
-def run_turn(turn_id: str) -> str:
+def run_turn(self: Task, turn_id: str) -> dict[str, str]:
     """Run turn ``turn_id`` if it is its session's next turn (see ``services.turn_execute``).
-    Returns the turn's resulting status, or ``"skipped"`` when there was nothing to do."""
-    turn = services.turn_execute(turn_id=turn_id)
-    return turn.status if turn is not None else "skipped"
+
+    Returns ``{"turn": <turn id>, "turn_status": <status>}`` — ``"skipped"`` when this delivery had
+    nothing to do — which Celery logs as ``Task …run_turn[<task id>] succeeded in …: {'turn': …,
+    'turn_status': 'failed'}``: the task ran, the turn failed. The turn's own end line
+    (``hermes_sessions.turns``) names this task id."""
+    turn = services.turn_execute(turn_id=turn_id, task_id=self.request.id)
+    return {"turn": str(turn_id), "turn_status": turn.status if turn is not None else "skipped"}
 
 
 @shared_task(name="hermes_sessions.tasks.sweep_turns", ignore_result=True)

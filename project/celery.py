@@ -1,8 +1,9 @@
 """The Celery application. Workers start with ``celery -A project worker -Q turns,celery``."""
+import logging
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import after_setup_logger, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
@@ -18,3 +19,11 @@ def _check_codex_sandbox(**_: object) -> None:
     from hermes_sessions.codex.sandbox_check import check_at_worker_start
 
     check_at_worker_start()
+
+
+@after_setup_logger.connect
+def _print_each_line_once(**_: object) -> None:
+    """In a worker (and beat) Celery's handler on the root logger prints every record with its format;
+    the console handler ``LOGGING`` gives ``hermes_sessions`` (for gunicorn and runserver, where the root
+    has none) would print each of its lines a second time, so it is removed here."""
+    logging.getLogger("hermes_sessions").handlers.clear()

@@ -260,9 +260,15 @@ HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per 
 HERMES_IDEMPOTENCY_TTL = env_int("HERMES_IDEMPOTENCY_TTL", 24 * 3600)  # seconds an Idempotency-Key is kept
 
 HERMES_LOG_LEVEL = env_str("HERMES_LOG_LEVEL", "INFO")  # the hermes_sessions loggers
+# hermes_sessions.turns: one INFO line per turn end (services/turn_log.py). Celery's routine lines about
+# the sweep task are dropped (project/logfilters.py): the sweep logs a line only when it acts.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"quiet_sweep": {"()": "project.logfilters.QuietSweep"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"hermes_sessions": {"handlers": ["console"], "level": HERMES_LOG_LEVEL}},
+    "loggers": {
+        "hermes_sessions": {"handlers": ["console"], "level": HERMES_LOG_LEVEL},
+        **{name: {"filters": ["quiet_sweep"]} for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")},
+    },
 }

@@ -47,6 +47,7 @@ from ..history_seed import seeded_input
 from ..models import Turn
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
+from .turn_log import delivery
 from .turns import (
     TurnClaim,
     history_seed,
@@ -64,22 +65,24 @@ STDERR_TAIL_LINES = 12  # what goes into a failed turn's error text
 T = TypeVar("T")
 
 
-def turn_execute(*, turn_id: uuid.UUID | str) -> Turn | None:
+def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None) -> Turn | None:
     """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
     this call's to run (not the session's next turn, already running or finished — a duplicate
     delivery changes nothing), when it went back to the queue, or when this worker lost its claim
     mid-run. Every codex failure ends the turn ``failed`` (or requeued) with a readable reason;
-    none escapes."""
-    claim = turn_claim(turn_id=turn_id)
-    if claim is None:
-        return None
-    control = TurnControl()
-    beat = _Heartbeat(claim, control)
-    beat.start()
-    try:
-        return _run_with_retries(claim, control, retry_policy())
-    finally:
-        beat.stop()
+    none escapes. ``task_id``: the Celery task delivering it, named in the turn's end line
+    (``turn_log.py``)."""
+    with delivery(task_id):
+        claim = turn_claim(turn_id=turn_id)
+        if claim is None:
+            return None
+        control = TurnControl()
+        beat = _Heartbeat(claim, control)
+        beat.start()
+        try:
+            return _run_with_retries(claim, control, retry_policy())
+        finally:
+            beat.stop()
 
 
 def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy) -> Turn | None:

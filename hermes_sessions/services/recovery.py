@@ -9,6 +9,10 @@
 * ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted.
 
 Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``.
+
+Logs: nothing when it finds nothing to do; otherwise one line per action (a turn taken back, a turn
+sent again, old keys deleted; a turn it fails is logged as that turn's end, ``turn_log.py``). Celery's own
+per-run lines for this task are dropped by ``project/logfilters.py``.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from django.utils import timezone
 from ..models import IdempotencyKey, Turn
 from . import dispatch
 from .locks import lock_session_and_turn
+from .turn_log import turn_ended_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +65,17 @@ def turns_sweep() -> SweepReport:
         .filter(last_sent__lt=stale)
         .exclude(Exists(earlier))
     )
-    for turn_id in list(heads.values_list("pk", flat=True)[:500]):
+    for turn_id, last_sent in list(heads.values_list("pk", "last_sent")[:500]):
         with transaction.atomic():
             dispatch.turn_dispatch_on_commit(turn_id)
         report.redispatched += 1
+        logger.warning("sweep: turn %s queued at its session's head since %s with no worker; sent again", turn_id, last_sent)
 
     ttl = now - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
     report.keys_deleted, _ = IdempotencyKey.objects.filter(created_at__lt=ttl).delete()
-    if report.requeued or report.failed or report.redispatched:
-        logger.warning("sweep: %s", report)
+    if report.keys_deleted:
+        logger.info("sweep: deleted %s Idempotency-Key rows older than %s s", report.keys_deleted,
+                    settings.HERMES_IDEMPOTENCY_TTL)
     return report
 
 
@@ -94,10 +101,10 @@ def _take_back(turn_id: uuid.UUID) -> str:
             )
             turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
             dispatch.session_dispatch_next_on_commit(session)
-            logger.warning("turn %s failed after %s lost workers", turn.pk, turn.attempt)
+            turn_ended_on_commit(turn)  # this action's one line (hermes_sessions.turns)
             return "failed"
         turn.status = Turn.Status.QUEUED
         turn.save(update_fields=["status", "claim_token", "lease_expires_at"])
         dispatch.turn_dispatch_on_commit(turn.pk)
-        logger.warning("turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
+        logger.warning("sweep: turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
         return "requeued"

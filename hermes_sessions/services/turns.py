@@ -37,6 +37,7 @@ from ..sanitize import clean_json, clean_text
 from . import bindings, dispatch, rollouts
 from .errors import InvalidInput, SessionBusy
 from .locks import lock_session_and_turn
+from .turn_log import turn_ended_on_commit
 from .users import require_user
 
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ def _runnable(session: Session, turn: Turn) -> bool:
         turn.status, turn.finished_at = Turn.Status.CANCELLED, timezone.now()
         turn.error = turn.error or "cancelled; not run again after its worker was lost"
         turn.save(update_fields=["status", "finished_at", "error"])
+        turn_ended_on_commit(turn)
         dispatch.session_dispatch_next_on_commit(session)
         return False
     siblings = Turn.objects.filter(session=session).exclude(pk=turn.pk)
@@ -245,6 +247,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
             turn.finished_at = timezone.now()
             turn.cancel_requested_at = turn.finished_at
             turn.save(update_fields=["status", "error", "finished_at", "cancel_requested_at"])
+            turn_ended_on_commit(turn)
             dispatch.session_dispatch_next_on_commit(session)
         elif turn.status == Turn.Status.RUNNING and turn.cancel_requested_at is None:
             turn.cancel_requested_at = timezone.now()
@@ -433,3 +436,4 @@ def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None
     turn.claim_token = None
     turn.lease_expires_at = None
     turn.save()
+    turn_ended_on_commit(turn)

@@ -37,7 +37,7 @@ def queue_turn(*, session, text: str, user) -> Turn:
     return services.turn_enqueue(session=session, input_text=text, user=user)
 
 
-def deliver(turn_id) -> str:
+def deliver(turn_id) -> dict[str, str]:
     """Run the Celery task for ``turn_id`` in this process, as a worker receiving it would."""
     from hermes_sessions import tasks
 

@@ -89,7 +89,7 @@ def test_resume_and_adoption_never_rewrite_earlier_rows(user, scripted_codex, ru
         expire_lease(t3)
         services.turns_sweep()
         assert sent == [str(t3.id), str(t3.id)]  # accepted, then taken back from the dead worker
-    assert deliver(t3.id) == Turn.Status.SUCCEEDED
+    assert deliver(t3.id)["turn_status"] == Turn.Status.SUCCEEDED
     t3.refresh_from_db()
     assert t3.status == Turn.Status.SUCCEEDED and t3.attempt == 2, t3.error
     assert scripted_codex.turn_inputs().count("hello three") == 1  # adopted, not run again

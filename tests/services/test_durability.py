@@ -246,7 +246,7 @@ def test_a_second_delivery_of_a_running_turn_changes_nothing(user, scripted_code
     turn = services.turn_enqueue(session=session, input_text="one", user=user)
     claim = services.turn_claim(turn_id=turn.id)
     before = transcript(session)
-    assert run_turn(str(turn.id)) == "skipped"
+    assert run_turn(str(turn.id)) == {"turn": str(turn.id), "turn_status": "skipped"}
     turn.refresh_from_db()
     assert (turn.status, turn.claim_token, turn.attempt) == (Turn.Status.RUNNING, claim.token, 1)
     assert transcript(session) == before and scripted_codex.calls() == []

@@ -196,7 +196,7 @@ def test_a_second_delivery_of_a_finished_turn_changes_nothing(user, scripted_cod
     session = services.session_create(owner=user)
     t1 = run_turn_now(session=session, text="hello one", user=user)
     before = (Message.objects.count(), CodexBinding.objects.count(), len(scripted_codex.calls()))
-    assert run_turn(str(t1.id)) == "skipped"
+    assert run_turn(str(t1.id)) == {"turn": str(t1.id), "turn_status": "skipped"}
     assert (Message.objects.count(), CodexBinding.objects.count(), len(scripted_codex.calls())) == before
 
 

@@ -1,0 +1,58 @@
+"""The operator's log of turns: exactly one INFO line per turn end, from the ``hermes_sessions.turns``
+logger, written by the service that ends the turn once its transaction has committed::
+
+    turn 0192… ended status=failed session=sess-1 thread_action=resumed attempt=1 task=5f0c… reason="the model call failed with HTTP 500 (codex: internalServerError): We’re …"
+
+``task`` is the Celery task id of the delivery that ended it (``-`` when no task did: an API cancel of a
+queued turn, the sweep giving up on a lost worker's turn), so Celery's own ``Task …run_turn[<task id>]``
+lines can be matched to the turn. ``reason`` is the turn's ``error`` as a JSON string (newlines escaped),
+cut to :data:`REASON_CHARS` characters; ``""`` for a turn that succeeded.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from django.db import transaction
+
+from ..models import Turn
+
+logger = logging.getLogger("hermes_sessions.turns")
+
+REASON_CHARS = 300
+
+# The Celery task id of the delivery running in this thread (set by ``turn_execute``): the commit
+# functions it reaches (finalize, fail, requeue) log it without every signature carrying it.
+_task_id: ContextVar[str] = ContextVar("hermes_turn_task_id", default="")
+
+
+@contextmanager
+def delivery(task_id: str | None) -> Iterator[None]:
+    """Within the block, turn ends logged by this thread name Celery task ``task_id``."""
+    token = _task_id.set(task_id or "")
+    try:
+        yield
+    finally:
+        _task_id.reset(token)
+
+
+def turn_line(turn: Turn, *, task_id: str = "") -> str:
+    """The log line of ``turn``'s end (see the module docstring for its shape)."""
+    reason = " ".join((turn.error or "").split())
+    if len(reason) > REASON_CHARS:
+        reason = reason[: REASON_CHARS - 1] + "…"
+    return (
+        f"turn {turn.pk} ended status={turn.status} session={turn.session_id} "
+        f"thread_action={turn.thread_action or '-'} attempt={turn.attempt} task={task_id or '-'} "
+        f"reason={json.dumps(reason, ensure_ascii=False)}"
+    )
+
+
+def turn_ended_on_commit(turn: Turn) -> None:
+    """Log ``turn``'s end (its fields as they are now) once the current transaction commits; nothing is
+    logged if it rolls back. Call it where a turn reaches ``succeeded``, ``failed`` or ``cancelled``."""
+    line = turn_line(turn, task_id=_task_id.get())
+    transaction.on_commit(lambda: logger.info(line))
