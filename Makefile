@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo test e2e bench faults stand-in lint services migrate run worker clean codex-bump
+.PHONY: install demo demo-admin test e2e bench faults stand-in lint services migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ migrate: install
 demo: install
 	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py migrate --noinput
 	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py demo
+
+# The admin on the demo's database (the embedded SQLite under HERMES_VAR_DIR), even when DATABASE_URL or
+# CELERY_BROKER_URL is exported for the production shape: user demo, password demo (HTTP_BIND=… to move it).
+demo-admin: install
+	@echo "the demo's admin: http://$(HTTP_BIND)/admin/ (user demo, password demo)"
+	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py runserver --noreload $(HTTP_BIND)
 
 # Starts PostgreSQL and Redis when they are installed but not running; stops with a message otherwise.
 services:
@@ -75,6 +81,7 @@ bench: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench $(BENCH_ARGS)
 
 # The offline model stand-in on its own, in the foreground (for `make run` / `make worker` without an API key).
+# Its port and the workers' CODEX_STAND_IN_URL go together: STAND_IN_PORT=9000 ⇔ CODEX_STAND_IN_URL=http://127.0.0.1:9000/v1.
 STAND_IN_PORT ?= 8765
 stand-in: install
 	$(PY) -m devtools.model_stand_in --port $(STAND_IN_PORT)
@@ -84,9 +91,11 @@ HTTP_BIND ?= 127.0.0.1:8000
 run: install
 	$(VENV)/bin/gunicorn project.wsgi --bind $(HTTP_BIND) --workers 2
 # -B embeds the beat scheduler (the sweep that recovers turns of dead workers); with several
-# workers run one `celery -A project beat` instead.
+# workers run one `celery -A project beat` instead. The worker consumes the turn queue, HERMES_TURN_QUEUE
+# (from the environment or `make worker HERMES_TURN_QUEUE=…`; default "turns", as project/settings.py),
+# and Celery's default queue "celery", where beat sends the sweep.
 worker: install
-	$(VENV)/bin/celery -A project worker -B -Q turns,celery --concurrency 2 --loglevel info
+	$(VENV)/bin/celery -A project worker -B -Q $(or $(strip $(HERMES_TURN_QUEUE)),turns),celery --concurrency 2 --loglevel info
 
 clean:
 	rm -rf var .pytest_cache

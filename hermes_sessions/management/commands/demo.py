@@ -75,7 +75,8 @@ class Command(BaseCommand):
                         "the session is bound to the new thread")
 
         self.stdout.write("")
-        self.stdout.write("Open the admin: .venv/bin/python manage.py runserver, then http://127.0.0.1:8000/admin/ "
+        # `make demo-admin` serves the demo's own database even when DATABASE_URL is exported.
+        self.stdout.write("Open the admin: make demo-admin, then http://127.0.0.1:8000/admin/ "
                           "(user demo, password demo) → Sessions → " + SESSION_ID)
         if failures:
             raise CommandError("demo FAILED: " + "; ".join(failures))
