@@ -1,4 +1,4 @@
-"""The Celery application. Workers start with ``celery -A project worker -Q turns,celery``."""
+"""The Celery application. Workers start with ``celery -A project worker -Q <HERMES_TURN_QUEUE>,celery`` (``make worker``)."""
 import logging
 import os
 

@@ -198,7 +198,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 HERMES_TURN_QUEUE = env_str("HERMES_TURN_QUEUE", "turns")
 # Turns get a queue of their own; the sweep stays on the default queue ("celery") so that long
-# turns occupying every turn slot never delay crash recovery. Workers consume both (-Q turns,celery).
+# turns occupying every turn slot never delay crash recovery. Workers consume both (`make worker`: -Q <HERMES_TURN_QUEUE>,celery).
 CELERY_TASK_ROUTES = {"hermes_sessions.tasks.run_turn": {"queue": HERMES_TURN_QUEUE}}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
