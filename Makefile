@@ -81,8 +81,12 @@ stand-in: install
 
 # Production-shaped local run (PostgreSQL + Redis): API server and a worker, in two terminals.
 HTTP_BIND ?= 127.0.0.1:8000
+# ASGI (uvicorn workers under gunicorn) so open event streams hold no sync worker; psycopg's pool with
+# CONN_MAX_AGE = 0 (DATABASE_POOL). No --max-requests: recycling a worker would cut its open streams.
+HTTP_WORKERS ?= 2
 run: install
-	$(VENV)/bin/gunicorn project.wsgi --bind $(HTTP_BIND) --workers 2
+	DATABASE_POOL=$${DATABASE_POOL:-1} $(VENV)/bin/gunicorn project.asgi:application -k uvicorn_worker.UvicornWorker \
+		--bind $(HTTP_BIND) --workers $(HTTP_WORKERS) --graceful-timeout 10
 # -B embeds the beat scheduler (the sweep that recovers turns of dead workers); with several
 # workers run one `celery -A project beat` instead.
 worker: install
