@@ -37,7 +37,8 @@ class ApiServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ApiServer:
-        env = {**os.environ, "DATABASE_URL": database_url(), "DATABASE_POOL": "1",
+        # Not eager: a turn posted to this server goes to the broker, to a real worker.
+        env = {**os.environ, "DATABASE_URL": database_url(), "DATABASE_POOL": "1", "CELERY_TASK_ALWAYS_EAGER": "0",
                "DJANGO_SETTINGS_MODULE": "project.settings_test",
                "HERMES_SSE_HEARTBEAT_SECONDS": str(self.heartbeat), **self.extra_env}
         argv = [sys.executable, "-m", "gunicorn", "project.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
@@ -74,6 +75,17 @@ class ApiServer:
                 self.terminate()
             except subprocess.TimeoutExpired:
                 pass
+
+    def post(self, path: str, token: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A JSON POST: status and the decoded body."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("POST", path, body=json.dumps(body),
+                         headers={"Authorization": f"Token {token}", "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
 
     def get(self, path: str, token: str | None) -> tuple[int, dict[str, str], bytes]:
         """A plain GET (no streaming): status, headers, body."""
