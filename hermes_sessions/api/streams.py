@@ -21,11 +21,9 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework import exceptions
 from rest_framework.request import Request
@@ -34,13 +32,10 @@ from rest_framework.views import APIView
 from .. import selectors
 from ..models import Turn
 from ..services.events import TERMINAL_KINDS
-from .event_hub import hub
+from .event_hub import READ_PAGE, ROW_FIELDS, hub, in_thread
 
-#: Rows read per query; a longer backlog is read in several.
-READ_PAGE = 500
 #: Client reconnection delay sent once at the start (``retry:``), milliseconds.
 RETRY_MS = 1000
-T = TypeVar("T")
 
 
 def _error(status: int, detail: str, code: str, **headers: str) -> JsonResponse:
@@ -48,21 +43,6 @@ def _error(status: int, detail: str, code: str, **headers: str) -> JsonResponse:
     for name, value in headers.items():
         response[name] = value
     return response
-
-
-def _close_after(read: Callable[..., T]) -> Callable[..., T]:
-    """``read``, closing this thread's database connection afterwards (returned to the pool, or
-    closed): a stream never keeps a connection while it waits."""
-    def wrapped(*args: Any, **kwargs: Any) -> T:
-        try:
-            return read(*args, **kwargs)
-        finally:
-            connection.close()
-    return wrapped
-
-
-async def _in_thread(read: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await sync_to_async(_close_after(read), thread_sensitive=False)(*args, **kwargs)
 
 
 def _authenticate(request: HttpRequest) -> Any:
@@ -102,8 +82,11 @@ class _Scope:
             ended = Turn.objects.filter(pk=self.turn_id, status__in=Turn.TERMINAL).exists()
         found = selectors.turn_events_after(after_id=after, limit=READ_PAGE, turn_id=self.turn_id,
                                             session_id=self.session_id)
-        rows = [dict(row) for row in found.values("id", "turn_id", "attempt", "kind", "data")]
-        return rows, ended
+        return [dict(row) for row in found.values(*ROW_FIELDS)], ended
+
+    def wants(self, row: dict[str, Any]) -> bool:
+        """Whether a row of the session (as the hub reads them) belongs on this stream."""
+        return self.turn_id is None or row["turn_id"] == self.turn_id
 
 
 def _frame(row: dict[str, Any]) -> bytes:
@@ -114,31 +97,44 @@ def _frame(row: dict[str, Any]) -> bytes:
 
 
 async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
-    """The stream body: backlog, then live events, heartbeats in between; a turn stream ends after
-    the terminal event (or at once when the turn ended with nothing after ``after``)."""
+    """The stream body: its own read of the backlog, then the rows the hub hands over (one shared read
+    per notification), heartbeats in between with a read of its own on each tick; a turn stream ends
+    after the terminal event (or at once when the turn ended with nothing after ``after``).
+
+    No gap: within a session ids are in commit order (``services/events.py``), the hub's rows start at
+    or before the first row this stream's own read could not see, and rows up to ``after`` are skipped."""
     events_hub = hub()
-    wake = await events_hub.subscribe(scope.session_id)  # before the first read: no wake-up is missed
+    sub = await events_hub.subscribe(scope.session_id)  # before the first read: nothing committed later is missed
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
+        own_read = True
         while not events_hub.stopping.is_set():
-            wake.clear()
-            rows, ended = await _in_thread(scope.read, after)
+            rows, ended = await in_thread(scope.read, after) if own_read else (sub.take(), False)
             for row in rows:
+                if row["id"] <= after or not scope.wants(row):
+                    continue
                 yield _frame(row)
                 after = row["id"]
                 if scope.turn_id is not None and row["kind"] in TERMINAL_KINDS:
                     return
-            if len(rows) == READ_PAGE:
+            if ended or (own_read and len(rows) == READ_PAGE):
+                if ended:
+                    return
                 continue  # more backlog
-            if ended:
-                return
+            own_read = False
+            if sub.rows:
+                continue
+            sub.wake.clear()
             try:
-                await asyncio.wait_for(wake.wait(), settings.HERMES_SSE_HEARTBEAT_SECONDS)
+                await asyncio.wait_for(sub.wake.wait(), settings.HERMES_SSE_HEARTBEAT_SECONDS)
             except asyncio.TimeoutError:
                 yield b": heartbeat\n\n"
                 await events_hub.ensure_listening()  # a lost LISTEN connection is re-opened here
+                own_read = True  # the slow safety re-read
+            else:
+                own_read, sub.reread = sub.reread, False
     finally:
-        events_hub.unsubscribe(scope.session_id, wake)
+        events_hub.unsubscribe(sub)
 
 
 def _stream_response(scope: _Scope, after: int) -> StreamingHttpResponse:
@@ -161,7 +157,7 @@ async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int
         return resolve((user, after))
 
     try:
-        found = await _in_thread(lookup)
+        found = await in_thread(lookup)
     except exceptions.AuthenticationFailed as exc:
         return _error(401, str(exc.detail), str(exc.get_codes()), **{"WWW-Authenticate": "Token"})
     except exceptions.NotAuthenticated as exc:
