@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework import exceptions
 from rest_framework.request import Request
@@ -147,6 +148,10 @@ def _stream_response(scope: _Scope, after: int) -> StreamingHttpResponse:
 async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int] | None],
                 missing: str) -> HttpResponse | StreamingHttpResponse:
     """Authenticate, parse the resume point, resolve the scope (404), then stream."""
+    if not isinstance(request, ASGIRequest):
+        # Under WSGI (runserver, gunicorn project.wsgi) Django would buffer an endless stream in memory.
+        return _error(501, "Event streams need the ASGI server: make run, or uvicorn project.asgi:application.",
+                      "asgi_required")
     try:
         after = _last_event_id(request)
     except ValueError:

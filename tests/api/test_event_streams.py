@@ -76,6 +76,11 @@ def test_errors_are_the_apis_json(server, user, token, claimed):
     assert status == 400 and b'"code": "invalid_event_id"' in body
 
 
+def test_under_wsgi_a_stream_is_refused_not_buffered_forever(claimed, token):
+    response = APIClient().get(f"/api/sessions/{claimed.session_id}/events/", HTTP_AUTHORIZATION=f"Token {token}")
+    assert (response.status_code, response.json()["code"]) == (501, "asgi_required")
+
+
 def test_schema_documents_both_streams():
     api = APIClient()
     api.force_authenticate(UserFactory())
