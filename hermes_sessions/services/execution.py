@@ -228,9 +228,13 @@ def _codex_version(init: object) -> str:
     return agent.split("/", 1)[-1].split(" ", 1)[0] if "/" in agent else ""
 
 
-def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter) -> TurnOutcome:
+def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | None = None) -> TurnOutcome:
     """One try: fresh home + restore, spawn, drive the turn, close (codex exits: the rollout file is
-    complete), then read what codex appended to the rollout (checked against the stored prefix)."""
+    complete), then read what codex appended to the rollout (checked against the stored prefix).
+    ``stream`` receives what codex streams (a writer of the claim's own when not given)."""
+    if stream is None:
+        stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
+                                 attempt=claim.attempt)
     config = claim.config
     try:
         check_sandbox()  # cached per process; never run commands on a host whose sandbox fails
