@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo demo-admin test e2e bench faults stand-in lint services migrate run worker clean codex-bump
+.PHONY: install demo demo-admin test e2e bench bench-streams faults stand-in lint services migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,10 @@ codex-bump: $(VENV)/.installed services
 bench: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench $(BENCH_ARGS)
 
+# Open event streams held by one ASGI worker while ordinary API requests are timed (README "Live streaming").
+bench-streams: install services
+	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m devtools.bench_streams $(BENCH_STREAMS_ARGS)
+
 # The offline model stand-in on its own, in the foreground (for `make run` / `make worker` without an API key).
 # Its port and the workers' CODEX_STAND_IN_URL go together: STAND_IN_PORT=9000 ⇔ CODEX_STAND_IN_URL=http://127.0.0.1:9000/v1.
 STAND_IN_PORT ?= 8765
@@ -88,8 +92,12 @@ stand-in: install
 
 # Production-shaped local run (PostgreSQL + Redis): API server and a worker, in two terminals.
 HTTP_BIND ?= 127.0.0.1:8000
+# ASGI (uvicorn workers under gunicorn) so open event streams hold no sync worker; psycopg's pool with
+# CONN_MAX_AGE = 0 (DATABASE_POOL). No --max-requests: recycling a worker would cut its open streams.
+HTTP_WORKERS ?= 2
 run: install
-	$(VENV)/bin/gunicorn project.wsgi --bind $(HTTP_BIND) --workers 2
+	DATABASE_POOL=$${DATABASE_POOL:-1} $(VENV)/bin/gunicorn project.asgi:application -k uvicorn_worker.UvicornWorker \
+		--bind $(HTTP_BIND) --workers $(HTTP_WORKERS) --graceful-timeout 10
 # -B embeds the beat scheduler (the sweep that recovers turns of dead workers); with several
 # workers run one `celery -A project beat` instead. The worker consumes the turn queue, HERMES_TURN_QUEUE
 # (from the environment or `make worker HERMES_TURN_QUEUE=…`; default "turns", as project/settings.py),

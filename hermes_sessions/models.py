@@ -289,3 +289,32 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope}:{self.key}"
+
+
+class TurnEvent(models.Model):
+    """One durable event of a turn's live stream (``docs/contract.md`` §8), insert-only.
+
+    ``id`` (bigint, assigned at insert) is the server-sent event's ``id:``; within a session, ids are
+    in commit order (every insert takes the session's advisory lock first, ``services/events.py``), so
+    a client resuming after id N misses nothing. ``kind`` is the SSE ``event:`` name, ``data`` its JSON
+    payload (without ``turn``/``attempt``, which live in their own columns). ``attempt`` is the turn's
+    claim the event belongs to (0 before the first claim)."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No single-column indexes: the two composite ones below lead with these columns.
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events", db_index=False)
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="events", db_index=False)
+    attempt = models.PositiveIntegerField(default=0)
+    kind = models.CharField(max_length=16)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["turn", "id"], name="turnevent_turn_id"),
+            models.Index(fields=["session", "id"], name="turnevent_session_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.turn_id}#{self.id} {self.kind}"

@@ -16,7 +16,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.db.models import Count, IntegerField, Max, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 
-from .models import SESSION_ID_RE, CodexBinding, Message, Notice, Session, Turn
+from .models import SESSION_ID_RE, CodexBinding, Message, Notice, Session, Turn, TurnEvent
 
 # ``request.user`` as Django and DRF type it. Lookups go by ``user.pk``: an anonymous user (pk None)
 # owns nothing, although the API's IsAuthenticated never lets one get here.
@@ -133,3 +133,17 @@ def active_thread_id(*, session: Session) -> str | None:
         .values_list("thread_id", flat=True)
         .first()
     )
+
+
+def turn_events_after(*, after_id: int, limit: int, turn_id: Any = None, session_id: str | None = None) -> QuerySet[TurnEvent]:
+    """The stream events of one turn (``turn_id``) or of a whole session (``session_id``) with
+    ``id > after_id``, oldest first, at most ``limit`` (``docs/contract.md`` §8). Uses the
+    ``(turn, id)`` / ``(session, id)`` indexes."""
+    queryset = TurnEvent.objects.filter(id__gt=after_id)
+    queryset = queryset.filter(turn_id=turn_id) if turn_id is not None else queryset.filter(session_id=session_id)
+    return queryset.order_by("id")[:limit]
+
+
+def session_last_event_id(*, session_id: str) -> int:
+    """The id of the session's newest stream event, 0 when it has none."""
+    return TurnEvent.objects.filter(session_id=session_id).aggregate(m=Max("id"))["m"] or 0

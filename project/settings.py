@@ -147,6 +147,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL;",
     }
+# ASGI (make run): psycopg's connection pool with CONN_MAX_AGE = 0 — persistent connections are not
+# supported under ASGI and leak (../shared/pitfalls.md, Django #37066). Off by default: Celery's prefork
+# workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork).
+DATABASE_POOL = env_bool("DATABASE_POOL", False)
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 20)  # connections per API process
+if DATABASE_POOL and "postgresql" in DATABASES["default"]["ENGINE"]:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -184,7 +192,15 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The server-sent-event endpoints are async Django views, not DRF views: this hook documents them.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "hermes_sessions.api.schema.add_event_streams",
+    ],
 }
+# Seconds between heartbeats (": heartbeat" comment lines) on an idle event stream; each tick also
+# re-reads the table (api/streams.py).
+HERMES_SSE_HEARTBEAT_SECONDS = env_float("HERMES_SSE_HEARTBEAT_SECONDS", 15.0)
 
 # --- Celery -------------------------------------------------------------------------------------
 # No broker configured: run tasks eagerly in the caller's process (demo / quick local use).

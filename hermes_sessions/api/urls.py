@@ -6,7 +6,7 @@ or malformed id is the API's JSON 404 rather than the URL resolver's HTML one. I
 """
 from django.urls import path
 
-from . import views
+from . import streams, views
 
 app_name = "api"
 
@@ -18,4 +18,7 @@ urlpatterns = [
     path("sessions/<str:session_id>/notices/", views.NoticeListView.as_view(), name="session-notices"),
     path("turns/<str:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
     path("turns/<str:turn_id>/cancel/", views.TurnCancelView.as_view(), name="turn-cancel"),
+    # Server-sent events (async views; docs/contract.md §8). Schema: api/schema.py's hook.
+    path("turns/<str:turn_id>/events/", streams.turn_events, name="turn-events"),
+    path("sessions/<str:session_id>/events/", streams.session_events, name="session-events"),
 ]

@@ -80,6 +80,11 @@ class TurnSpec:
     previous_thread_id: str | None = None
     # Called with a freshly started thread's id before turn/start, so a re-run can find it.
     on_thread_started: Callable[[str], None] | None = None
+    # Called on the reading thread, in codex's order, with what the turn streams (docs/contract.md §8):
+    # ("delta", {"item_id", "text"}) per agent-message delta (item/agentMessage/delta), and
+    # ("item", {"item_id", "item_type", "messages"}) per completed item that projects into transcript
+    # rows (the rows as in TurnOutcome.messages). It must not raise; the services write the rows.
+    on_event: Callable[[str, dict[str, Any]], None] | None = None
 
 
 class TurnControl:
@@ -430,10 +435,11 @@ def _usage(token_usage: dict[str, Any]) -> dict[str, Any]:
 class _TurnReader:
     """Folds this turn's notifications into ``out`` (items, usage, final status)."""
 
-    def __init__(self, out: TurnOutcome) -> None:
+    def __init__(self, out: TurnOutcome, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         self.out = out
         self.projector = ItemProjector()
         self.last_error = ""
+        self.on_event = on_event
 
     def ours(self, params: dict[str, Any]) -> bool:
         """A notification of another thread, or of another turn once ours is known, is skipped."""
@@ -448,7 +454,10 @@ class _TurnReader:
         if not self.ours(params):
             return False
         if method == "item/completed":
-            self.projector.add(_as_dict(params.get("item")))
+            self._completed(_as_dict(params.get("item")))
+        elif method == "item/agentMessage/delta":
+            if self.on_event is not None and isinstance(params.get("delta"), str):
+                self.on_event("delta", {"item_id": str(params.get("itemId") or ""), "text": params["delta"]})
         elif method == "thread/tokenUsage/updated":
             self.out.usage = _usage(_as_dict(params.get("tokenUsage")))
         elif method == "error" and not params.get("willRetry"):
@@ -461,6 +470,14 @@ class _TurnReader:
             return True
         return False
 
+    def _completed(self, item: dict[str, Any]) -> None:
+        before = len(self.projector.messages)
+        self.projector.add(item)
+        rows = self.projector.messages[before:]
+        if self.on_event is not None and rows:
+            self.on_event("item", {"item_id": str(item.get("id") or rows[0].get("codex_item_id") or ""),
+                                   "item_type": str(item.get("type") or ""), "messages": rows})
+
     def flush(self) -> None:
         self.out.messages = self.projector.messages
         self.out.final_text = self.projector.final_text
@@ -470,7 +487,7 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
     """Read notifications until this turn's ``turn/completed`` or the deadline. Raises
     ``TurnAbandoned`` (claim lost), ``TurnTimeout``, or ``TransportError`` once the connection failed
     and every queued notification was read."""
-    reader = _TurnReader(out)
+    reader = _TurnReader(out, spec.on_event)
     deadline = time.monotonic() + spec.turn_timeout
     control = spec.control
     interrupt_sent = False

@@ -45,6 +45,7 @@ from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
 from ..history_seed import seeded_input
 from ..models import Turn
+from .events import RETRYING, TurnEventWriter
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
 from .turn_log import delivery
@@ -77,25 +78,28 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None) -> Tur
         if claim is None:
             return None
         control = TurnControl()
+        stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
+                                 attempt=claim.attempt)
         beat = _Heartbeat(claim, control)
         beat.start()
         try:
-            return _run_with_retries(claim, control, retry_policy())
+            return _run_with_retries(claim, control, retry_policy(), stream)
         finally:
             beat.stop()
 
 
-def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy) -> Turn | None:
+def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
+                      stream: TurnEventWriter) -> Turn | None:
     started = time.monotonic()
     retries = 0
     while True:
         try:
-            outcome = _run_once(claim, control)
+            outcome = _run_once(claim, control, stream)
         except TurnRunError as exc:
-            if not _backoff(claim, control, budget, exc, retries=retries, started=started):
+            if not _backoff(claim, control, budget, exc, retries=retries, started=started, stream=stream):
                 return _after_run_error(claim, control, budget, exc)
         except _StartupError as exc:
-            if not _backoff(claim, control, budget, exc, retries=retries, started=started):
+            if not _backoff(claim, control, budget, exc, retries=retries, started=started, stream=stream):
                 return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
         except SoftTimeLimitExceeded:
             # Celery's soft limit (a backstop behind CODEX_TURN_TIMEOUT): the app-server is already
@@ -117,7 +121,7 @@ def _may_retry(exc: TurnRunError | _StartupError) -> bool:
 
 
 def _backoff(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: TurnRunError | _StartupError,
-             *, retries: int, started: float) -> bool:
+             *, retries: int, started: float, stream: TurnEventWriter) -> bool:
     """Wait the policy's next delay and return True when ``exc`` is to be retried in this claim."""
     if control.stopping() or not _may_retry(exc):
         return False
@@ -125,6 +129,7 @@ def _backoff(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: T
     if delay is None:
         return False
     logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
+    stream.add(RETRYING, {"reason": str(exc), "delay_seconds": delay, "retry": retries + 1, "requeued": False})
     control.interrupt.wait(delay)  # a cancel cuts the backoff short
     return True
 
@@ -227,9 +232,13 @@ def _codex_version(init: object) -> str:
     return agent.split("/", 1)[-1].split(" ", 1)[0] if "/" in agent else ""
 
 
-def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
+def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | None = None) -> TurnOutcome:
     """One try: fresh home + restore, spawn, drive the turn, close (codex exits: the rollout file is
-    complete), then read what codex appended to the rollout (checked against the stored prefix)."""
+    complete), then read what codex appended to the rollout (checked against the stored prefix).
+    ``stream`` receives what codex streams (a writer of the claim's own when not given)."""
+    if stream is None:
+        stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
+                                 attempt=claim.attempt)
     config = claim.config
     try:
         check_sandbox()  # cached per process; never run commands on a host whose sandbox fails
@@ -274,6 +283,7 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         rollout_restored=base is not None,
         previous_thread_id=claim.previous_thread_id,
         on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
+        on_event=stream.add,
     )
     try:
         outcome = drive_turn(client, spec)
@@ -292,6 +302,7 @@ def _run_once(claim: TurnClaim, control: TurnControl) -> TurnOutcome:
         # Close before reading the rollout and committing: codex has exited, so the file is complete
         # and the thread's writer lock is free (docs/codex.md §1, §7).
         client.close()
+        stream.flush()  # the streamed deltas and items commit before the turn's last events
     outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
     t1 = time.monotonic()
     _capture_rollout(outcome, home, base, version)

@@ -28,7 +28,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn
-from . import dispatch
+from . import dispatch, events
 from .locks import lock_session_and_turn
 from .turn_log import turn_ended_on_commit
 
@@ -100,11 +100,15 @@ def _take_back(turn_id: uuid.UUID) -> str:
                 " giving up — the binding is kept"
             )
             turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
+            events.event_terminal(turn=turn)
             dispatch.session_dispatch_next_on_commit(session)
             turn_ended_on_commit(turn)  # this action's one line (hermes_sessions.turns)
             return "failed"
         turn.status = Turn.Status.QUEUED
         turn.save(update_fields=["status", "claim_token", "lease_expires_at"])
+        events.event_append(turn=turn, kind=events.RETRYING, data={
+            "reason": f"the worker running attempt {turn.attempt} was lost (lease expired); queued again",
+            "requeued": True})
         dispatch.turn_dispatch_on_commit(turn.pk)
         logger.warning("sweep: turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
         return "requeued"

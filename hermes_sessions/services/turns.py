@@ -32,9 +32,9 @@ from django.utils import timezone
 from .. import policy
 from ..codex.runner import TurnOutcome
 from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history_seed
-from ..models import CodexBinding, Message, Session, Turn
+from ..models import CodexBinding, Message, Notice, Session, Turn
 from ..sanitize import clean_json, clean_text
-from . import bindings, dispatch, rollouts
+from . import bindings, dispatch, events, rollouts
 from .errors import InvalidInput, SessionBusy
 from .locks import lock_session_and_turn
 from .turn_log import turn_ended_on_commit
@@ -88,6 +88,7 @@ def turn_enqueue(
         locked.last_turn_seq += 1
         locked.save(update_fields=["last_turn_seq", "updated_at"])
         turn = Turn.objects.create(session=locked, seq=locked.last_turn_seq, input=text, created_by=None if user is None else require_user(user))
+        events.event_append(turn=turn, kind=events.QUEUED, data={"seq": turn.seq})
         dispatch.turn_dispatch_on_commit(turn.id)
     return turn
 
@@ -148,6 +149,7 @@ def _runnable(session: Session, turn: Turn) -> bool:
         turn.error = turn.error or "cancelled; not run again after its worker was lost"
         turn.save(update_fields=["status", "finished_at", "error"])
         turn_ended_on_commit(turn)
+        events.event_terminal(turn=turn)
         dispatch.session_dispatch_next_on_commit(session)
         return False
     siblings = Turn.objects.filter(session=session).exclude(pk=turn.pk)
@@ -165,6 +167,8 @@ def _start_claim(session: Session, turn: Turn) -> TurnClaim:
     turn.claim_token = token
     turn.lease_expires_at = _lease_deadline()
     turn.save(update_fields=["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
+    # attempt > 1: what earlier attempts streamed is superseded (docs/contract.md §8).
+    events.event_append(turn=turn, kind=events.RUNNING, data={})
     if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
         _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
     binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
@@ -204,11 +208,13 @@ def turn_requeue(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str) -> Turn |
         if turn.attempt >= settings.HERMES_MAX_ATTEMPTS:
             _finish(turn, TurnOutcome(), status=Turn.Status.FAILED,
                     error=f"{reason} (gave up after {turn.attempt} attempts)")
+            events.event_terminal(turn=turn)
             dispatch.session_dispatch_next_on_commit(session)
             return turn
         turn.status, turn.claim_token, turn.lease_expires_at = Turn.Status.QUEUED, None, None
         turn.error = clean_text(f"attempt {turn.attempt} put back in the queue: {reason}", max_chars=MAX_ERROR_CHARS)
         turn.save(update_fields=["status", "claim_token", "lease_expires_at", "error"])
+        events.event_append(turn=turn, kind=events.RETRYING, data={"reason": turn.error, "requeued": True})
         dispatch.turn_dispatch_on_commit(turn.pk)
         return turn
 
@@ -248,6 +254,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
             turn.cancel_requested_at = turn.finished_at
             turn.save(update_fields=["status", "error", "finished_at", "cancel_requested_at"])
             turn_ended_on_commit(turn)
+            events.event_terminal(turn=turn)
             dispatch.session_dispatch_next_on_commit(session)
         elif turn.status == Turn.Status.RUNNING and turn.cancel_requested_at is None:
             turn.cancel_requested_at = timezone.now()
@@ -381,8 +388,22 @@ def _commit_turn_once(
             bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,
                                      resumed=result.thread_action == Turn.ThreadAction.RESUMED)
         _finish(turn, result, status=status, error=error)
+        _finish_events(turn, result)
         dispatch.session_dispatch_next_on_commit(session)
         return turn
+
+
+def _finish_events(turn: Turn, result: TurnOutcome) -> None:
+    """The stream's last events of a turn, in its finalize transaction (``docs/contract.md`` §8):
+    the thread action (with the rotation notice), the usage, the terminal state."""
+    if result.thread_action or result.rotated_from:
+        notice = Notice.objects.filter(turn=turn).values_list("text", flat=True).first()
+        events.event_append(turn=turn, kind=events.THREAD, data={
+            "action": turn.thread_action, "thread_id": turn.codex_thread_id,
+            "rotated_from": result.rotated_from or "", "notice": notice or ""})
+    if turn.usage:
+        events.event_append(turn=turn, kind=events.USAGE, data=turn.usage)
+    events.event_terminal(turn=turn)
 
 
 def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:

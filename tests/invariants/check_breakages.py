@@ -91,6 +91,12 @@ BREAKAGES: list[Breakage] = [
         (T + "test_i2_claim_fence.py::test_a_stale_heartbeat_neither_renews_the_lease_nor_relays_a_cancel",),
     ),
     Breakage(
+        "fence-stream-events", "I2", "hermes_sessions/services/events.py",
+        "            if not _claim_held(self.turn_id, self.token):\n",
+        "            if False:\n",
+        ("tests/services/test_turn_events.py::test_a_fenced_out_worker_appends_no_event",),
+    ),
+    Breakage(
         "claim-a-running-turn", "I2", "hermes_sessions/services/turns.py",
         "        if turn.status != Turn.Status.QUEUED or not _runnable(session, turn):\n",
         "        if turn.status not in (Turn.Status.QUEUED, Turn.Status.RUNNING) or not _runnable(session, turn):\n",
@@ -143,12 +149,12 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "session-locked-while-codex-works", "I3", "hermes_sessions/services/execution.py",
-        "        return _run_with_retries(claim, control, retry_policy())\n",
+        "        return _run_with_retries(claim, control, retry_policy(), stream)\n",
         "        from django.db import transaction as _tx\n"
         "        from ..models import Session as _Session\n"
         "        with _tx.atomic():\n"
         "            _Session.objects.select_for_update().get(pk=claim.session_id)\n"
-        "            return _run_with_retries(claim, control, retry_policy())\n",
+        "            return _run_with_retries(claim, control, retry_policy(), stream)\n",
         (T + "test_i3_one_turn_at_a_time.py::test_no_row_lock_is_held_while_codex_works",),
     ),
     # --- I4 every wait ends ----------------------------------------------------------------------

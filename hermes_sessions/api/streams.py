@@ -1,0 +1,206 @@
+"""Live streams of turns as server-sent events (``docs/contract.md`` §8): async Django views, so an
+open stream holds no sync worker under ASGI (``project/asgi.py``, ``make run``).
+
+    GET /api/turns/{turn_id}/events/        the turn's events from the start; ends after its terminal event
+    GET /api/sessions/{session_id}/events/  every turn's events from now on (or from Last-Event-ID); never ends
+
+Same authentication as the rest of the API (DRF's Token and session authentication) and the same
+JSON error bodies (``{"detail", "code"}``) for 400/401/404. Resuming: ``Last-Event-ID`` (header) or
+``?last_event_id=`` (for clients that cannot set headers) gives the events after that id, exactly once
+and in order. Only durable events carry ``id:``; heartbeats (every ``HERMES_SSE_HEARTBEAT_SECONDS``)
+are ``:`` comment lines, so a reconnect right after one skips nothing (``../shared/pitfalls.md``).
+
+Each stream reads rows from the table — before waiting, when the process's LISTEN connection
+(``event_hub.py``) wakes it, and on every heartbeat tick (a slow safety re-read, not a poll). Reads
+run in a thread of their own and close their database connection at once (back to the pool under
+``DATABASE_POOL``): an open stream holds no database connection while it waits.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from rest_framework import exceptions
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from .. import selectors
+from ..models import Turn
+from ..services.events import TERMINAL_KINDS
+from .event_hub import READ_PAGE, ROW_FIELDS, hub, in_thread
+
+#: Client reconnection delay sent once at the start (``retry:``), milliseconds.
+RETRY_MS = 1000
+
+
+def _error(status: int, detail: str, code: str, **headers: str) -> JsonResponse:
+    response = JsonResponse({"detail": detail, "code": code}, status=status)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+def _authenticate(request: HttpRequest) -> Any:
+    """The user by the API's own authenticators (Token, session); raises DRF's
+    ``AuthenticationFailed`` / ``NotAuthenticated``."""
+    drf_request = Request(request, authenticators=APIView().get_authenticators())  # REST_FRAMEWORK's classes
+    user = drf_request.user
+    if user is None or not user.is_authenticated:
+        raise exceptions.NotAuthenticated()
+    return user
+
+
+def _last_event_id(request: HttpRequest) -> int | None:
+    """``Last-Event-ID`` (header) or ``?last_event_id=``; raises ``ValueError`` when not a
+    non-negative integer."""
+    raw = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id")
+    if raw is None or raw.strip() == "":
+        return None
+    value = int(raw.strip())
+    if value < 0 or value > 2**63 - 1:
+        raise ValueError(raw)
+    return value
+
+
+@dataclass
+class _Scope:
+    """What one stream shows: a turn's events (``turn_id`` set) or a session's."""
+
+    session_id: str
+    turn_id: Any = None
+
+    def read(self, after: int) -> tuple[list[dict[str, Any]], bool]:
+        """Rows after ``after`` and whether the turn (turn streams only) has ended. The turn's state
+        is read first: its terminal event commits with it, so it is among the rows read after."""
+        ended = False
+        if self.turn_id is not None:
+            ended = Turn.objects.filter(pk=self.turn_id, status__in=Turn.TERMINAL).exists()
+        found = selectors.turn_events_after(after_id=after, limit=READ_PAGE, turn_id=self.turn_id,
+                                            session_id=self.session_id)
+        return [dict(row) for row in found.values(*ROW_FIELDS)], ended
+
+    def wants(self, row: dict[str, Any]) -> bool:
+        """Whether a row of the session (as the hub reads them) belongs on this stream."""
+        return self.turn_id is None or row["turn_id"] == self.turn_id
+
+
+def _frame(row: dict[str, Any]) -> bytes:
+    """One event: ``id:``, ``event:``, one ``data:`` line of JSON (json.dumps never emits a newline)."""
+    data = {"turn": str(row["turn_id"]), "attempt": row["attempt"], **(row["data"] or {})}
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"id: {row['id']}\nevent: {row['kind']}\ndata: {body}\n\n".encode()
+
+
+async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
+    """The stream body: its own read of the backlog, then the rows the hub hands over (one shared read
+    per notification), heartbeats in between with a read of its own on each tick; a turn stream ends
+    after the terminal event (or at once when the turn ended with nothing after ``after``).
+
+    No gap: within a session ids are in commit order (``services/events.py``), the hub's rows start at
+    or before the first row this stream's own read could not see, and rows up to ``after`` are skipped."""
+    events_hub = hub()
+    sub = await events_hub.subscribe(scope.session_id)  # before the first read: nothing committed later is missed
+    try:
+        yield f"retry: {RETRY_MS}\n\n".encode()
+        own_read = True
+        while not events_hub.stopping.is_set():
+            rows, ended = await in_thread(scope.read, after) if own_read else (sub.take(), False)
+            for row in rows:
+                if row["id"] <= after or not scope.wants(row):
+                    continue
+                yield _frame(row)
+                after = row["id"]
+                if scope.turn_id is not None and row["kind"] in TERMINAL_KINDS:
+                    return
+            if ended or (own_read and len(rows) == READ_PAGE):
+                if ended:
+                    return
+                continue  # more backlog
+            own_read = False
+            if sub.rows:
+                continue
+            sub.wake.clear()
+            try:
+                await asyncio.wait_for(sub.wake.wait(), settings.HERMES_SSE_HEARTBEAT_SECONDS)
+            except asyncio.TimeoutError:
+                yield b": heartbeat\n\n"
+                await events_hub.ensure_listening()  # a lost LISTEN connection is re-opened here
+                own_read = True  # the slow safety re-read
+            else:
+                own_read, sub.reread = sub.reread, False
+    finally:
+        events_hub.unsubscribe(sub)
+
+
+def _stream_response(scope: _Scope, after: int) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(_events(scope, after), content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # a proxy (nginx) must not buffer the stream
+    return response
+
+
+async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int] | None],
+                missing: str) -> HttpResponse | StreamingHttpResponse:
+    """Authenticate, parse the resume point, resolve the scope (404), then stream."""
+    if not isinstance(request, ASGIRequest):
+        # Under WSGI (runserver, gunicorn project.wsgi) Django would buffer an endless stream in memory.
+        return _error(501, "Event streams need the ASGI server: make run, or uvicorn project.asgi:application.",
+                      "asgi_required")
+    try:
+        after = _last_event_id(request)
+    except ValueError:
+        return _error(400, "Last-Event-ID / last_event_id must be a non-negative integer event id.", "invalid_event_id")
+
+    def lookup() -> tuple[_Scope, int] | None:
+        user = _authenticate(request)
+        return resolve((user, after))
+
+    try:
+        found = await in_thread(lookup)
+    except exceptions.AuthenticationFailed as exc:
+        return _error(401, str(exc.detail), str(exc.get_codes()), **{"WWW-Authenticate": "Token"})
+    except exceptions.NotAuthenticated as exc:
+        return _error(401, str(exc.detail), str(exc.get_codes()), **{"WWW-Authenticate": "Token"})
+    if found is None:
+        return _error(404, missing, "not_found")
+    return _stream_response(*found)
+
+
+async def turn_events(request: HttpRequest, turn_id: str) -> HttpResponse | StreamingHttpResponse:
+    """``GET /api/turns/{turn_id}/events/``: the turn's events, from the first (or after
+    ``Last-Event-ID``); the stream ends after ``completed`` / ``failed`` / ``cancelled``."""
+    if request.method != "GET":
+        return _error(405, f'Method "{request.method}" not allowed.', "method_not_allowed", Allow="GET")
+
+    def resolve(args: tuple[Any, int | None]) -> tuple[_Scope, int] | None:
+        user, after = args
+        try:
+            turn = selectors.turn_get(user=user, turn_id=turn_id)
+        except Turn.DoesNotExist:
+            return None
+        return _Scope(session_id=turn.session_id, turn_id=turn.pk), after or 0
+
+    return await _open(request, resolve, "No such turn.")
+
+
+async def session_events(request: HttpRequest, session_id: str) -> HttpResponse | StreamingHttpResponse:
+    """``GET /api/sessions/{session_id}/events/``: the events of every turn of the session from now
+    on (``Last-Event-ID`` / ``?last_event_id=``: after that id; ``0`` replays all); never ends."""
+    if request.method != "GET":
+        return _error(405, f'Method "{request.method}" not allowed.', "method_not_allowed", Allow="GET")
+
+    def resolve(args: tuple[Any, int | None]) -> tuple[_Scope, int] | None:
+        user, after = args
+        if not selectors.is_valid_session_id(session_id) or not selectors.session_list(user=user).filter(
+                pk=session_id).exists():
+            return None
+        start = after if after is not None else selectors.session_last_event_id(session_id=session_id)
+        return _Scope(session_id=session_id), start
+
+    return await _open(request, resolve, "No such session.")

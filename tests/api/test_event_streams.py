@@ -1,0 +1,240 @@
+"""The event streams over a real ASGI server process (gunicorn + uvicorn worker, as ``make run``) on
+the test database: errors, resuming, NOTIFY wake-ups and the SSE pitfalls of ``../shared/pitfalls.md``
+(each test names its row)."""
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from hermes_sessions import services
+from hermes_sessions.codex.runner import TurnOutcome
+from hermes_sessions.services import events
+from hermes_sessions.services.events import TurnEventWriter
+from hermes_sessions.services.turns import TurnClaim
+from tests.factories import UserFactory
+from tests.support.dispatch import hold_dispatches
+from tests.support.sse import ApiServer, open_stream
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the server process reads what the test commits
+
+HEARTBEAT = 3.0  # seconds; long enough that an event arriving sooner was woken by NOTIFY, not the tick
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[ApiServer]:
+    with django_db_blocker.unblock():
+        api = ApiServer(tmp_path_factory.mktemp("sse") / "server.log", heartbeat=HEARTBEAT).start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture
+def token(user) -> str:
+    return Token.objects.create(user=user).key
+
+
+@pytest.fixture
+def claimed(user, monkeypatch) -> TurnClaim:
+    """A running turn of a fresh session, claimed by this test playing the worker."""
+    hold_dispatches(monkeypatch)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text="hello", user=user)
+    claim = services.turn_claim(turn_id=turn.id)
+    assert claim is not None
+    return claim
+
+
+def writer_for(claim: TurnClaim) -> TurnEventWriter:
+    return TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token, attempt=claim.attempt)
+
+
+def finish(claim: TurnClaim, text: str) -> None:
+    services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=TurnOutcome(status="completed", final_text=text))
+
+
+def test_errors_are_the_apis_json(server, user, token, claimed):
+    path = f"/api/turns/{claimed.turn_id}/events/"
+    status, headers, body = server.get(path, None)
+    assert (status, headers.get("WWW-Authenticate")) == (401, "Token")
+    assert body.startswith(b"{") and b'"code": "not_authenticated"' in body
+    status, _, body = server.get(path, "0" * 40)
+    assert status == 401 and b'"code": "authentication_failed"' in body
+    other = Token.objects.create(user=UserFactory()).key
+    assert server.get(path, other)[:1] == (404,)  # someone else's turn
+    assert server.get(f"/api/sessions/{claimed.session_id}/events/", other)[0] == 404
+    status, _, body = server.get("/api/turns/not-a-uuid/events/", token)
+    assert status == 404 and b'"code": "not_found"' in body
+    status, _, body = server.get(path + "?last_event_id=-3", token)
+    assert status == 400 and b'"code": "invalid_event_id"' in body
+
+
+def test_under_wsgi_a_stream_is_refused_not_buffered_forever(claimed, token):
+    response = APIClient().get(f"/api/sessions/{claimed.session_id}/events/", HTTP_AUTHORIZATION=f"Token {token}")
+    assert (response.status_code, response.json()["code"]) == (501, "asgi_required")
+
+
+def test_schema_documents_both_streams():
+    api = APIClient()
+    api.force_authenticate(UserFactory())
+    paths = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()["paths"]
+    for path in ("/api/turns/{turn_id}/events/", "/api/sessions/{session_id}/events/"):
+        responses = paths[path]["get"]["responses"]
+        assert list(responses["200"]["content"]) == ["text/event-stream"]
+        assert list(responses["401"]["content"]) == list(responses["404"]["content"]) == ["application/json"]
+
+
+def test_events_committed_while_no_stream_is_open_are_replayed_intact(server, token, claimed):
+    """Pitfalls: 'pub/sub drops messages nobody is listening for' and 'NOTIFY's 8,000-byte payload
+    limit broke on multibyte text': ~8 KB multibyte deltas, written with nobody listening."""
+    chunk = "é漢🙂ж" * 2048  # 8,192 characters, 20,480 UTF-8 bytes
+    writer = writer_for(claimed)
+    texts = [f"{i}:{chunk}" for i in range(3)]
+    for text in texts:
+        writer.add(events.DELTA, {"item_id": "m1", "text": text})
+    writer.flush()
+    finish(claimed, "".join(texts))
+
+    stream = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token)
+    got = stream.read_to_end()
+    assert [e.event for e in got] == ["queued", "running", "delta", "delta", "delta", "completed"]
+    assert "".join(e.data["text"] for e in got if e.event == "delta") == got[-1].data["final_text"] == "".join(texts)
+    assert all(e.data["turn"] == str(claimed.turn_id) for e in got)
+
+    # Resume after the first delta (query parameter form): the rest, exactly once.
+    first_delta = got[2].id
+    again = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/?last_event_id={first_delta}", token)
+    assert [e.id for e in again.read_to_end()] == [e.id for e in got[3:]]
+    # The session stream replays every turn's events from 0.
+    session = open_stream(server.port, f"/api/sessions/{claimed.session_id}/events/", token, last_event_id=0)
+    assert [e.id for e in session.read_until(lambda e: e.event == "completed")] == [e.id for e in got]
+    session.close()
+
+
+def test_live_events_are_woken_by_notify_not_by_polling(server, token, claimed):
+    stream = open_stream(server.port, f"/api/sessions/{claimed.session_id}/events/", token)
+    assert stream.read() is None  # a heartbeat: the stream re-reads right after it, then waits HEARTBEAT s
+    time.sleep(0.5)  # past that re-read
+    writer = writer_for(claimed)
+    started = time.monotonic()
+    writer.add(events.DELTA, {"item_id": "m1", "text": "live"})
+    event = stream.read()
+    elapsed = time.monotonic() - started
+    assert event is not None and event.data["text"] == "live"
+    assert elapsed < 1.0, f"{elapsed:.2f} s: woken by the heartbeat's re-read, not by NOTIFY"
+    stream.close()
+
+
+def test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap(server, token, claimed):
+    """Pitfall: 'heartbeats carried an id:, so a reconnect skipped real events'."""
+    path = f"/api/turns/{claimed.turn_id}/events/"
+    stream = open_stream(server.port, path, token)
+    writer = writer_for(claimed)
+    writer.add(events.DELTA, {"item_id": "m1", "text": "one "})
+    seen = stream.read_until(lambda e: e.event == "delta")
+    assert stream.read() is None  # the heartbeat
+    assert sum(line.startswith("id:") for line in stream.raw) == len(stream.events)  # none on heartbeats
+    stream.close()  # gone right after the heartbeat
+    writer.add(events.DELTA, {"item_id": "m1", "text": "two "})
+    time.sleep(events.DELTA_FLUSH_SECONDS)
+    writer.add(events.DELTA, {"item_id": "m1", "text": "three"})
+    writer.flush()
+    finish(claimed, "one two three")
+    rest = open_stream(server.port, path, token, last_event_id=seen[-1].id).read_to_end()
+    assert [e.event for e in rest] == ["delta", "delta", "completed"]
+    assert "".join(e.data["text"] for e in seen + rest if e.event == "delta") == "one two three"
+
+
+def _stat_connections(dbname: str) -> tuple[int, int]:
+    """(connections to the test database other than this one, of which LISTEN connections)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), count(*) FILTER (WHERE application_name = 'hermes-sse-listener') "
+            "FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", [dbname])
+        total, listeners = cursor.fetchone()
+    return total, listeners
+
+
+def _open_raw_streams(port: int, path: str, token: str, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token {token}\r\n\r\n".encode())
+        socks.append(sock)
+    for sock in socks:
+        got = b""
+        while b"retry:" not in got:
+            data = sock.recv(4096)
+            assert data, "stream closed early"
+            got += data
+    return socks
+
+
+def _wait_for(check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_fifty_killed_streams_leave_no_database_connection_behind(server, token, claimed):
+    """Pitfall: 'under ASGI, cleanup in streaming generators ran late or never; persistent database
+    connections leaked'. A first round warms the pool (it keeps up to DATABASE_POOL_MAX_SIZE idle
+    connections on purpose); after it, 50 more streams killed mid-wait leave the count where it was,
+    and the one shared LISTEN connection is closed with the last stream."""
+    dbname = connection.settings_dict["NAME"]
+    path = f"/api/sessions/{claimed.session_id}/events/"
+    for sock in _open_raw_streams(server.port, path, token, 50):
+        sock.close()
+    _wait_for(lambda: _stat_connections(dbname)[1] == 0, timeout=15)
+    baseline = _stat_connections(dbname)[0]
+
+    socks = _open_raw_streams(server.port, path, token, 50)
+    total, listeners = _stat_connections(dbname)
+    assert listeners == 1, "one LISTEN connection per process, shared by all streams"
+    assert total <= baseline + 1, "an open stream holds no database connection while it waits"
+    for sock in socks:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+        sock.close()
+    _wait_for(lambda: _stat_connections(dbname) == (baseline, 0), timeout=15)
+
+
+def test_sigterm_with_a_stream_open_then_resume_with_no_gap_or_duplicate(tmp_path, token, claimed):
+    """Pitfall: 'with max-requests, open streams never drained; workers were killed by the timeout'.
+    The server ends open streams at SIGTERM (well inside gunicorn's --graceful-timeout 10), comes back,
+    and the client resumes from its last id."""
+    path = f"/api/turns/{claimed.turn_id}/events/"
+    writer = writer_for(claimed)
+    first = ApiServer(tmp_path / "first.log", heartbeat=HEARTBEAT).start()
+    try:
+        stream = open_stream(first.port, path, token)
+        writer.add(events.DELTA, {"item_id": "m1", "text": "before "})
+        seen = stream.read_until(lambda e: e.event == "delta")
+        took = first.terminate()
+        assert took < 5, f"shutdown waited {took:.1f} s on the open stream"
+        assert [e.event for e in stream.read_to_end(timeout=5)] == [] and stream.ended
+    finally:
+        first.stop()
+    time.sleep(events.DELTA_FLUSH_SECONDS)
+    writer.add(events.DELTA, {"item_id": "m1", "text": "while down "})
+    writer.flush()
+    second = ApiServer(tmp_path / "second.log", heartbeat=HEARTBEAT).start()
+    try:
+        resumed = open_stream(second.port, path, token, last_event_id=seen[-1].id)
+        writer.add(events.DELTA, {"item_id": "m1", "text": "after"})
+        writer.flush()
+        finish(claimed, "before while down after")
+        rest = resumed.read_to_end()
+    finally:
+        second.stop()
+    ids = [e.id for e in seen + rest]
+    assert ids == sorted(set(ids))
+    assert "".join(e.data["text"] for e in seen + rest if e.event == "delta") == "before while down after"
+    assert rest[-1].event == "completed"
