@@ -149,7 +149,7 @@ def session_export_list(
     """Sessions for ``manage.py export_sessions``, by id, each annotated with ``last_activity``:
     only those of the user named ``owner`` (username), only ``session_ids``, only those active at or
     after ``since`` (aware datetime). Filters combine with AND; none given means every session."""
-    queryset = Session.objects.select_related("owner").annotate(last_activity=last_activity_expression())
+    queryset = Session.objects.annotate(last_activity=last_activity_expression())
     if owner is not None:
         queryset = queryset.filter(owner__username=owner)
     if session_ids:

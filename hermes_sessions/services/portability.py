@@ -99,14 +99,18 @@ def _row(section: _Section, obj: models.Model) -> dict[str, Any]:
     return {f.name: _json_value(f, obj, section.users) for f in section.fields()}
 
 
-def session_export_record(*, session: Session) -> dict[str, Any]:
-    """One session as the dict a line holds (module docstring), read in one snapshot on PostgreSQL
-    (``REPEATABLE READ`` when not already inside a transaction) so a turn ending meanwhile cannot
-    leave its rows half in the line."""
+def session_export_record(*, session_id: str) -> dict[str, Any] | None:
+    """One session as the dict a line holds (module docstring), or ``None`` when it no longer
+    exists. Read in one snapshot on PostgreSQL (``REPEATABLE READ`` when not already inside a
+    transaction), session row included, so a turn ending meanwhile cannot leave its rows half in the
+    line."""
     with transaction.atomic():
         if connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1:
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        session = Session.objects.select_related("owner").filter(pk=session_id).first()
+        if session is None:
+            return None
         return {
             "format": FORMAT,
             "session": _row(SESSION, session),
@@ -121,10 +125,12 @@ def session_export_record(*, session: Session) -> dict[str, Any]:
         }
 
 
-def session_export_line(*, session: Session) -> str:
+def session_export_line(*, session_id: str) -> str | None:
     """``session_export_record`` as one line of compact JSON (no trailing newline; UTF-8 text kept
-    as is, so a line may be long: a 100,000-message session is one line)."""
-    return json.dumps(session_export_record(session=session), ensure_ascii=False, separators=(",", ":"))
+    as is, so a line may be long: a 100,000-message session is one line); ``None`` when the session
+    no longer exists (pruned while the export ran)."""
+    record = session_export_record(session_id=session_id)
+    return None if record is None else json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 
 # --- import: shape -------------------------------------------------------------------------------

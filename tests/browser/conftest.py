@@ -1,7 +1,12 @@
 """Fixtures of the browser tests: one headless Debian Chromium for the run (``driver.py``), the live
 server (pytest-django's ``live_server``, a real HTTP server on the test database, so tests are
 ``transaction=True``), a staff operator, a tab on the admin (``pages.AdminUI``) and its screenshots,
-kept under ``var/screenshots/<test name>/`` (gitignored) and listed in the test output."""
+kept under ``var/screenshots/<test name>/`` (gitignored) and listed in the test output.
+
+A turn started from the admin (once it can) needs nothing more: the suite's tasks are eager, so the
+live server's thread runs it on whatever codex the test chose (``scripted_codex`` sets the settings
+for every thread; ``tests/e2e`` shows a real worker with the real binary), and the test waits for the
+page to show it finished."""
 from __future__ import annotations
 
 import re

@@ -191,3 +191,15 @@ def test_importing_twice_refuses_or_skips_and_changes_nothing(tmp_path, rotated,
     assert out.getvalue().strip() == "0 imported, 1 skipped, 0 refused"
     assert f"line 1: skipped: session {rotated.session.id} exists already" in capsys.readouterr().err
     assert snapshot([rotated.session.id]) == before
+
+
+def test_export_to_standard_output_and_import_from_standard_input(tmp_path, handmade, monkeypatch):
+    before = snapshot([handmade.id])
+    out = io.StringIO()
+    call_command("export_sessions", stdout=out)
+    wipe([handmade.id])
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(out.getvalue().encode("utf-8"))))
+    result = io.StringIO()
+    call_command("import_sessions", "-", stdout=result)
+    assert result.getvalue().strip() == "1 imported, 0 skipped, 0 refused"
+    assert snapshot([handmade.id]) == before

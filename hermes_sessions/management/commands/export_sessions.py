@@ -4,12 +4,13 @@ on stderr. ``import_sessions`` reads the file back."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from hermes_sessions import selectors
 from hermes_sessions.management.options import moment
@@ -27,29 +28,32 @@ class Command(BaseCommand):
         parser.add_argument("--output", "-o", default="-", help="file to write (default: standard output)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        sessions = selectors.session_export_list(owner=options["owner"], session_ids=options["sessions"],
-                                                 since=options["since"])
+        session_ids = list(selectors.session_export_list(
+            owner=options["owner"], session_ids=options["sessions"], since=options["since"]
+        ).values_list("id", flat=True))
         target = options["output"]
         console = Console(stderr=True)
-        total = sessions.count()
+        total = len(session_ids)
         with Progress(console=console, disable=not total) as progress:
             task = progress.add_task("exporting sessions", total=total)
             if target == "-":
-                count = self._write(sessions, self.stdout.write, progress, task)
+                count = self._write(session_ids, self.stdout.write, progress, task)
             else:
                 # Written beside the target and renamed at the end: a failed export leaves no half file.
                 partial = Path(f"{target}.partial")
                 with partial.open("w", encoding="utf-8") as out:
-                    count = self._write(sessions, lambda line: out.write(line + "\n"), progress, task)
+                    count = self._write(session_ids, lambda line: out.write(line + "\n"), progress, task)
                 os.replace(partial, target)
         console.print(f"exported {count} session(s) to {'standard output' if target == '-' else target}",
                       markup=False, highlight=False, soft_wrap=True)
 
     @staticmethod
-    def _write(sessions: Any, write: Any, progress: Progress, task: Any) -> int:
+    def _write(session_ids: list[str], write: Callable[[str], object], progress: Progress, task: TaskID) -> int:
         count = 0
-        for session in sessions.iterator(chunk_size=100):
-            write(session_export_line(session=session))
-            count += 1
+        for session_id in session_ids:
+            line = session_export_line(session_id=session_id)
+            if line is not None:  # None: deleted since the list was read
+                write(line)
+                count += 1
             progress.advance(task)
         return count
