@@ -8,6 +8,7 @@ its id or label and returns what it shows; the fixtures in ``conftest.py`` stay 
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -143,6 +144,43 @@ class AdminUI:
             message = page.locator("ul.messagelist li.success")
             expect(message).to_be_visible()
             return message.inner_text()
+
+        return self._on_page(run)
+
+    def api_post(self, path: str, body: dict[str, Any], *, token: str) -> tuple[int, Any]:
+        """POST JSON to the live server's REST API as the token's user (DRF tries the token first, so
+        this tab's admin login does not interfere); returns ``(status, parsed body)``."""
+        def run(page: Page) -> tuple[int, Any]:
+            response = page.request.post(f"{self.base_url}{path}", data=body,
+                                         headers={"Authorization": f"Token {token}"})
+            return response.status, response.json()
+
+        return self._on_page(run)
+
+    def wait_for_turn(self, session_id: str, seq: int, *, status: str, timeout_s: float = 30.0) -> dict[str, str]:
+        """Watch the Turns list (searched by session id, reloaded every half second) until turn
+        ``seq`` of the session shows ``status`` (as the admin labels it, e.g. ``Succeeded``); returns
+        its row ``{field: text}``. Raises ``AssertionError`` with the last row seen after ``timeout_s``."""
+        def run(page: Page) -> dict[str, str]:
+            deadline = time.monotonic() + timeout_s
+            row: dict[str, str] = {}
+            while True:
+                page.goto(f"{self.base_url}/admin/hermes_sessions/turn/?q={urlquote(session_id)}")
+                rows = [_cells(r) for r in page.locator("#result_list tbody tr").all()]
+                row = next((r for r in rows if r.get("seq") == str(seq)), {})
+                if row.get("status") == status or time.monotonic() > deadline:
+                    break
+                page.wait_for_timeout(500)
+            assert row.get("status") == status, f"turn {seq} of {session_id} did not reach {status}: {row}"
+            return row
+
+        return self._on_page(run)
+
+    def transcript(self, session_id: str) -> list[dict[str, str]]:
+        """Open the session's page by URL; returns its transcript rows ``{field: text}`` in order."""
+        def run(page: Page) -> list[dict[str, str]]:
+            page.goto(f"{self.base_url}/admin/hermes_sessions/session/{urlquote(quote(session_id))}/change/")
+            return _inline_rows(page, "messages-group")
 
         return self._on_page(run)
 

@@ -1,13 +1,16 @@
-"""In a real browser (Debian's Chromium, headless): an operator logs in to the admin, finds the
-session that went through a rotation in the sessions list by its unacknowledged notice, opens it,
-sees the rotation notice at the top and the binding history (the ended thread with codex's reason,
-the new active one), and acknowledges the notice with the Notices list's action — after which the
-banner is gone and the notice records who acknowledged it."""
+"""In a real browser (Debian's Chromium, headless), as an operator: log in to the admin, find the
+session that went through a rotation in the sessions list by its unacknowledged notice, open it, see
+the rotation notice at the top and the binding history (the ended thread with codex's reason, the new
+active one), and acknowledge the notice with the Notices list's action — after which the banner is
+gone and the notice records who acknowledged it. Also: a non-staff user is refused at the login form,
+and a turn posted to the live server runs and is seen finished in the admin."""
 from __future__ import annotations
 
 import pytest
+from rest_framework.authtoken.models import Token
 
-from hermes_sessions.models import Notice
+from hermes_sessions import services
+from hermes_sessions.models import Notice, Turn
 from hermes_sessions.services import NOTICE_THREAD_ROTATED
 from tests.factories import SessionFactory
 
@@ -56,3 +59,25 @@ def test_a_user_who_is_not_staff_cannot_log_in_to_the_admin(admin_ui, user):
     error = admin_ui.login_error("alice", "pw")
     admin_ui.shot("refused-login")
     assert "Please enter the correct username and password for a staff account." in error
+
+
+def test_a_turn_posted_to_the_live_server_runs_and_the_admin_shows_it_finished(admin_ui, operator, user, scripted_codex):
+    # The path a turn started from the admin will take: through the live server, the same service
+    # and queue as the API (eager here, on the scripted app-server), watched finishing in the admin.
+    session = services.session_create(owner=user, session_id="sess-browser-turn", title="Turn from the browser")
+    token = Token.objects.create(user=user)
+    admin_ui.log_in("operator", OPERATOR_PASSWORD)
+
+    status, body = admin_ui.api_post(f"/api/sessions/{session.id}/turns/", {"input": "hello from the browser"},
+                                     token=token.key)
+    assert status == 202, body
+    row = admin_ui.wait_for_turn(session.id, 1, status="Succeeded")
+    admin_ui.shot("turn-succeeded")
+    assert row["thread_action"] == "Started"
+    transcript = admin_ui.transcript(session.id)
+    admin_ui.shot("session-transcript")
+    assert [(m["role"], m["content_preview"]) for m in transcript] == [
+        ("User", "hello from the browser"), ("Assistant", "echo: hello from the browser")]
+    turn = Turn.objects.get(pk=body["id"])
+    assert (turn.status, turn.final_text) == ("succeeded", "echo: hello from the browser")
+    assert scripted_codex.processes() == [["initialize", "thread/start", "turn/start"]]
