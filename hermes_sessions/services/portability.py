@@ -17,10 +17,11 @@ auto ids and the parent link; times ISO 8601 with microseconds and offset, UUIDs
 
 Import is one transaction per line: a line is imported whole or not at all. A line is refused
 (``ImportRefused``, nothing written) when it is not JSON or not that shape, names an owner that does
-not exist here, holds a queued or running turn (its worker state would not survive the move), refers
-to a turn it does not hold, holds a rollout whose chunks do not add up to its sha256, or collides with
-rows already here (a thread or turn id of another session). A session id that exists already is
-skipped or refused, as the caller chooses. Other users a line names (who ran a turn, who acknowledged
+not exist here, has counters behind its rows (``last_message_seq`` / ``last_turn_seq``), holds a
+queued or running turn (its worker state would not survive the move), refers to a turn it does not
+hold, holds a rollout whose chunks do not add up to its sha256, or collides with rows already here (a
+thread or turn id of another session). A session id that exists already is skipped or refused, as
+the caller chooses. Other users a line names (who ran a turn, who acknowledged
 a notice) are matched by username; one that does not exist here becomes null.
 """
 from __future__ import annotations
@@ -242,7 +243,17 @@ def _build(record: dict[str, Any]) -> _Rows:
     except (ValidationError, binascii.Error, ValueError) as exc:
         raise ImportRefused(f"bad value: {exc}") from exc
     _check_turns(rows)
+    _check_counters(rows)
     return rows
+
+
+def _check_counters(rows: _Rows) -> None:
+    # The session's counters hand out the next seq; one behind its rows would make the next turn collide.
+    last_message = max((m.seq for m in rows.messages), default=0)
+    last_turn = max((t.seq for t in rows.turns), default=0)
+    if rows.session.last_message_seq < last_message or rows.session.last_turn_seq < last_turn:
+        raise ImportRefused(f"session counters (last_message_seq {rows.session.last_message_seq}, last_turn_seq "
+                            f"{rows.session.last_turn_seq}) are behind its rows (message {last_message}, turn {last_turn})")
 
 
 def _check_turns(rows: _Rows) -> None:

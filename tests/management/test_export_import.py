@@ -146,18 +146,21 @@ def test_bad_lines_are_reported_by_number_and_change_nothing(tmp_path, rotated, 
     no_owner["session"]["owner"] = "nobody"
     bad_role = json.loads(other)
     bad_role["messages"][0]["role"] = "wizard"
+    behind = json.loads(other)
+    behind["session"]["last_message_seq"] = 1
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join([
-        "{not json", json.dumps(tampered), json.dumps(no_owner), json.dumps(bad_role), other,
+        "{not json", json.dumps(tampered), json.dumps(no_owner), json.dumps(bad_role), json.dumps(behind), other,
     ]) + "\n", encoding="utf-8")
 
-    with pytest.raises(CommandError, match="1 imported, 0 skipped, 4 refused"):
+    with pytest.raises(CommandError, match="1 imported, 0 skipped, 5 refused"):
         call_command("import_sessions", str(path))
     err = capsys.readouterr().err
     assert "line 1: refused: not JSON" in err
     assert f"line 2: refused: session {rotated.session.id}: rollout of thread {rotated.new_thread_id}" in err
     assert "line 3: refused: owner 'nobody' does not exist here" in err
     assert "line 4: refused: messages/0/role: 'wizard' is not one of" in err
+    assert "line 5: refused: session counters (last_message_seq 1, last_turn_seq 1) are behind its rows" in err
     # The tampered session left nothing behind: its session, turns and transcript rows rolled back too.
     assert not Session.objects.filter(pk=rotated.session.id).exists()
     assert not Turn.objects.filter(session_id=rotated.session.id).exists()
