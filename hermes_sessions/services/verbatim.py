@@ -27,7 +27,7 @@ def _auto_time_fields(model: type[models.Model]) -> list[str]:
 
 def rows_insert_verbatim(objs: Sequence[M]) -> list[M]:
     """Insert unsaved instances of one model keeping every value they carry, automatic timestamps
-    included; returns them with primary keys set. Runs inside the caller's ``transaction.atomic``
+    included (one left ``None`` gets the insert's "now"); returns them with primary keys set. Runs inside the caller's ``transaction.atomic``
     (raises ``TransactionManagementError`` otherwise: a half-restored session must roll back whole);
     database errors (``IntegrityError``, …) propagate."""
     if not connection.in_atomic_block:
@@ -41,6 +41,7 @@ def rows_insert_verbatim(objs: Sequence[M]) -> list[M]:
     if timed:
         for obj, values in zip(created, kept, strict=True):
             for name, value in zip(timed, values, strict=True):
-                setattr(obj, name, value)
+                if value is not None:  # None: the row had no time of its own; "now" from the insert stays
+                    setattr(obj, name, value)
         model._default_manager.bulk_update(created, timed, batch_size=BATCH_SIZE)
     return created

@@ -206,3 +206,30 @@ def test_export_to_standard_output_and_import_from_standard_input(tmp_path, hand
     call_command("import_sessions", "-", stdout=result)
     assert result.getvalue().strip() == "1 imported, 0 skipped, 0 refused"
     assert snapshot([handmade.id]) == before
+
+
+def test_a_line_without_a_column_added_later_gets_its_default_and_an_unknown_key_is_refused(tmp_path, handmade, capsys):
+    line = json.loads(export(tmp_path).read_text(encoding="utf-8"))
+    wipe([handmade.id])
+    older = json.loads(json.dumps(line))  # as an export made before these columns existed
+    for message in older["messages"]:
+        del message["reasoning"]
+    del older["turns"][0]["timings"]
+    del older["notices"][0]["created_at"]
+    newer = json.loads(json.dumps(line))
+    newer["turns"][0]["colour"] = "blue"
+    no_id = json.loads(json.dumps(line))
+    del no_id["session"]["id"]
+    path = tmp_path / "versions.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in (newer, no_id, older)) + "\n", encoding="utf-8")
+
+    with pytest.raises(CommandError, match="1 imported, 0 skipped, 2 refused"):
+        call_command("import_sessions", str(path))
+    err = capsys.readouterr().err
+    assert "line 1: refused: turns/0: Additional properties are not allowed ('colour' was unexpected)" in err
+    assert "line 2: refused: session: 'id' is a required property" in err
+    turn = Turn.objects.get(session_id=handmade.id)
+    assert turn.timings == {} and turn.usage == {"total_tokens": 7}
+    notice = Notice.objects.get(session_id=handmade.id)
+    assert notice.created_at > timezone.now() - timedelta(minutes=5)
+    assert notice.acknowledged_by is not None
