@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo demo-admin test e2e bench bench-streams faults stand-in lint services migrate run worker clean codex-bump
+.PHONY: install demo demo-admin test e2e bench bench-streams faults stand-in lint services chromium migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,13 +43,17 @@ demo-admin: install
 services:
 	@scripts/ensure_services.sh "$(TEST_DATABASE_URL)" "$(TEST_BROKER_URL)"
 
+# Debian's Chromium for the browser tests (tests/browser): installed with apt-get when missing.
+chromium:
+	@scripts/ensure_chromium.sh
+
 # ruff (ruff.toml: pycodestyle, pyflakes, isort, bugbear, Django, blind-except, complexity) over the
 # whole tree; mypy (mypy.ini: django-stubs, DRF stubs, celery-types) over hermes_sessions/ and project/.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: install services lint
+test: install services chromium lint
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
 		$(VENV)/bin/pytest $(PYTEST_ARGS)
 

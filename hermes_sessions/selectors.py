@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -16,7 +17,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.db.models import Count, IntegerField, Max, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 
-from .models import SESSION_ID_RE, CodexBinding, Message, Notice, Session, Turn, TurnEvent
+from .models import SESSION_ID_RE, CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Session, Turn, TurnEvent
 
 # ``request.user`` as Django and DRF type it. Lookups go by ``user.pk``: an anonymous user (pk None)
 # owns nothing, although the API's IsAuthenticated never lets one get here.
@@ -45,9 +46,10 @@ def _active_thread_subquery() -> Subquery:
     )
 
 
-def _annotate_sessions(queryset: QuerySet[Session]) -> QuerySet[Session]:
-    """Add ``active_thread_id`` (str | None), ``turn_count``, ``unacknowledged_notice_count`` and
-    ``last_activity`` (the later of ``updated_at`` and the newest turn event) to each session."""
+def last_activity_expression() -> Greatest:
+    """A session's last activity (datetime): the later of ``updated_at`` and its newest turn event
+    (finished, else started, else created). The admin list, ``session_list`` and the operator
+    commands (``export_sessions --since``, ``prune_sessions --before``) all use this one definition."""
     latest_turn_event = (
         Turn.objects.filter(session=OuterRef("pk"))
         .order_by()
@@ -55,12 +57,18 @@ def _annotate_sessions(queryset: QuerySet[Session]) -> QuerySet[Session]:
         .annotate(at=Max(Coalesce("finished_at", "started_at", "created_at")))
         .values("at")[:1]
     )
+    # Coalesce keeps this portable: SQLite's MAX() (Greatest) is NULL when any argument is.
+    return Greatest("updated_at", Coalesce(Subquery(latest_turn_event), "updated_at"))
+
+
+def _annotate_sessions(queryset: QuerySet[Session]) -> QuerySet[Session]:
+    """Add ``active_thread_id`` (str | None), ``turn_count``, ``unacknowledged_notice_count`` and
+    ``last_activity`` (``last_activity_expression``) to each session."""
     return queryset.annotate(
         active_thread_id=_active_thread_subquery(),
         turn_count=_per_session_count(Turn.objects.all()),
         unacknowledged_notice_count=_per_session_count(Notice.objects.filter(acknowledged_at__isnull=True)),
-        # Coalesce keeps this portable: SQLite's MAX() (Greatest) is NULL when any argument is.
-        last_activity=Greatest("updated_at", Coalesce(Subquery(latest_turn_event), "updated_at")),
+        last_activity=last_activity_expression(),
     )
 
 
@@ -147,3 +155,42 @@ def turn_events_after(*, after_id: int, limit: int, turn_id: Any = None, session
 def session_last_event_id(*, session_id: str) -> int:
     """The id of the session's newest stream event, 0 when it has none."""
     return TurnEvent.objects.filter(session_id=session_id).aggregate(m=Max("id"))["m"] or 0
+
+
+def session_export_list(
+    *, owner: str | None = None, session_ids: list[str] | None = None, since: datetime | None = None
+) -> QuerySet[Session]:
+    """Sessions for ``manage.py export_sessions``, by id, each annotated with ``last_activity``:
+    only those of the user named ``owner`` (username), only ``session_ids``, only those active at or
+    after ``since`` (aware datetime). Filters combine with AND; none given means every session."""
+    queryset = Session.objects.annotate(last_activity=last_activity_expression())
+    if owner is not None:
+        queryset = queryset.filter(owner__username=owner)
+    if session_ids:
+        queryset = queryset.filter(pk__in=session_ids)
+    if since is not None:
+        queryset = queryset.filter(last_activity__gte=since)
+    return queryset.order_by("id")
+
+
+def session_inactive_list(*, before: datetime) -> QuerySet[Session, tuple[str, datetime, int]]:
+    """``(session id, last activity, queued + running turns)`` of each session whose last activity
+    (``last_activity_expression``) is older than ``before`` (aware datetime), by id."""
+    active = Turn.objects.filter(status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING))
+    return (
+        Session.objects.annotate(last_activity=last_activity_expression(), active_turns=_per_session_count(active))
+        .filter(last_activity__lt=before)
+        .order_by("id")
+        .values_list("id", "last_activity", "active_turns")
+    )
+
+
+def rollout_list(*, session: Session) -> QuerySet[CodexRollout]:
+    """The session's stored codex rollouts (headers only, no chunk bytes), oldest first."""
+    return CodexRollout.objects.filter(session=session).order_by("updated_at", "id")
+
+
+def rollout_chunk_list(*, rollout: CodexRollout) -> QuerySet[RolloutChunk]:
+    """A rollout's chunks in ``seq`` order, bytes included (export only: nothing that lists sessions
+    or turns reads chunks)."""
+    return RolloutChunk.objects.filter(rollout=rollout).order_by("seq")

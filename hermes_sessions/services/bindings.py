@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from ..models import CodexBinding, Notice, Session, Turn
 from ..sanitize import clean_text
+from .verbatim import rows_insert_verbatim
 
 NOTICE_THREAD_ROTATED = "Codex thread could not be resumed; starting a new one."
 NOTICE_BINDING_ENDED = "Codex thread binding ended by an operator; the next turn starts a new one."
@@ -95,3 +96,15 @@ def notice_acknowledge(*, notices: Iterable[Notice], user: AbstractBaseUser | An
         return Notice.objects.filter(pk__in=ids, acknowledged_at__isnull=True).update(
             acknowledged_at=timezone.now(), acknowledged_by=user
         )
+
+
+def binding_history_insert(*, bindings: list[CodexBinding], notices: list[Notice]) -> None:
+    """Store an exported session's bindings and notices as they were (``manage.py import_sessions``):
+    times, reasons and acknowledgements kept. Inside the import's transaction, after the session and
+    its turns are inserted. Raises ``ValueError`` when more than one binding is active (the database's
+    one-active-binding constraint would refuse it too), ``IntegrityError`` from the database."""
+    _require_transaction()
+    if sum(b.status == CodexBinding.Status.ACTIVE for b in bindings) > 1:
+        raise ValueError("more than one active codex binding")
+    rows_insert_verbatim(bindings)
+    rows_insert_verbatim(notices)

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from ..codex.rollout_files import RolloutBase, RolloutDelta, RolloutDiverged, find_rollout, write_rollout
 from ..models import CodexRollout, RolloutChunk, Session
+from .verbatim import rows_insert_verbatim
 
 logger = logging.getLogger(__name__)
 
@@ -172,3 +173,27 @@ def rollout_forget(*, thread_id: str) -> int:
     with transaction.atomic():
         deleted, by_model = CodexRollout.objects.filter(thread_id=thread_id).delete()
     return by_model.get(CodexRollout._meta.label, 0)
+
+
+def rollout_insert_verified(*, rollout: CodexRollout, chunks: list[RolloutChunk]) -> None:
+    """Store an exported rollout (``manage.py import_sessions``) byte for byte: the header row and
+    its chunks exactly as exported (stored bytes, compression, seq, times), after checking that the
+    chunks decode to ``rollout.length`` bytes with ``rollout.sha256``, each at its offset with its
+    size and sha256. Inside the import's transaction. Raises ``RolloutDiverged`` when they do not
+    verify (nothing is written), ``IntegrityError`` when the thread is already stored."""
+    digest = hashlib.sha256()
+    length = 0
+    for chunk in sorted(chunks, key=lambda c: c.seq):
+        raw = _decode(bytes(chunk.data), chunk.compression)
+        if chunk.offset != length or len(raw) != chunk.size or hashlib.sha256(raw).hexdigest() != chunk.sha256:
+            raise RolloutDiverged(f"rollout of thread {rollout.thread_id}: chunk {chunk.seq} does not verify "
+                                  f"(offset {chunk.offset}, size {chunk.size})")
+        digest.update(raw)
+        length += len(raw)
+    if length != rollout.length or digest.hexdigest() != rollout.sha256:
+        raise RolloutDiverged(f"rollout of thread {rollout.thread_id}: chunks give {length} bytes, sha256 "
+                              f"{digest.hexdigest()}; the header says {rollout.length} bytes, {rollout.sha256}")
+    (stored,) = rows_insert_verbatim([rollout])
+    for chunk in chunks:
+        chunk.rollout = stored
+    rows_insert_verbatim(chunks)
