@@ -69,11 +69,15 @@ TARGETS_MS: dict[str, float] = {
 # --------------------------------------------------------------------------------------- seeding
 
 
+#: Filler prose of every message (common words, as chat has; few distinct words, as a real vocabulary).
+FILLER = "the agent read the file, ran the tests and wrote a short summary of what changed. "
+
+
 def _content(n: str) -> str:
     """SQL text of a message numbered by the bigint expression ``n``: three vocabulary words (``w0``…``w999``,
-    spread evenly) and an md5 padding to ≈ 200 (odd n, user) or ≈ 600 characters (even n, assistant)."""
+    spread evenly) and filler prose to ≈ 200 (odd n, user) or ≈ 600 characters (even n, assistant)."""
     return (f"'message ' || {n} || ': w' || ({n} * 7919 %% 1000) || ' w' || ({n} * 104729 %% 1000) || ' w' || "
-            f"({n} * 1299709 %% 1000) || ' ' || repeat(md5({n}::text) || ' ', CASE WHEN {n} %% 2 = 1 THEN 5 ELSE 17 END)")
+            f"({n} * 1299709 %% 1000) || ' ' || repeat('{FILLER}', CASE WHEN {n} %% 2 = 1 THEN 2 ELSE 7 END)")
 
 
 MESSAGE_COLUMNS = "session_id, seq, turn_id, role, content, tool_calls, tool_call_id, reasoning, codex_item_id, created_at"

@@ -14,13 +14,22 @@ from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
-from django.contrib.postgres.search import SearchQuery, SearchVector, SearchVectorExact
+from django.contrib.postgres.search import SearchQuery, SearchVectorExact
 from django.db import connections
 from django.db.models import Count, Exists, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Greatest
 
-from .models import MESSAGE_SEARCH_CONFIG, SESSION_ID_RE, CodexBinding, Message, Notice, Session, Turn
+from .models import (
+    MESSAGE_SEARCH_CONFIG,
+    SESSION_ID_RE,
+    CodexBinding,
+    Message,
+    MessageSearchVector,
+    Notice,
+    Session,
+    Turn,
+)
 
 # ``request.user`` as Django and DRF type it. Lookups go by ``user.pk``: an anonymous user (pk None)
 # owns nothing, although the API's IsAuthenticated never lets one get here.
@@ -239,11 +248,12 @@ def message_search_filter(queryset: QuerySet[Message], q: str) -> QuerySet[Messa
 
     PostgreSQL: full-text search in web-search syntax (``websearch_to_tsquery``: words are ANDed,
     ``"a phrase"``, ``or``, ``-word``), with ``models.MESSAGE_SEARCH_CONFIG`` on both sides, through
-    the GIN index ``message_content_search`` (migration 0004; the expression here is the index's).
+    the GIN index ``message_content_search`` on ``models.MessageSearchVector`` (migration 0004; the
+    expression here is the index's).
     Other databases (the SQLite demo): a case-insensitive substring match of the whole text."""
     if connections[queryset.db].vendor != "postgresql":
         return queryset.filter(content__icontains=q)
-    vector = SearchVector("content", config=MESSAGE_SEARCH_CONFIG)
+    vector = MessageSearchVector("content")
     query = SearchQuery(q, config=MESSAGE_SEARCH_CONFIG, search_type="websearch")
     return queryset.filter(SearchVectorExact(vector, query))
 
