@@ -150,6 +150,7 @@ def test_notice_page_is_view_only(admin_client):
     url = reverse("admin:hermes_sessions_notice_change", args=[notice.pk])
     assert admin_client.get(url).status_code == 200
     assert admin_client.post(url, {"text": "changed"}).status_code == 403
+    assert admin_client.post(reverse("admin:hermes_sessions_notice_delete", args=[notice.pk]), {"post": "yes"}).status_code == 403
     notice.refresh_from_db()
     assert notice.text == "keep me"
     assert Notice.objects.count() == 1
