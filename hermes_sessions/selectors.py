@@ -231,15 +231,16 @@ class InvalidSearch(ValueError):
 
 
 def search_text(value: Any) -> str:
-    """``value`` (a query-string ``q``) trimmed; raises ``InvalidSearch`` when it is not a string,
-    is empty or is longer than ``MAX_SEARCH_CHARS``."""
+    """``value`` (a query-string ``q``) trimmed; raises ``InvalidSearch`` when it is not a string, is
+    longer than ``MAX_SEARCH_CHARS`` (counted before trimming, as the API's schema says) or holds
+    nothing but whitespace."""
     if not isinstance(value, str):
         raise InvalidSearch("q must be a string")
+    if len(value) > MAX_SEARCH_CHARS:
+        raise InvalidSearch(f"q is {len(value)} characters; the limit is {MAX_SEARCH_CHARS}")
     text = value.strip()
     if not text:
         raise InvalidSearch("q must not be empty")
-    if len(text) > MAX_SEARCH_CHARS:
-        raise InvalidSearch(f"q is {len(text)} characters; the limit is {MAX_SEARCH_CHARS}")
     return text
 
 

@@ -219,12 +219,12 @@ class TurnDetailView(_ApiView, generics.RetrieveAPIView):
 def _search_param(*, required: bool) -> OpenApiParameter:
     return OpenApiParameter(
         "q",
-        OpenApiTypes.STR,
+        {"type": "string", "minLength": 1, "maxLength": selectors.MAX_SEARCH_CHARS, "pattern": r"\S"},
         OpenApiParameter.QUERY,
         required=required,
         description=f"Full-text search of the messages' content, web-search syntax (words are ANDed, "
         f'"a phrase", `or`, `-word`; PostgreSQL\'s `simple` configuration: no stemming). 1-{selectors.MAX_SEARCH_CHARS} '
-        "characters after trimming; matches come newest first.",
+        "characters, not only whitespace; matches come newest first.",
     )
 
 

@@ -59,7 +59,7 @@ def test_session_search_pages_by_keyset_cursor(client, user):
     assert seqs(client.get(f"/api/sessions/{s.id}/messages/?page_size=3")) == [1, 2, 3]
 
 
-@pytest.mark.parametrize("q", ["", "   ", "x" * (selectors.MAX_SEARCH_CHARS + 1)])
+@pytest.mark.parametrize("q", ["", "   ", "x" * (selectors.MAX_SEARCH_CHARS + 1), " " * 200 + "x"])
 def test_bad_search_text_is_a_json_400(client, session, q):
     for url in (f"/api/sessions/{session.id}/messages/", "/api/messages/"):
         response = client.get(url, {"q": q})
@@ -117,7 +117,9 @@ def test_schema_documents_search():
     paths = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()["paths"]
     search = paths["/api/messages/"]["get"]
     assert [p["name"] for p in search["parameters"] if p["in"] == "query" and p["name"] == "q"] == ["q"]
-    assert next(p for p in search["parameters"] if p["name"] == "q")["required"] is True
+    q = next(p for p in search["parameters"] if p["name"] == "q")
+    assert q["required"] is True
+    assert q["schema"] == {"type": "string", "minLength": 1, "maxLength": selectors.MAX_SEARCH_CHARS, "pattern": r"\S"}
     assert "400" in search["responses"]
     transcript = paths["/api/sessions/{session_id}/messages/"]["get"]
     assert any(p["name"] == "q" and not p.get("required") for p in transcript["parameters"])
