@@ -226,6 +226,7 @@ class SessionAdmin(admin.ModelAdmin):
             "timeline_svg": timeline_svg(turns=turns, bindings=bindings, now=timezone.now()),
             "page_turns": [(t, duration_text(turn_duration(t)), preview(t.input, 200), preview(t.error, 300)) for t in turns],
             "turn_form": TurnRunForm(),
+            "turns_in_progress": sum(1 for t in turns if not t.is_terminal),
             "transcript": [(m, preview(m.content), preview(m.reasoning)) for m in page.rows],
             "transcript_older": page.older_before,
             "transcript_q": q,

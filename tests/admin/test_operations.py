@@ -84,6 +84,7 @@ def test_run_turn_from_the_session_page_queues_it_like_the_api(admin_client, adm
     assert f"Turn 1 queued ({turn.id})." in html
     assert f'<tr id="turn-1" data-turn="{turn.id}">' in html
     assert 'class="turn-status status-queued">queued<' in html
+    assert '<p id="turns-in-progress">1 turn queued or running' in html
 
 
 def test_run_turn_refusals_are_messages_not_errors(admin_client, dispatched):
@@ -203,3 +204,20 @@ def test_session_page_token_totals(admin_client):
     assert response.context["token_totals"] == {"input_tokens": 150, "cached_input_tokens": 0, "output_tokens": 10,
                                                  "reasoning_output_tokens": 0, "total_tokens": 160}
     assert '<td class="token-total_tokens">160</td>' in response.content.decode()
+
+
+def test_a_turn_run_from_the_admin_runs_through_the_worker_code(admin_client, scripted_codex,
+                                                                 django_capture_on_commit_callbacks):
+    """The admin's turn takes the API's path: the task sent after commit runs it (eagerly here, on the
+    scripted app-server) and the session page then shows it succeeded, with its reply in the transcript."""
+    session = SessionFactory(id="ops-real")
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_client.post(action_url("run_turn", session.id), {"input": "hello from the admin", "on_busy": "enqueue"})
+    turn = Turn.objects.get(session=session)
+    assert turn.status == "succeeded", turn.error
+    assert turn.thread_action == "started"
+    assert [m["method"] for m in scripted_codex.calls()][:3] == ["initialize", "thread/start", "turn/start"]
+    html = admin_client.get(page(session.id)).content.decode()
+    assert 'class="turn-status status-succeeded">succeeded<' in html
+    assert 'id="turns-in-progress"' not in html
+    assert "hello from the admin" in html.split('<table id="transcript">')[1]
