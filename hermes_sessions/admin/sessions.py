@@ -20,12 +20,15 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from .. import selectors, services
 from ..models import CodexBinding, Notice, Session, Turn
@@ -119,6 +122,14 @@ class SessionAdmin(admin.ModelAdmin):
         rotates (e.g. a damaged rollout: -32603 "failed to read session metadata")."""
         ended = sum(services.binding_end(session=s, reason=f"ended by operator {request.user}") for s in queryset)
         self.message_user(request, f"Ended {ended} codex binding(s).", messages.SUCCESS)
+
+    def action_checkbox(self, obj: Session) -> SafeString:
+        """Django's row checkbox, written directly: rendering a ``CheckboxInput`` through the template
+        engine cost ≈ 0.5 ms a row, half of the list's rendering (profiled under make bench-admin)."""
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="Select this object for an action - {}">',
+            helpers.ACTION_CHECKBOX_NAME, obj.pk, str(obj),
+        )
 
     def has_end_binding_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("hermes_sessions.change_codexbinding")
