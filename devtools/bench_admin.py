@@ -355,8 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         server, base = _start_server(env)
         clients = Clients(base, token)
         clients.login()
+        load_before = os.getloadavg()[0]
         rows = summarize(measure(clients, args.runs))
-        print(f"runs: {args.runs} per page (sequential, interleaved; gunicorn 2 sync workers)")
+        print(f"runs: {args.runs} per page (sequential, interleaved; gunicorn 2 sync workers); load average "
+              f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
         print(report(rows))
         return 0 if all(met for *_, met in rows) else 1
     finally:

@@ -17,7 +17,8 @@ from django.template.response import TemplateResponse
 from .. import selectors, services
 from ..models import Message, Notice, Turn
 from .pagination import EstimatedCountPaginator
-from .sessions import _int_param, preview
+from .rendering import preview
+from .sessions import _int_param
 from .timeline import duration_text, turn_duration
 
 

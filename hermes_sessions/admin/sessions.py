@@ -25,6 +25,7 @@ from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseNotAllowed, HttpResponseRedirect
+from django.middleware.csrf import get_token
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -34,16 +35,8 @@ from .. import selectors, services
 from ..models import CodexBinding, Notice, Session, Turn
 from .forms import SessionCreateForm, TurnRunForm
 from .pagination import EstimatedCountPaginator
-from .timeline import duration_text, timeline_svg, turn_duration
-
-PREVIEW_CHARS = 2_000
-
-
-def preview(text: str, limit: int = PREVIEW_CHARS) -> str:
-    """``text`` cut to ``limit`` characters with a note of how much was left out (the API has it all)."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… [{len(text) - limit} more characters; full text in the API]"
+from .rendering import transcript_rows, turn_rows
+from .timeline import timeline_svg
 
 
 class CodexBindingInline(admin.TabularInline):
@@ -235,10 +228,14 @@ class SessionAdmin(admin.ModelAdmin):
             "can_cancel_turn": request.user.has_perm("hermes_sessions.change_turn"),
             "token_totals": selectors.session_token_totals(session_id=session_id),
             "timeline_svg": timeline_svg(turns=turns, bindings=bindings, now=timezone.now()),
-            "page_turns": [(t, duration_text(turn_duration(t)), preview(t.input, 200), preview(t.error, 300)) for t in turns],
+            "page_turns": turns,
+            "turn_rows": turn_rows(turns, csrf_token=get_token(request), cancel_url=reverse(
+                "admin:hermes_sessions_session_cancel_turn", args=[quote(session_id)])
+                if request.user.has_perm("hermes_sessions.change_turn") else None),
             "turn_form": TurnRunForm(),
             "turns_in_progress": sum(1 for t in turns if not t.is_terminal),
-            "transcript": [(m, preview(m.content), preview(m.reasoning)) for m in page.rows],
+            "transcript": page.rows,
+            "transcript_rows": transcript_rows(page.rows),
             "transcript_older": page.older_before,
             "transcript_q": q,
             "transcript_search_error": search_error,

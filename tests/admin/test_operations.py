@@ -221,3 +221,15 @@ def test_a_turn_run_from_the_admin_runs_through_the_worker_code(admin_client, sc
     assert 'class="turn-status status-succeeded">succeeded<' in html
     assert 'id="turns-in-progress"' not in html
     assert "hello from the admin" in html.split('<table id="transcript">')[1]
+
+
+def test_transcript_and_turns_are_escaped(admin_client):
+    from tests.factories import MessageFactory
+
+    session = SessionFactory(id="ops-escape")
+    MessageFactory(session=session, seq=1, content="<script>alert(1)</script>\nsecond line")
+    TurnFactory(session=session, seq=1, input="<img src=x onerror=alert(2)>", error="<b>boom</b>")
+    html = admin_client.get(page(session.id)).content.decode()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;<br>second line" in html
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(2)&gt;" in html
+    assert "<b>boom</b>" not in html and "&lt;b&gt;boom&lt;/b&gt;" in html
