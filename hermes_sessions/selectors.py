@@ -9,15 +9,31 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import Count, IntegerField, Max, OuterRef, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.contrib.postgres.search import SearchQuery, SearchVectorExact
+from django.db import connections
+from django.db.models import Count, Exists, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum, Value
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce, Greatest
 
-from .models import SESSION_ID_RE, CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Session, Turn, TurnEvent
+from .models import (
+    MESSAGE_SEARCH_CONFIG,
+    SESSION_ID_RE,
+    CodexBinding,
+    CodexRollout,
+    Message,
+    MessageSearchVector,
+    Notice,
+    RolloutChunk,
+    Session,
+    Turn,
+    TurnEvent,
+)
 
 # ``request.user`` as Django and DRF type it. Lookups go by ``user.pk``: an anonymous user (pk None)
 # owns nothing, although the API's IsAuthenticated never lets one get here.
@@ -194,3 +210,139 @@ def rollout_chunk_list(*, rollout: CodexRollout) -> QuerySet[RolloutChunk]:
     """A rollout's chunks in ``seq`` order, bytes included (export only: nothing that lists sessions
     or turns reads chunks)."""
     return RolloutChunk.objects.filter(rollout=rollout).order_by("seq")
+
+
+# --- the admin's pages -----------------------------------------------------------------------------
+
+
+def session_with_unacknowledged_notices(queryset: QuerySet[Session], *, present: bool) -> QuerySet[Session]:
+    """``queryset`` narrowed to sessions that have (``present``) or have not an unacknowledged notice
+    (an ``EXISTS`` on the partial index ``notice_unacked_session``, no join fan-out)."""
+    unacked = Exists(Notice.objects.filter(session=OuterRef("pk"), acknowledged_at__isnull=True))
+    return queryset.filter(unacked if present else ~unacked)
+
+
+def unacknowledged_notice_count() -> int:
+    """How many notices wait for an operator, across sessions (one ``COUNT`` over the partial index)."""
+    return Notice.objects.filter(acknowledged_at__isnull=True).count()
+
+
+#: Rows per transcript page in the admin (and the largest page the admin asks for).
+TRANSCRIPT_PAGE_ROWS = 50
+#: Turns shown on a session page and in its timeline (the newest; the turns list has the rest).
+SESSION_PAGE_TURNS = 50
+
+
+@dataclass(frozen=True)
+class TranscriptPage:
+    """One page of transcript rows, newest first: ``rows`` (at most the limit asked for), and
+    ``older_before``, the key (``seq`` in a session, ``id`` across sessions) to pass as ``before_…``
+    for the next older page (``None`` on the last page)."""
+
+    rows: list[Message]
+    older_before: int | None
+
+
+def transcript_page(
+    *, session_id: str, before_seq: int | None = None, limit: int = TRANSCRIPT_PAGE_ROWS, q: str = ""
+) -> TranscriptPage:
+    """The session's transcript newest first: rows with ``seq < before_seq`` (all when ``None``), at
+    most ``limit`` (1…``TRANSCRIPT_PAGE_ROWS``), matching ``q`` when given (``message_search_filter``).
+
+    One query, keyset on the unique ``(session_id, seq)`` index read backwards (``LIMIT limit + 1`` to
+    know whether an older page exists): its cost does not grow with the transcript. No ``COUNT``."""
+    limit = max(1, min(limit, TRANSCRIPT_PAGE_ROWS))
+    rows = Message.objects.filter(session_id=session_id)
+    if q:
+        rows = message_search_filter(rows, q)
+    if before_seq is not None:
+        rows = rows.filter(seq__lt=before_seq)
+    page = list(rows.order_by("-seq")[: limit + 1])
+    older = page[limit - 1].seq if len(page) > limit else None
+    return TranscriptPage(rows=page[:limit], older_before=older)
+
+
+def session_page_turns(*, session_id: str, limit: int = SESSION_PAGE_TURNS) -> list[Turn]:
+    """The session's newest ``limit`` turns, oldest first (for the session page and its timeline);
+    one query on the ``(session, seq)`` unique index."""
+    newest = list(Turn.objects.filter(session_id=session_id).order_by("-seq")[:limit])
+    return newest[::-1]
+
+
+#: ``Turn.usage`` keys summed by ``session_token_totals`` (codex's ``thread/tokenUsage/updated``
+#: figures, stored by ``services.turns._finish``; docs/codex.md).
+USAGE_KEYS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_output_tokens", "total_tokens")
+
+
+def session_token_totals(*, session_id: str) -> dict[str, int]:
+    """Sum of each ``USAGE_KEYS`` figure over the session's turns (0 where no turn reported one), in
+    one aggregate query. On PostgreSQL a key holding a non-number would fail the cast; the service
+    stores only codex's integers."""
+    sums = {
+        key: Coalesce(Sum(Cast(KT(f"usage__{key}"), output_field=IntegerField())), Value(0)) for key in USAGE_KEYS
+    }
+    return {k: int(v) for k, v in Turn.objects.filter(session_id=session_id).aggregate(**sums).items()}
+
+
+# --- message search --------------------------------------------------------------------------------
+
+#: Longest search text accepted (characters); longer is a client error, not a slow query.
+MAX_SEARCH_CHARS = 200
+
+
+class InvalidSearch(ValueError):
+    """The search text is empty (after trimming) or longer than ``MAX_SEARCH_CHARS``; the message says which."""
+
+
+def search_text(value: Any) -> str:
+    """``value`` (a query-string ``q``) trimmed; raises ``InvalidSearch`` when it is not a string, is
+    longer than ``MAX_SEARCH_CHARS`` (counted before trimming, as the API's schema says) or holds
+    nothing but whitespace."""
+    if not isinstance(value, str):
+        raise InvalidSearch("q must be a string")
+    if len(value) > MAX_SEARCH_CHARS:
+        raise InvalidSearch(f"q is {len(value)} characters; the limit is {MAX_SEARCH_CHARS}")
+    text = value.strip()
+    if not text:
+        raise InvalidSearch("q must not be empty")
+    return text
+
+
+def message_search_filter(queryset: QuerySet[Message], q: str) -> QuerySet[Message]:
+    """``queryset`` narrowed to rows whose ``content`` matches ``q``.
+
+    PostgreSQL: full-text search in web-search syntax (``websearch_to_tsquery``: words are ANDed,
+    ``"a phrase"``, ``or``, ``-word``), with ``models.MESSAGE_SEARCH_CONFIG`` on both sides, through
+    the GIN index ``message_content_search`` on ``models.MessageSearchVector`` (migration 0004; the
+    expression here is the index's).
+    Other databases (the SQLite demo): a case-insensitive substring match of the whole text."""
+    if connections[queryset.db].vendor != "postgresql":
+        return queryset.filter(content__icontains=q)
+    vector = MessageSearchVector("content")
+    query = SearchQuery(q, config=MESSAGE_SEARCH_CONFIG, search_type="websearch")
+    return queryset.filter(SearchVectorExact(vector, query))
+
+
+def message_search(*, session: Session, q: str) -> QuerySet[Message]:
+    """Rows of ``session`` matching ``q`` (``message_search_filter``), newest first (``-seq``).
+    Page it by keyset on ``seq`` (the API's cursor, ``transcript_page`` in the admin)."""
+    return message_search_filter(Message.objects.filter(session=session), q).order_by("-seq")
+
+
+def message_search_for_user(*, user: User, q: str) -> QuerySet[Message]:
+    """Rows matching ``q`` in the sessions ``user`` owns, newest first (``-id``: ids grow with
+    insertion), with ``session`` joined. Page it by keyset on ``id``."""
+    rows = Message.objects.filter(session__owner_id=user.pk)
+    return message_search_filter(rows, q).select_related("session").order_by("-id")
+
+
+def message_search_all(*, q: str, before_id: int | None = None, limit: int = TRANSCRIPT_PAGE_ROWS) -> TranscriptPage:
+    """Staff search across every session: at most ``limit`` (1…``TRANSCRIPT_PAGE_ROWS``) rows matching
+    ``q`` with ``id < before_id`` (keyset; all when ``None``), newest first, each with its session;
+    ``older_before`` is then an ``id``. One query, no ``COUNT``."""
+    limit = max(1, min(limit, TRANSCRIPT_PAGE_ROWS))
+    rows = message_search_filter(Message.objects.all(), q)
+    if before_id is not None:
+        rows = rows.filter(id__lt=before_id)
+    page = list(rows.select_related("session").order_by("-id")[: limit + 1])
+    return TranscriptPage(rows=page[:limit], older_before=page[limit - 1].id if len(page) > limit else None)

@@ -33,3 +33,16 @@ class TranscriptPagination(CursorPagination):
             except (TypeError, ValueError):
                 raise NotFound(self.invalid_cursor_message) from None
         return cursor
+
+
+class TranscriptSearchPagination(TranscriptPagination):
+    """Search results within one session (``?q=``), newest first: a keyset cursor on ``-seq``."""
+
+    ordering = "-seq"
+
+
+class MessageSearchPagination(TranscriptPagination):
+    """Search results across the caller's sessions, newest first: a keyset cursor on ``-id`` (message
+    ids grow with insertion and are unique)."""
+
+    ordering = "-id"

@@ -163,6 +163,16 @@ class MessageSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class MessageSearchResultSerializer(MessageSerializer):
+    """A transcript row found by ``GET /api/messages/?q=``, with the session it belongs to."""
+
+    session = serializers.CharField(source="session_id", read_only=True)
+
+    class Meta(MessageSerializer.Meta):
+        fields = ["session", *MessageSerializer.Meta.fields]
+        read_only_fields = fields
+
+
 class NoticeSerializer(serializers.ModelSerializer):
     """One lifecycle notice about a session."""
 

@@ -16,6 +16,7 @@ urlpatterns = [
     path("sessions/<str:session_id>/turns/", views.TurnCreateView.as_view(), name="session-turns"),
     path("sessions/<str:session_id>/messages/", views.MessageListView.as_view(), name="session-messages"),
     path("sessions/<str:session_id>/notices/", views.NoticeListView.as_view(), name="session-notices"),
+    path("messages/", views.MessageSearchView.as_view(), name="message-search"),
     path("turns/<str:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
     path("turns/<str:turn_id>/cancel/", views.TurnCancelView.as_view(), name="turn-cancel"),
     # Server-sent events (async views; docs/contract.md §8). Schema: api/schema.py's hook.

@@ -19,9 +19,16 @@ from rest_framework.response import Response
 
 from .. import selectors, services
 from ..models import Message, Notice, Session, Turn
-from .pagination import StandardPagination, TranscriptPagination
+from .errors import BadRequest
+from .pagination import (
+    MessageSearchPagination,
+    StandardPagination,
+    TranscriptPagination,
+    TranscriptSearchPagination,
+)
 from .parsers import SafeJSONParser
 from .serializers import (
+    MessageSearchResultSerializer,
     MessageSerializer,
     NoticeSerializer,
     SessionCreateSerializer,
@@ -209,17 +216,80 @@ class TurnDetailView(_ApiView, generics.RetrieveAPIView):
             raise NotFound("No such turn.") from exc
 
 
-@extend_schema(summary="A session's transcript, in seq order", parameters=[SESSION_ID_PARAM])
+def _search_param(*, required: bool) -> OpenApiParameter:
+    return OpenApiParameter(
+        "q",
+        {"type": "string", "minLength": 1, "maxLength": selectors.MAX_SEARCH_CHARS, "pattern": r"\S"},
+        OpenApiParameter.QUERY,
+        required=required,
+        description=f"Full-text search of the messages' content, web-search syntax (words are ANDed, "
+        f'"a phrase", `or`, `-word`; PostgreSQL\'s `simple` configuration: no stemming). 1-{selectors.MAX_SEARCH_CHARS} '
+        "characters, not only whitespace; matches come newest first.",
+    )
+
+
+SEARCH_400 = OpenApiResponse(description="`q` is empty or too long (`code`: `invalid_search`).")
+
+
+def _search_text(request: Request) -> str | None:
+    """The request's ``q`` checked by ``selectors.search_text`` (``None`` when absent); 400 when bad."""
+    if "q" not in request.query_params:
+        return None
+    try:
+        return selectors.search_text(request.query_params["q"])
+    except selectors.InvalidSearch as exc:
+        raise BadRequest(str(exc), code="invalid_search") from exc
+
+
+@extend_schema(
+    summary="A session's transcript, in seq order; or, with q, its matching messages newest first",
+    parameters=[SESSION_ID_PARAM, _search_param(required=False)],
+    responses={200: MessageSerializer(many=True), 400: SEARCH_400, 404: OpenApiResponse(description="No such session.")},
+)
 class MessageListView(_ApiView, generics.ListAPIView):
-    """``GET /api/sessions/{id}/messages/`` — cursor-paginated by ``seq``."""
+    """``GET /api/sessions/{id}/messages/`` — cursor-paginated by ``seq``; with ``?q=`` the rows
+    matching it (``selectors.message_search``), newest first, cursor-paginated by ``-seq``."""
 
     serializer_class = MessageSerializer
     pagination_class = TranscriptPagination
 
+    @property
+    def paginator(self) -> TranscriptPagination:
+        """A keyset on ``seq`` for the transcript, on ``-seq`` for search results."""
+        if not hasattr(self, "_paginator"):
+            searching = "q" in self.request.query_params
+            self._paginator = TranscriptSearchPagination() if searching else TranscriptPagination()
+        return self._paginator
+
     def get_queryset(self) -> QuerySet[Message]:
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
             return Message.objects.none()
-        return selectors.message_list(session=self.get_session())
+        q = _search_text(self.request)
+        session = self.get_session()
+        if q is None:
+            return selectors.message_list(session=session)
+        return selectors.message_search(session=session, q=q)
+
+
+@extend_schema(
+    summary="Search the messages of all your sessions, newest first",
+    parameters=[_search_param(required=True)],
+    responses={200: MessageSearchResultSerializer(many=True), 400: SEARCH_400},
+)
+class MessageSearchView(_ApiView, generics.ListAPIView):
+    """``GET /api/messages/?q=`` — messages matching ``q`` in the caller's sessions only
+    (``selectors.message_search_for_user``, I7), newest first, cursor-paginated by ``-id``."""
+
+    serializer_class = MessageSearchResultSerializer
+    pagination_class = MessageSearchPagination
+
+    def get_queryset(self) -> QuerySet[Message]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
+            return Message.objects.none()
+        q = _search_text(self.request)
+        if q is None:
+            raise BadRequest("q is required: the text to search for", code="invalid_search")
+        return selectors.message_search_for_user(user=self.request.user, q=q)
 
 
 @extend_schema(summary="A session's notices, newest first", parameters=[SESSION_ID_PARAM])

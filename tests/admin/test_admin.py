@@ -95,8 +95,8 @@ def test_session_page_shows_transcript_bindings_and_turns_read_only(admin_client
         MessageFactory(session=session, seq=seq, content=f"transcript-row-{seq}")
     response = admin_client.get(session_url(session.id))
     html = response.content.decode()
-    positions = [html.index(f"transcript-row-{seq}") for seq in (1, 2, 3)]
-    assert positions == sorted(positions)
+    positions = [html.index(f"transcript-row-{seq}") for seq in (3, 2, 1)]
+    assert positions == sorted(positions)  # newest first
     assert "thread-old" in html and "gone" in html  # binding history with the reason it ended
     assert "codex exited" in html  # the failed turn's error
     assert 'name="_save"' not in html  # view-only page
@@ -106,9 +106,9 @@ def test_session_page_shows_transcript_bindings_and_turns_read_only(admin_client
         assert not formset.has_delete_permission
 
 
-def test_sessions_cannot_be_added_or_changed_in_the_admin(admin_client):
+def test_sessions_cannot_be_changed_or_deleted_in_the_admin(admin_client):
     session = SessionFactory(title="original")
-    assert admin_client.get(reverse("admin:hermes_sessions_session_add")).status_code == 403
+    assert admin_client.get(reverse("admin:hermes_sessions_session_delete", args=[session.pk])).status_code == 403
     response = admin_client.post(session_url(session.id), {"title": "changed"})
     assert response.status_code == 403
     session.refresh_from_db()
@@ -150,6 +150,7 @@ def test_notice_page_is_view_only(admin_client):
     url = reverse("admin:hermes_sessions_notice_change", args=[notice.pk])
     assert admin_client.get(url).status_code == 200
     assert admin_client.post(url, {"text": "changed"}).status_code == 403
+    assert admin_client.post(reverse("admin:hermes_sessions_notice_delete", args=[notice.pk]), {"post": "yes"}).status_code == 403
     notice.refresh_from_db()
     assert notice.text == "keep me"
     assert Notice.objects.count() == 1
@@ -161,6 +162,7 @@ def test_turn_admin_is_view_only(admin_client):
     url = reverse("admin:hermes_sessions_turn_change", args=[turn.pk])
     assert admin_client.get(url).status_code == 200
     assert admin_client.post(url, {"status": "failed"}).status_code == 403
+    assert admin_client.get(reverse("admin:hermes_sessions_turn_delete", args=[turn.pk])).status_code == 403
 
 
 def test_malformed_session_id_in_admin_url_is_not_a_500(admin_client):

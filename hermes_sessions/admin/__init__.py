@@ -1,0 +1,10 @@
+"""The operators' admin (``django.contrib.admin``), by page:
+
+* ``sessions`` — the sessions list and the session page (create, run and cancel turns, end a binding,
+  acknowledge notices, timeline, paged and searchable transcript);
+* ``records`` — notices, turns and the message search (view-only audit records);
+* ``timeline`` — the session page's SVG; ``forms``; ``pagination`` (no count of a whole big table).
+
+Staff see every session. Every write goes through ``hermes_sessions.services``.
+"""
+from . import records, sessions  # noqa: F401 — importing registers the ModelAdmins

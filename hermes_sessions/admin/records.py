@@ -1,0 +1,149 @@
+"""The audit records: notices, turns and messages. None of them is added, changed or deleted here
+(the services write them; turns and notices are the audit trail), so their pages say "View". The
+writes operators make go through services: acknowledging notices, cancelling turns.
+
+Messages have no list of their own (a million rows): their changelist is the message search page
+(``?q=``, keyset pages newest first, ``?before=<id>``), with no ``COUNT``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from .. import selectors, services
+from ..models import Message, Notice, Turn
+from .pagination import EstimatedCountPaginator
+from .rendering import preview
+from .sessions import _int_param
+from .timeline import duration_text, turn_duration
+
+
+class _AuditAdmin(admin.ModelAdmin):
+    """View-only: no add, change or delete (so Django shows "View"); actions carry their own rights."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AcknowledgedFilter(admin.SimpleListFilter):
+    """Filter notices by whether an operator has acknowledged them."""
+
+    title = "acknowledged"
+    parameter_name = "acknowledged"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> tuple[tuple[str, str], ...]:
+        return (("yes", "Yes"), ("no", "No"))
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Notice]) -> QuerySet[Notice]:
+        if self.value() == "yes":
+            return queryset.filter(acknowledged_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(acknowledged_at__isnull=True)
+        return queryset
+
+
+@admin.register(Notice)
+class NoticeAdmin(_AuditAdmin):
+    """Lifecycle notices across sessions, with "Acknowledge selected notices"."""
+
+    list_display = ("kind", "session", "text", "created_at", "acknowledged")
+    list_filter = (AcknowledgedFilter, "kind")
+    list_select_related = ("session",)
+    search_fields = ("session__id", "text")
+    fields = ("session", "turn", "kind", "text", "created_at", "acknowledged_at", "acknowledged_by")
+    readonly_fields = fields
+    actions = ("acknowledge_notices",)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+
+    @admin.display(boolean=True, description="acknowledged", ordering="acknowledged_at")
+    def acknowledged(self, obj: Notice) -> bool:
+        return obj.acknowledged
+
+    @admin.action(description="Acknowledge selected notices", permissions=["acknowledge"])
+    def acknowledge_notices(self, request: HttpRequest, queryset: QuerySet[Notice]) -> None:
+        """Mark the selected notices acknowledged by the current user (``services.notice_acknowledge``)."""
+        changed = services.notice_acknowledge(notices=queryset, user=request.user)
+        self.message_user(request, f"Acknowledged {changed} notice{'s' if changed != 1 else ''}.", messages.SUCCESS)
+
+    def has_acknowledge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("hermes_sessions.change_notice")
+
+
+@admin.register(Turn)
+class TurnAdmin(_AuditAdmin):
+    """Turns across sessions, for finding failed or stuck ones: input, error, duration, token usage;
+    "Cancel selected turns" (``services.turn_cancel``, as the API)."""
+
+    list_display = ("session", "seq", "status", "thread_action", "input_preview", "error_preview", "duration",
+                    "total_tokens", "attempt", "created_at")
+    list_filter = ("status", "thread_action")
+    list_select_related = ("session",)
+    search_fields = ("session__id", "codex_thread_id", "codex_turn_id")
+    readonly_fields = [f.name for f in Turn._meta.fields]
+    actions = ("cancel_turns",)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+
+    @admin.display(description="input")
+    def input_preview(self, obj: Turn) -> str:
+        return preview(obj.input, 120)
+
+    @admin.display(description="error")
+    def error_preview(self, obj: Turn) -> str:
+        return preview(obj.error, 200)
+
+    @admin.display(description="duration")
+    def duration(self, obj: Turn) -> str:
+        return duration_text(turn_duration(obj))
+
+    @admin.display(description="tokens")
+    def total_tokens(self, obj: Turn) -> Any:
+        return (obj.usage or {}).get("total_tokens", "—")
+
+    @admin.action(description="Cancel selected turns", permissions=["cancel"])
+    def cancel_turns(self, request: HttpRequest, queryset: QuerySet[Turn]) -> None:
+        """Cancel each queued or running turn selected; finished ones are left as they are."""
+        asked = 0
+        for turn in queryset.exclude(status__in=Turn.TERMINAL):
+            services.turn_cancel(turn=turn)
+            asked += 1
+        self.message_user(request, f"Cancelled or asked to stop {asked} turn(s).", messages.SUCCESS)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("hermes_sessions.change_turn")
+
+
+@admin.register(Message)
+class MessageAdmin(_AuditAdmin):
+    """Message search across every session (the model's changelist): ``?q=`` in web-search syntax
+    (``selectors.message_search_all``), newest first, 50 per page, ``?before=<id>`` for older."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        q, error, page = request.GET.get("q", "").strip(), "", None
+        if q:
+            try:
+                page = selectors.message_search_all(q=selectors.search_text(q), before_id=_int_param(request, "before"))
+            except selectors.InvalidSearch as exc:
+                error = str(exc)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Search messages",
+            "q": q,
+            "search_error": error,
+            "results": [(m, preview(m.content, 500)) for m in page.rows] if page else None,
+            "older_before": page.older_before if page else None,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/hermes_sessions/message/search.html", context)
