@@ -184,6 +184,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The schema documents the API, not itself (GET /api/ links it); tests/api/test_contract.py.
+    "SERVE_INCLUDE_SCHEMA": False,
 }
 
 # --- Celery -------------------------------------------------------------------------------------

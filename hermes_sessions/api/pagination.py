@@ -113,8 +113,9 @@ class TranscriptPagination(_StrictPageSize, CursorPagination):
             "name": self.cursor_query_param,
             "required": False,
             "in": "query",
-            "description": "The opaque position from a page's `next` or `previous` link. One the server did not "
-            "make: 404 `Invalid cursor`.",
-            "schema": {"type": "string"},
+            "description": "The opaque position from a page's `next` or `previous` link (base64). One the server "
+            "did not make: 404 `Invalid cursor`.",
+            # DRF writes cursors with base64.b64encode: these characters only.
+            "schema": {"type": "string", "pattern": "^[A-Za-z0-9+/=]*$"},
         }
         return [cursor, self.page_size_schema()]

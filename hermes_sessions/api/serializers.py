@@ -19,10 +19,12 @@ from ..selectors import is_valid_session_id
 from ..services.idempotency import MAX_KEY_CHARS
 from ..services.turns import MAX_INPUT_CHARS, ON_BUSY
 
-# The schema's spelling of ``models.SESSION_ID_RE`` for ``POST /api/sessions/``'s optional ``id``:
-# empty (the server picks one) or a well-formed id. ECMA-262 and Python read it alike (ASCII classes
-# only); the view still checks with ``is_valid_session_id``, which also refuses a trailing newline.
-SESSION_ID_OR_EMPTY_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9._:-]{0,63})?$"
+# The schema's spelling of ``models.SESSION_ID_RE`` for ``POST /api/sessions/``'s optional ``id``
+# (drf-spectacular adds the empty string, which asks the server to pick one, as a second ``oneOf``
+# arm, so the pattern itself must not match it). ECMA-262 and Python read it alike (ASCII classes
+# only); ``validate_id`` still checks with ``is_valid_session_id``, which also refuses a trailing newline.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+SESSION_ID_RULE = "A session id is 1-64 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
 # An Idempotency-Key as ``services.idempotency`` accepts it: 1-255 printable ASCII characters. HTTP
 # strips a header value's surrounding spaces before the service sees it, so the schema asks for a
 # printable non-space character at both ends (what arrives is then exactly what was sent).
@@ -83,7 +85,7 @@ class SessionCreateSerializer(serializers.Serializer):
         required=False,
         allow_blank=True,
         max_length=64,
-        validators=[RegexValidator(SESSION_ID_OR_EMPTY_PATTERN)],
+        validators=[RegexValidator(SESSION_ID_PATTERN, message=SESSION_ID_RULE)],
         help_text="Optional client-chosen id: 1-64 of letters, digits, '.', '_', ':' or '-', starting with a "
         "letter or digit; empty or absent: the server picks `sess-<hex>`.",
     )
@@ -93,9 +95,7 @@ class SessionCreateSerializer(serializers.Serializer):
     def validate_id(self, value: str) -> str:
         """Refuse malformed ids here, with the id rule as the reason."""
         if value and not is_valid_session_id(value):
-            raise serializers.ValidationError(
-                "A session id is 1-64 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
-            )
+            raise serializers.ValidationError(SESSION_ID_RULE)
         return value
 
 

@@ -26,6 +26,7 @@ from .parsers import SafeJSONParser
 from .routes import ApiRootSerializer, api_root
 from .serializers import (
     IDEMPOTENCY_KEY_PATTERN,
+    SESSION_ID_PATTERN,
     MessageSerializer,
     NoticeSerializer,
     SessionCreateSerializer,
@@ -50,11 +51,11 @@ def _idempotency_key(request: Request) -> str | None:
 
 
 SESSION_ID_PARAM = OpenApiParameter(
-    "session_id", OpenApiTypes.STR, OpenApiParameter.PATH,
+    "session_id", {"type": "string", "pattern": SESSION_ID_PATTERN}, OpenApiParameter.PATH,
     description="The session id (see POST /api/sessions/); an id that is not one of yours, well-formed or not: 404.",
 )
 TURN_ID_PARAM = OpenApiParameter(
-    "turn_id", OpenApiTypes.STR, OpenApiParameter.PATH,
+    "turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
     description="The turn's id (a UUID); anything that is not one of your turns' ids: 404.",
 )
 NO_SESSION = "No such session among yours (`code` `not_found`)."
@@ -81,7 +82,7 @@ class _ApiView(generics.GenericAPIView):
 @extend_schema(
     summary="The API's endpoints",
     auth=[],
-    responses={200: ApiRootSerializer},
+    responses={200: ApiRootSerializer, **error_responses()},
 )
 class ApiRootView(APIView):
     """``GET /api/``: links to the sessions list, the schema and its docs, and every route of the
