@@ -137,7 +137,7 @@ class TurnCreateSerializer(serializers.Serializer):
         min_length=1,
         max_length=MAX_INPUT_CHARS,
         # Python's \S is "not str.isspace()", exactly the service's ``text.strip()`` test.
-        validators=[RegexValidator(r"\S", message="input must contain a non-whitespace character")],
+        validators=[RegexValidator(r"\S", message="input must be a non-empty string: it has no non-whitespace character")],
         error_messages={
             "blank": "input must be a non-empty string",
             "max_length": f"input is longer than the limit of {MAX_INPUT_CHARS} characters",
