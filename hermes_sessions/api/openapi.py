@@ -10,8 +10,6 @@ of ``extend_schema`` from status codes, so each view lists the statuses it can a
 """
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
@@ -75,10 +73,3 @@ def error_responses(*statuses: int, **described: str | tuple[str, type[ErrorSeri
         out[int(key.removeprefix("s"))] = OpenApiResponse(serializer, description=text)
     return dict(sorted(out.items()))
 
-
-def merged(*parts: dict[int, Any]) -> dict[int, Any]:
-    """Several ``responses`` dicts as one (later ones win), in status order."""
-    out: dict[int, Any] = {}
-    for part in parts:
-        out.update(part)
-    return dict(sorted(out.items()))
