@@ -26,9 +26,10 @@ from ..services.turns import MAX_INPUT_CHARS, ON_BUSY
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 SESSION_ID_RULE = "A session id is 1-64 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
 # An Idempotency-Key as ``services.idempotency`` accepts it: 1-255 printable ASCII characters. HTTP
-# strips a header value's surrounding spaces before the service sees it, so the schema asks for a
-# printable non-space character at both ends (what arrives is then exactly what was sent).
-IDEMPOTENCY_KEY_PATTERN = rf"^[!-~](?:[ -~]{{0,{MAX_KEY_CHARS - 2}}}[!-~])?$"
+# strips the spaces and tabs around a header value before the service sees it (runserver and gunicorn
+# alike), so the schema lets them surround the key: what it allows is what arrives, and what it
+# refuses (a longer key, a non-ASCII or control character, nothing but blanks) the service refuses.
+IDEMPOTENCY_KEY_PATTERN = rf"^[ \t]*[!-~](?:[ -~]{{0,{MAX_KEY_CHARS - 2}}}[!-~])?[ \t]*$"
 
 
 class StrictTextField(serializers.CharField):

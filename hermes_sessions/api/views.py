@@ -41,13 +41,16 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     OpenApiParameter.HEADER,
     required=False,
     description="Repeat-safe POST: the same key with the same body returns the object the first request created "
-    "(kept 24 h, per user); with a different body the answer is 422. 1-255 printable ASCII characters, "
-    "no space at either end; another key: 400.",
+    "(kept 24 h, per user); with a different body the answer is 422. 1-255 printable ASCII characters "
+    "(spaces and tabs around it are not part of it); another key: 400.",
 )
 
 
 def _idempotency_key(request: Request) -> str | None:
-    return request.headers.get("Idempotency-Key")
+    """The ``Idempotency-Key`` header without the spaces and tabs around it (HTTP servers strip them
+    already; this makes every server, and the test client, agree); ``None`` when absent."""
+    key = request.headers.get("Idempotency-Key")
+    return None if key is None else key.strip(" \t")
 
 
 SESSION_ID_PARAM = OpenApiParameter(
