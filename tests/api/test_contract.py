@@ -158,6 +158,13 @@ def test_a_reused_idempotency_key_with_another_body_is_the_documented_422(client
     assert_documented(schema, "/api/sessions/", "POST", other)
 
 
+def test_blanks_around_an_idempotency_key_are_not_part_of_it(client):
+    # What schemathesis sent: a key with a trailing space, which HTTP servers strip before Django.
+    first = client.post("/api/sessions/", {"title": "a"}, format="json", HTTP_IDEMPOTENCY_KEY="key-1")
+    again = client.post("/api/sessions/", {"title": "a"}, format="json", HTTP_IDEMPOTENCY_KEY=" key-1\t ")
+    assert (first.status_code, again.status_code, again.json()["id"]) == (201, 200, first.json()["id"])
+
+
 # --- query parameters --------------------------------------------------------------------------------
 
 
