@@ -293,6 +293,21 @@ def test_a_method_no_route_has_is_json_405_with_allow(client, session, method, u
     assert response.json()["code"] == "method_not_allowed"
 
 
+def test_a_host_not_allowed_is_json_400_under_api_only():
+    api = APIClient(HTTP_HOST="evil.example")
+    response = api.get("/api/sessions/")
+    assert (response.status_code, response["Content-Type"], response.json()["code"]) == (400, "application/json", "bad_request")
+    assert api.get("/admin/").status_code == 400 and api.get("/admin/")["Content-Type"].startswith("text/html")
+
+
+def test_an_uncaught_error_under_api_is_json_500(rf):
+    from hermes_sessions.api import handlers
+
+    response = handlers.server_error(rf.get("/api/sessions/"))
+    assert (response.status_code, json.loads(response.content)["code"]) == (500, "server_error")
+    assert handlers.server_error(rf.get("/admin/"))["Content-Type"].startswith("text/html")
+
+
 def test_nul_in_an_api_url_is_json_400(client):
     response = client.get("/api/sessions/?page=%00")
     assert response.status_code == 400
