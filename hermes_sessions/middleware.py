@@ -1,7 +1,7 @@
 """Request hygiene that applies to every URL (API and admin)."""
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 
 class RejectNulMiddleware:
@@ -11,7 +11,9 @@ class RejectNulMiddleware:
     text (psycopg raises ``ValueError`` → a 500 deep inside whatever view got it: an admin list
     filter, the token lookup of ``Authorization``, the session lookup of the ``sessionid`` cookie).
     gunicorn refuses NUL in headers itself; runserver and other servers pass it through. Refusing
-    the class here keeps every view from needing its own guard.
+    the class here keeps every view from needing its own guard. Under ``/api/`` the answer has the
+    API's JSON error shape (``{"detail", "code": "bad_request"}``, ``api/openapi.py``), elsewhere it is
+    plain text.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -20,9 +22,15 @@ class RejectNulMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         query = request.META.get("QUERY_STRING", "")
         if "\x00" in request.path or "%00" in query or "\x00" in query:
-            return HttpResponseBadRequest("NUL bytes are not allowed in URLs.", content_type="text/plain")
+            return _refuse(request, "NUL bytes are not allowed in URLs.")
         headers = (value for key, value in request.META.items() if key.startswith("HTTP_") and isinstance(value, str))
         # Cookie values are checked after parsing too: a quoted cookie carries NUL as the escape "\000".
         if any("\x00" in value for value in headers) or any("\x00" in value for value in request.COOKIES.values()):
-            return HttpResponseBadRequest("NUL bytes are not allowed in headers or cookies.", content_type="text/plain")
+            return _refuse(request, "NUL bytes are not allowed in headers or cookies.")
         return self.get_response(request)
+
+
+def _refuse(request: HttpRequest, reason: str) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": reason, "code": "bad_request"}, status=400)
+    return HttpResponseBadRequest(reason, content_type="text/plain")

@@ -124,6 +124,12 @@ def turn_get(*, user: User, turn_id: Any) -> Turn:
     return Turn.objects.get(pk=pk, session__owner_id=user.pk)
 
 
+def turn_list_newest_first(*, session: Session) -> QuerySet[Turn]:
+    """The session's turns, newest first (``GET /api/sessions/{id}/turns/``; the unique
+    ``(session, seq)`` index serves the order)."""
+    return Turn.objects.filter(session=session).order_by("-seq")
+
+
 def message_list(*, session: Session) -> QuerySet[Message]:
     """The session's transcript rows, ordered by ``seq``."""
     return Message.objects.filter(session=session).order_by("seq")

@@ -197,6 +197,8 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "hermes_sessions.api.schema.add_event_streams",
     ],
+    # The schema documents the API, not itself (GET /api/ links it); tests/api/test_contract.py.
+    "SERVE_INCLUDE_SCHEMA": False,
 }
 # Seconds between heartbeats (": heartbeat" comment lines) on an idle event stream; each tick also
 # re-reads the table (api/streams.py).

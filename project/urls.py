@@ -1,11 +1,20 @@
-"""Root URLs: the admin, the REST API under /api/, and the OpenAPI schema."""
+"""Root URLs: the landing page, the admin, the REST API under /api/, and the OpenAPI schema.
+
+The ``handler…`` views answer JSON under ``/api/`` (``hermes_sessions/api/handlers.py``)."""
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
+    path("", TemplateView.as_view(template_name="landing.html"), name="landing"),
     path("admin/", admin.site.urls),
     path("api/", include("hermes_sessions.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
+
+handler400 = "hermes_sessions.api.handlers.bad_request"
+handler403 = "hermes_sessions.api.handlers.permission_denied"
+handler404 = "hermes_sessions.api.handlers.page_not_found"
+handler500 = "hermes_sessions.api.handlers.server_error"

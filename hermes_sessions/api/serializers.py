@@ -8,13 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.validators import ProhibitNullCharactersValidator
+from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
+from .. import policy
 from ..models import Message, Notice, Session, Turn
 from ..selectors import is_valid_session_id
+from ..services.idempotency import MAX_KEY_CHARS
+from ..services.turns import MAX_INPUT_CHARS, ON_BUSY
+
+# The schema's spelling of ``models.SESSION_ID_RE`` for ``POST /api/sessions/``'s optional ``id``
+# (drf-spectacular adds the empty string, which asks the server to pick one, as a second ``oneOf``
+# arm, so the pattern itself must not match it). ECMA-262 and Python read it alike (ASCII classes
+# only); ``validate_id`` still checks with ``is_valid_session_id``, which also refuses a trailing newline.
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+SESSION_ID_RULE = "A session id is 1-64 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
+# An Idempotency-Key as ``services.idempotency`` accepts it: 1-255 printable ASCII characters. HTTP
+# strips the spaces and tabs around a header value before the service sees it (runserver and gunicorn
+# alike), so the schema lets them surround the key: what it allows is what arrives, and what it
+# refuses (a longer key, a non-ASCII or control character, nothing but blanks) the service refuses.
+IDEMPOTENCY_KEY_PATTERN = rf"^[ \t]*[!-~](?:[ -~]{{0,{MAX_KEY_CHARS - 2}}}[!-~])?[ \t]*$"
 
 
 class StrictTextField(serializers.CharField):
@@ -37,6 +52,32 @@ class StrictTextField(serializers.CharField):
 # --- sessions --------------------------------------------------------------------------------------
 
 
+# ``policy.validate_model_config`` judges model_config (400, or 403 for a staff-only value); this is
+# the same rule as a schema, so that the schema refuses what the policy refuses.
+MODEL_CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "maxLength": 100, "description": "The codex model name."},
+        "developer_instructions": {"type": "string", "maxLength": policy.MAX_INSTRUCTIONS_CHARS},
+        "sandbox": {
+            "type": "string",
+            "enum": list(policy.STAFF_SANDBOXES),
+            "description": "`danger-full-access` is reserved to staff (403 for others).",
+        },
+        "approval_policy": {"type": "string", "enum": list(policy.APPROVAL_POLICIES)},
+    },
+    "description": "Codex settings within the operator's policy (hermes_sessions/policy.py); unknown keys, "
+    "including `cwd`, are refused.",
+}
+
+
+@extend_schema_field(MODEL_CONFIG_SCHEMA)
+class ModelConfigField(serializers.DictField):
+    """``model_config``: any JSON object here; ``policy.validate_model_config`` (in the service) is
+    the one judge of its keys and values, the schema above spells the same rule out."""
+
+
 class SessionCreateSerializer(serializers.Serializer):
     """``POST /api/sessions/`` body. ``id`` is optional (the server picks ``sess-<hex>``);
     ``model_config`` is checked by ``policy.validate_model_config`` in the service."""
@@ -45,21 +86,17 @@ class SessionCreateSerializer(serializers.Serializer):
         required=False,
         allow_blank=True,
         max_length=64,
-        help_text="Optional client-chosen id: 1-64 of letters, digits, '.', '_', ':' or '-', starting with a letter or digit.",
+        validators=[RegexValidator(SESSION_ID_PATTERN, message=SESSION_ID_RULE)],
+        help_text="Optional client-chosen id: 1-64 of letters, digits, '.', '_', ':' or '-', starting with a "
+        "letter or digit; empty or absent: the server picks `sess-<hex>`.",
     )
-    title = StrictTextField(required=False, allow_blank=True, max_length=200, default="")
-    model_config = serializers.DictField(
-        required=False,
-        default=dict,
-        help_text="Codex settings: model, developer_instructions, sandbox, approval_policy.",
-    )
+    title = StrictTextField(required=False, allow_blank=True, max_length=200, default="", help_text="May be empty.")
+    model_config = ModelConfigField(required=False, default=dict)
 
     def validate_id(self, value: str) -> str:
         """Refuse malformed ids here, with the id rule as the reason."""
         if value and not is_valid_session_id(value):
-            raise serializers.ValidationError(
-                "A session id is 1-64 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit."
-            )
+            raise serializers.ValidationError(SESSION_ID_RULE)
         return value
 
 
@@ -93,21 +130,51 @@ class SessionSerializer(serializers.ModelSerializer):
 
 
 class TurnCreateSerializer(serializers.Serializer):
-    """``POST /api/sessions/{id}/turns/`` body. Emptiness and length are the service's to judge."""
+    """``POST /api/sessions/{id}/turns/`` body. ``input`` must hold a non-whitespace character and at
+    most ``services.MAX_INPUT_CHARS`` characters — the service's rule (``turn_enqueue``), written
+    here too so the schema says it (``minLength``, ``maxLength``, ``pattern``)."""
 
-    input = StrictTextField(allow_blank=True, help_text="The user's input for this turn.")
+    input = StrictTextField(
+        min_length=1,
+        max_length=MAX_INPUT_CHARS,
+        # Python's \S is "not str.isspace()", exactly the service's ``text.strip()`` test.
+        validators=[RegexValidator(r"\S", message="input must be a non-empty string: it has no non-whitespace character")],
+        error_messages={
+            "blank": "input must be a non-empty string",
+            "max_length": f"input is longer than the limit of {MAX_INPUT_CHARS} characters",
+        },
+        help_text="The user's input for this turn: at least one non-whitespace character, at most "
+        f"{MAX_INPUT_CHARS} characters.",
+    )
     on_busy = serializers.ChoiceField(
-        choices=["enqueue", "reject", "interrupt"],
+        choices=list(ON_BUSY),
         default="enqueue",
         help_text="When the session already has a turn running or queued: enqueue (run after it, in order), "
         "reject (409 naming that turn) or interrupt (turn/interrupt the running turn, then run).",
     )
 
 
+class ThreadActionField(serializers.ChoiceField):
+    """``Turn.thread_action`` as the API shows it: ``started``, ``resumed``, ``rotated``, or ``null``
+    while it is not known — queued, running, or ended before codex opened a thread (the row stores
+    ``""`` then; ``docs/contract.md`` §3 says when each value is set)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=Turn.ThreadAction.choices, allow_null=True, read_only=True, **kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        return str(value) if value else None
+
+
 class TurnSerializer(serializers.ModelSerializer):
-    """A turn and its outcome. ``usage`` holds codex token counts; ``timings`` phase durations (ms)."""
+    """A turn and its outcome. ``usage`` holds codex token counts; ``timings`` phase durations (ms);
+    ``thread_action`` is null until the runner has opened a thread."""
 
     session = serializers.CharField(source="session_id", read_only=True)
+    thread_action = ThreadActionField(
+        help_text="started | resumed | rotated once the runner opened a thread; null before that (queued, running, "
+        "or ended before codex opened a thread)."
+    )
     usage = serializers.DictField(read_only=True)
     timings = serializers.DictField(read_only=True)
 

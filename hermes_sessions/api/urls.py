@@ -2,7 +2,8 @@
 
 Session ids are matched loosely (``[^/]+``) and checked by the selectors, so that every unknown
 or malformed id is the API's JSON 404 rather than the URL resolver's HTML one. Ids such as
-``sess-codex-restart`` or ``a.b:c`` route as they are.
+``sess-codex-restart`` or ``a.b:c`` route as they are. A path no route matches is answered by
+``api.handlers.page_not_found`` (JSON 404). ``GET /api/`` lists these routes (``api.routes``).
 """
 from django.urls import path
 
@@ -11,9 +12,10 @@ from . import streams, views
 app_name = "api"
 
 urlpatterns = [
+    path("", views.ApiRootView.as_view(), name="root"),
     path("sessions/", views.SessionListCreateView.as_view(), name="session-list"),
     path("sessions/<str:session_id>/", views.SessionDetailView.as_view(), name="session-detail"),
-    path("sessions/<str:session_id>/turns/", views.TurnCreateView.as_view(), name="session-turns"),
+    path("sessions/<str:session_id>/turns/", views.TurnListCreateView.as_view(), name="session-turns"),
     path("sessions/<str:session_id>/messages/", views.MessageListView.as_view(), name="session-messages"),
     path("sessions/<str:session_id>/notices/", views.NoticeListView.as_view(), name="session-notices"),
     path("messages/", views.MessageSearchView.as_view(), name="message-search"),

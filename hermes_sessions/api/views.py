@@ -12,14 +12,16 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import generics, status
+from rest_framework import generics, permissions, status
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from .. import selectors, services
 from ..models import Message, Notice, Session, Turn
 from .errors import BadRequest
+from .openapi import SessionBusyErrorSerializer, TurnFinishedErrorSerializer, error_responses
 from .pagination import (
     MessageSearchPagination,
     StandardPagination,
@@ -27,7 +29,10 @@ from .pagination import (
     TranscriptSearchPagination,
 )
 from .parsers import SafeJSONParser
+from .routes import ApiRootSerializer, api_root
 from .serializers import (
+    IDEMPOTENCY_KEY_PATTERN,
+    SESSION_ID_PATTERN,
     MessageSearchResultSerializer,
     MessageSerializer,
     NoticeSerializer,
@@ -39,21 +44,34 @@ from .serializers import (
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
     OpenApiParameter.HEADER,
     required=False,
     description="Repeat-safe POST: the same key with the same body returns the object the first request created "
-    "(kept 24 h, per user); with a different body the answer is 422.",
+    "(kept 24 h, per user); with a different body the answer is 422. 1-255 printable ASCII characters "
+    "(spaces and tabs around it are not part of it); another key: 400.",
 )
 
 
 def _idempotency_key(request: Request) -> str | None:
-    return request.headers.get("Idempotency-Key")
+    """The ``Idempotency-Key`` header without the spaces and tabs around it (HTTP servers strip them
+    already; this makes every server, and the test client, agree); ``None`` when absent."""
+    key = request.headers.get("Idempotency-Key")
+    return None if key is None else key.strip(" \t")
 
 
 SESSION_ID_PARAM = OpenApiParameter(
-    "session_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The session id (see POST /api/sessions/)."
+    "session_id", {"type": "string", "pattern": SESSION_ID_PATTERN}, OpenApiParameter.PATH,
+    description="The session id (see POST /api/sessions/); an id that is not one of yours, well-formed or not: 404.",
 )
+TURN_ID_PARAM = OpenApiParameter(
+    "turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
+    description="The turn's id (a UUID); anything that is not one of your turns' ids: 404.",
+)
+NO_SESSION = "No such session among yours (`code` `not_found`)."
+NO_TURN = "No such turn among yours (`code` `not_found`)."
+# Paged lists: a page past the last one is DRF's 404 `Invalid page.`.
+NO_SESSION_OR_PAGE = "No such session among yours, or `page` is past the last page (`code` `not_found`)."
 
 
 class _ApiView(generics.GenericAPIView):
@@ -71,23 +89,50 @@ class _ApiView(generics.GenericAPIView):
             raise NotFound("No such session.") from exc
 
 
+@extend_schema(
+    summary="The API's endpoints",
+    auth=[],
+    responses={200: ApiRootSerializer, **error_responses()},
+)
+class ApiRootView(APIView):
+    """``GET /api/``: links to the sessions list, the schema and its docs, and every route of the
+    API with its methods (read from the URLconf, ``api.routes``). Open to anyone: it names
+    endpoints, nothing of anyone's data."""
+
+    permission_classes = [permissions.AllowAny]
+
+    def get(self, request: Request) -> Response:
+        return Response(api_root(request))
+
+
 @extend_schema_view(
-    get=extend_schema(summary="List your sessions", responses=SessionSerializer(many=True)),
+    get=extend_schema(
+        summary="List your sessions, most recently active first",
+        responses={200: SessionSerializer(many=True), **error_responses(s404="`page` is past the last page.")},
+    ),
     post=extend_schema(
         summary="Create a session",
         parameters=[IDEMPOTENCY_KEY],
         request=SessionCreateSerializer,
         responses={
+            200: OpenApiResponse(SessionSerializer, description="The session an earlier request with this Idempotency-Key created."),
             201: SessionSerializer,
-            400: OpenApiResponse(description="Malformed id or body, or a model_config setting outside policy."),
-            403: OpenApiResponse(description="A model_config setting reserved to staff."),
-            409: OpenApiResponse(description="The session id is taken."),
-            422: OpenApiResponse(description="The Idempotency-Key was used with a different body."),
+            **error_responses(
+                413, 415, 422,
+                s400="Malformed body, id or Idempotency-Key, or a model_config setting outside policy "
+                "(`code` `invalid`, `invalid_setting`, `invalid_idempotency_key`, `parse_error`).",
+                s403="A model_config setting reserved to staff (`forbidden_setting`), or a POST with the session "
+                "cookie and no CSRF token.",
+                s409="The session id is taken (`session_id_taken`).",
+            ),
         },
     ),
 )
 class SessionListCreateView(_ApiView, generics.ListCreateAPIView):
-    """``GET /api/sessions/`` (paginated) and ``POST /api/sessions/``."""
+    """Your sessions: list them (paged, most recently active first) or create one.
+
+    ``GET /api/sessions/`` and ``POST /api/sessions/``. The first line of each view's docstring is
+    its summary in ``GET /api/`` (``api.routes``)."""
 
     serializer_class = SessionSerializer
     pagination_class = StandardPagination
@@ -116,9 +161,15 @@ class SessionListCreateView(_ApiView, generics.ListCreateAPIView):
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
-@extend_schema(summary="Get one of your sessions", parameters=[SESSION_ID_PARAM])
+@extend_schema(
+    summary="Get one of your sessions",
+    parameters=[SESSION_ID_PARAM],
+    responses={200: SessionSerializer, **error_responses(s404=NO_SESSION)},
+)
 class SessionDetailView(_ApiView, generics.RetrieveAPIView):
-    """``GET /api/sessions/{id}/``."""
+    """One of your sessions, with its active codex thread id.
+
+    ``GET /api/sessions/{id}/``."""
 
     serializer_class = SessionSerializer
     queryset = Session.objects.none()  # lookups go through get_session(); this only names the model
@@ -127,23 +178,42 @@ class SessionDetailView(_ApiView, generics.RetrieveAPIView):
         return self.get_session()
 
 
-@extend_schema(
-    summary="Send an input to a session (queues a turn)",
-    parameters=[SESSION_ID_PARAM, IDEMPOTENCY_KEY],
-    request=TurnCreateSerializer,
-    responses={
-        202: TurnSerializer,
-        400: OpenApiResponse(description="Missing, empty, non-string or too long input."),
-        404: OpenApiResponse(description="No such session."),
-        409: OpenApiResponse(description="on_busy=reject and the session has a turn running or queued (named in `turn`)."),
-        422: OpenApiResponse(description="The Idempotency-Key was used with a different body."),
-    },
+@extend_schema_view(
+    get=extend_schema(
+        summary="A session's turns, newest first",
+        parameters=[SESSION_ID_PARAM],
+        responses={200: TurnSerializer(many=True), **error_responses(s404=NO_SESSION_OR_PAGE)},
+    ),
+    post=extend_schema(
+        summary="Send an input to a session (queues a turn)",
+        parameters=[SESSION_ID_PARAM, IDEMPOTENCY_KEY],
+        request=TurnCreateSerializer,
+        responses={
+            202: TurnSerializer,
+            **error_responses(
+                403, 413, 415, 422,
+                s400="Missing, empty, whitespace-only, non-string or too long input, a malformed body or "
+                "Idempotency-Key (`code` `invalid`, `invalid_input`, `invalid_idempotency_key`, `parse_error`).",
+                s404=NO_SESSION,
+                s409=("on_busy=reject and the session has a turn running or queued (`session_busy`; `turn` names it).",
+                      SessionBusyErrorSerializer),
+            ),
+        },
+    ),
 )
-class TurnCreateView(_ApiView):
-    """``POST /api/sessions/{id}/turns/`` → 202 with the queued turn; a worker runs it."""
+class TurnListCreateView(_ApiView, generics.ListAPIView):
+    """A session's turns: list them (paged, newest first) or send an input (queues a turn, 202).
 
-    serializer_class = TurnCreateSerializer
-    queryset = Turn.objects.none()
+    ``GET /api/sessions/{id}/turns/`` and ``POST /api/sessions/{id}/turns/`` → 202 with the queued
+    turn; a worker runs it."""
+
+    serializer_class = TurnSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> QuerySet[Turn]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
+            return Turn.objects.none()
+        return selectors.turn_list_newest_first(session=self.get_session())
 
     def post(self, request: Request, session_id: str) -> Response:
         session = self.get_session()
@@ -167,19 +237,24 @@ class TurnCreateView(_ApiView):
 
 @extend_schema(
     summary="Cancel a turn",
-    parameters=[OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+    parameters=[TURN_ID_PARAM],
     request=None,
     responses={
         202: TurnSerializer,
-        404: OpenApiResponse(description="No such turn."),
-        409: OpenApiResponse(description="The turn already finished (`turn` holds it)."),
+        **error_responses(
+            403,
+            s404=NO_TURN,
+            s409=("The turn already finished (`turn_finished`; `turn` holds it).", TurnFinishedErrorSerializer),
+        ),
     },
 )
 class TurnCancelView(_ApiView):
-    """``POST /api/turns/{id}/cancel/`` → 202 with the turn as it is now: a queued turn is
+    """Cancel a turn (202 with the turn as it is now; 409 when it already ended).
+
+    ``POST /api/turns/{id}/cancel/`` → 202 with the turn as it is now: a queued turn is
     ``cancelled`` at once; a running one is still ``running`` — its worker sends ``turn/interrupt``
     within a second and it then ends ``cancelled`` with what codex completed before it. A finished
-    turn answers 409."""
+    turn answers 409. The body is not read (any or none)."""
 
     serializer_class = TurnSerializer
     queryset = Turn.objects.none()
@@ -201,10 +276,13 @@ class TurnCancelView(_ApiView):
 
 @extend_schema(
     summary="Get one of your turns",
-    parameters=[OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
+    parameters=[TURN_ID_PARAM],
+    responses={200: TurnSerializer, **error_responses(s404=NO_TURN)},
 )
 class TurnDetailView(_ApiView, generics.RetrieveAPIView):
-    """``GET /api/turns/{id}/``."""
+    """One of your turns: status, thread action, codex ids, final text, error, usage, timings.
+
+    ``GET /api/turns/{id}/``."""
 
     serializer_class = TurnSerializer
     queryset = Turn.objects.none()
@@ -219,16 +297,13 @@ class TurnDetailView(_ApiView, generics.RetrieveAPIView):
 def _search_param(*, required: bool) -> OpenApiParameter:
     return OpenApiParameter(
         "q",
-        {"type": "string", "minLength": 1, "maxLength": selectors.MAX_SEARCH_CHARS, "pattern": r"\S"},
+        {"type": "string", "minLength": 1, "maxLength": selectors.MAX_SEARCH_CHARS, "pattern": r"^[^\x00]*[^\s\x00][^\x00]*$"},
         OpenApiParameter.QUERY,
         required=required,
         description=f"Full-text search of the messages' content, web-search syntax (words are ANDed, "
         f'"a phrase", `or`, `-word`; PostgreSQL\'s `simple` configuration: no stemming). 1-{selectors.MAX_SEARCH_CHARS} '
         "characters, not only whitespace; matches come newest first.",
     )
-
-
-SEARCH_400 = OpenApiResponse(description="`q` is empty or too long (`code`: `invalid_search`).")
 
 
 def _search_text(request: Request) -> str | None:
@@ -244,7 +319,13 @@ def _search_text(request: Request) -> str | None:
 @extend_schema(
     summary="A session's transcript, in seq order; or, with q, its matching messages newest first",
     parameters=[SESSION_ID_PARAM, _search_param(required=False)],
-    responses={200: MessageSerializer(many=True), 400: SEARCH_400, 404: OpenApiResponse(description="No such session.")},
+    responses={
+        200: MessageSerializer(many=True),
+        **error_responses(
+            s400="`q` is empty or too long (`code`: `invalid_search`), a NUL byte in the URL or headers, or a bad `page_size`.",
+            s404="No such session among yours, or a `cursor` the server did not make.",
+        ),
+    },
 )
 class MessageListView(_ApiView, generics.ListAPIView):
     """``GET /api/sessions/{id}/messages/`` — cursor-paginated by ``seq``; with ``?q=`` the rows
@@ -274,7 +355,10 @@ class MessageListView(_ApiView, generics.ListAPIView):
 @extend_schema(
     summary="Search the messages of all your sessions, newest first",
     parameters=[_search_param(required=True)],
-    responses={200: MessageSearchResultSerializer(many=True), 400: SEARCH_400},
+    responses={
+        200: MessageSearchResultSerializer(many=True),
+        **error_responses(s400="`q` is missing, empty or too long (`code`: `invalid_search`), or a NUL byte in the URL or headers."),
+    },
 )
 class MessageSearchView(_ApiView, generics.ListAPIView):
     """``GET /api/messages/?q=`` — messages matching ``q`` in the caller's sessions only
@@ -292,9 +376,15 @@ class MessageSearchView(_ApiView, generics.ListAPIView):
         return selectors.message_search_for_user(user=self.request.user, q=q)
 
 
-@extend_schema(summary="A session's notices, newest first", parameters=[SESSION_ID_PARAM])
+@extend_schema(
+    summary="A session's notices, newest first",
+    parameters=[SESSION_ID_PARAM],
+    responses={200: NoticeSerializer(many=True), **error_responses(s404=NO_SESSION_OR_PAGE)},
+)
 class NoticeListView(_ApiView, generics.ListAPIView):
-    """``GET /api/sessions/{id}/notices/``."""
+    """A session's lifecycle notices, newest first (paged).
+
+    ``GET /api/sessions/{id}/notices/``."""
 
     serializer_class = NoticeSerializer
     pagination_class = StandardPagination

@@ -108,7 +108,7 @@ class Command(BaseCommand):
                 break
             time.sleep(0.05)
         self.stdout.write(
-            f"turn {turn['seq']}: {turn['status']:<9} thread_action={turn['thread_action']:<8} "
+            f"turn {turn['seq']}: {turn['status']:<9} thread_action={turn['thread_action'] or '-':<8} "
             f"thread={turn['codex_thread_id']} final_text={turn['final_text']!r}"
             + (f" error={turn['error']!r}" if turn["error"] else "")
         )

@@ -1,0 +1,51 @@
+"""Django's error views (``handler400/403/404/500`` in ``project/urls.py``), answering JSON under
+``/api/`` and Django's own pages elsewhere (the admin, the landing page).
+
+They run when no view got to answer: a path no route matches (``/api/nope/``,
+``/api/sessions/x/nope/``), a refused Host header, an uncaught exception. Their bodies have the API's
+error shape, ``{"detail": str, "code": str}`` (``api/openapi.py``). With ``DJANGO_DEBUG`` on, Django
+shows its debug pages for 404 and 500 instead (Django calls these handlers only with ``DEBUG`` off).
+"""
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+
+API_PREFIX = "/api/"
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path == API_PREFIX.rstrip("/") or request.path.startswith(API_PREFIX)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """400 (a ``SuspiciousOperation`` such as a Host header not in ``ALLOWED_HOSTS``)."""
+    if _is_api(request):
+        return JsonResponse({"detail": "Bad request.", "code": "bad_request"}, status=400)
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """403 raised outside DRF's views (DRF answers its own 403s)."""
+    if _is_api(request):
+        return JsonResponse({"detail": "You do not have permission to perform this action.", "code": "permission_denied"},
+                            status=403)
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """404 for a path no route matches: ``{"detail": "No API endpoint at /api/nope/; GET /api/ lists them.",
+    "code": "not_found"}`` under ``/api/``."""
+    if _is_api(request):
+        # The path is the client's own; cut it so a huge URL does not make a huge answer.
+        path = request.path[:200]
+        return JsonResponse({"detail": f"No API endpoint at {path}; GET /api/ lists them.", "code": "not_found"},
+                            status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """500: a bug (invariant I6 says known bad input never gets here); logged by Django as usual."""
+    if _is_api(request):
+        return JsonResponse({"detail": "Internal server error.", "code": "server_error"}, status=500)
+    return defaults.server_error(request)
