@@ -49,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--broker-sessions", type=int, default=3)
     p.add_argument("--broker-restarts", type=int, default=2)
     p.add_argument("--broker-before", type=float, default=4.0, help="seconds of posting before each kill")
-    p.add_argument("--broker-down", type=float, default=3.0, help="seconds the broker stays down")
+    p.add_argument("--broker-down", type=float, default=3.0, help="seconds before the killed broker is started again "
+                                                                "(a RabbitMQ node then boots for 5–15 s more)")
     p.add_argument("--broker-after", type=float, default=4.0, help="seconds of posting after the last restart")
     p.add_argument("--rollout-sessions", type=int, default=3, help="sessions in the rollout scenarios")
     p.add_argument("--rollout-kills", type=int, default=6, help="kills in kill-during-rollout (restore, store, commit in turn)")
