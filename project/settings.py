@@ -222,6 +222,17 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker outlives its broker: it reconnects for as long as the broker is away (Celery's default gives
+# up after 100 tries and ends the worker), and a lost connection's clean-up cannot end it
+# (project/broker.py: the Celery 5.7 / kombu 5.7 Redis fault, README "Fault injection").
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CONSUMER = "project.broker:Consumer"
+CELERY_BROKER_TRANSPORT = ("project.broker:RedisTransport"
+                           if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None)
+# A running turn keeps running when the broker connection drops: its lease in PostgreSQL, not the
+# broker's acknowledgement, decides who owns it (a redelivered copy finds it running and does nothing).
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 # A POST must not hang on a dead broker: try briefly, then leave the turn to the sweep.
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}

@@ -1,13 +1,13 @@
 """The private stack of a ``make faults`` run and its supervisor: child processes in process groups of
-their own (started, stopped, ``kill -9``-ed, replaced when they die), the private ``redis-server`` that
-``broker-restart`` kills and restarts, the REST client, and the scan for codex processes left over."""
+their own (started, stopped, ``kill -9``-ed, replaced when they die), the private broker that
+``broker-restart`` kills and restarts (brokers.py: redis-server or a RabbitMQ node), the REST client,
+and the scan for codex processes left over."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,11 +16,14 @@ import urllib.request
 import uuid
 from argparse import Namespace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from devtools.faults.pgproxy import PgProxy
 from devtools.processes import CodexProcess, codex_processes, free_port, stand_in_argv, wait_for_port_file
+
+if TYPE_CHECKING:
+    from devtools.faults.brokers import Broker
 
 BASE = Path(__file__).resolve().parents[2]
 
@@ -110,21 +113,11 @@ def snapshot_tree(dest: Path) -> Path:
     return dest
 
 
-def redis_answers(port: int) -> bool:
-    """Whether a Redis on 127.0.0.1:``port`` answers ``PING``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 # --------------------------------------------------------------------------------------- the stack
 
 
 class Stack:
-    """PostgreSQL (a scratch database), a private redis-server, the model stand-in, gunicorn, a sweep
+    """PostgreSQL (a scratch database), a private broker (``--broker``), the model stand-in, gunicorn, a sweep
     worker with embedded beat and the turn workers, all on code snapshotted at start-up."""
 
     def __init__(self, args: Namespace, scratch: Path):
@@ -139,9 +132,9 @@ class Stack:
         self.procs: list[Proc] = []  # stand-in, gunicorn, sweeper — in that order
         self.workers: list[Proc] = []
         self.worker_seq = 0
-        self.redis: Proc | None = None
-        self.redis_starts = 0
-        self.redis_port = free_port()
+        from devtools.faults.brokers import make_broker  # brokers.py imports Proc from here
+
+        self.broker: Broker = make_broker(getattr(args, "broker", "redis"), scratch, self.logdir)
         self.env: dict[str, str] = {}
         self.api = ""
         self.headers: dict[str, str] = {}
@@ -155,7 +148,7 @@ class Stack:
         env = {
             **os.environ,
             "DATABASE_URL": db_url,
-            "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "CELERY_BROKER_URL": self.broker.url,
             "CELERY_TASK_ALWAYS_EAGER": "0",
             "CODEX_HOME": f"{self.codex_home}/home",
             "CODEX_HOMES_ROOT": f"{self.codex_home}/homes",
@@ -189,7 +182,7 @@ class Stack:
         parts = urlsplit(db_url)
         self.pgproxy = PgProxy((parts.hostname or "127.0.0.1", parts.port or 5432), free_port())
         self.pgproxy.up()
-        self.start_redis()
+        self.broker.start(self.env)
         self._start_stand_in()
         self._setup_database(db_url)
         self._start_api_and_workers()
@@ -260,18 +253,6 @@ class Stack:
                 if time.monotonic() > deadline:
                     raise RuntimeError("gunicorn did not answer:\n" + self.procs[1].log_tail()) from exc
                 time.sleep(0.2)
-
-    def start_redis(self) -> None:
-        """Start the private redis-server on ``redis_port`` (nothing kept on disk); waits for PONG."""
-        self.redis_starts += 1
-        self.redis = Proc(f"redis{self.redis_starts}", ["redis-server", "--port", str(self.redis_port), "--bind",
-                                                       "127.0.0.1", "--save", "", "--appendonly", "no",
-                                                       "--daemonize", "no"], self.env, self.logdir)
-        deadline = time.monotonic() + 20
-        while not redis_answers(self.redis_port):
-            if time.monotonic() > deadline or not self.redis.alive():
-                raise RuntimeError("redis-server did not start:\n" + self.redis.log_tail())
-            time.sleep(0.05)
 
     def worker_database_url(self, name: str) -> str:
         """The database URL of turn worker ``name``: through the proxy, unencrypted (so a trap can read
@@ -349,8 +330,7 @@ class Stack:
         self.stop_workers()
         for p in reversed(self.procs):
             p.stop()
-        if self.redis is not None:
-            self.redis.stop()
+        self.broker.stop()
         if self.pgproxy is not None:
             self.pgproxy.close()
 
@@ -360,26 +340,14 @@ class Stack:
 
     # -- the broker
 
-    def _redis(self) -> Any:
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=self.redis_port, db=0, socket_timeout=5)
-
     def broker_backlog(self) -> tuple[int, int]:
-        """(messages waiting in the turn queue, messages delivered but unacknowledged)."""
-        client = self._redis()
-        try:
-            return int(client.llen(self.queue)), int(client.hlen("unacked"))
-        finally:
-            client.close()
+        """(messages waiting in the turn queue, messages delivered but unacknowledged); (-1, -1) if the
+        broker could not say."""
+        return self.broker.backlog(self.queue)
 
     def queue_length(self) -> int:
         """Messages waiting in the turn queue."""
-        client = self._redis()
-        try:
-            return int(client.llen(self.queue))
-        finally:
-            client.close()
+        return self.broker.queue_length(self.queue)
 
     def send_duplicate(self, turn_id: str) -> None:
         """Send the turn's task to the broker once more, as a duplicate delivery would."""

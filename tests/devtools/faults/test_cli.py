@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from devtools.faults.cli import SCENARIOS, parse_args, print_table
+from devtools.faults.cli import SCENARIOS, _row_clean, parse_args, print_table
 
 
 def test_all_scenarios_run_by_default_and_an_unknown_one_is_refused(capsys):
@@ -31,3 +31,17 @@ def test_table_has_a_row_per_scenario_and_lists_violations(capsys):
     assert out[3].startswith("concurrent-posts") and out[4].startswith("kill-worker     ")
     assert "kill-worker: VIOLATION turn t lacks its assistant reply" in out
     assert "kill-worker: failed ×2: codex turn failed" in out
+
+
+def test_the_broker_is_redis_unless_rabbitmq_is_asked_for(capsys):
+    assert parse_args([]).broker == "redis"
+    assert parse_args(["--broker", "rabbitmq"]).broker == "rabbitmq"
+    with pytest.raises(SystemExit):
+        parse_args(["--broker", "kafka"])
+    assert "invalid choice: 'kafka'" in capsys.readouterr().err
+
+
+def test_a_worker_that_had_to_be_restarted_fails_the_run():
+    clean = {"violations": [], "lost": 0, "duplicates": 0, "terminal": 88, "accepted": 88, "worker_restarts": 0}
+    assert _row_clean(clean)
+    assert not _row_clean({**clean, "worker_restarts": 1})  # even with nothing lost: a worker must outlive its broker

@@ -1,0 +1,59 @@
+"""devtools/faults/brokers.py: the private brokers ``make faults`` kills and restarts — on ports of their
+own, leaving the machine's brokers alone."""
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+
+from kombu import Connection
+
+from devtools.faults.brokers import RabbitBroker, RedisBroker
+
+ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/usr/local/bin"}
+
+
+def _publish(url: str, queue: str) -> None:
+    with Connection(url, connect_timeout=5) as conn:
+        conn.default_channel.queue_declare(queue, durable=True, auto_delete=False)
+        conn.Producer().publish({"turn": "t"}, routing_key=queue, serializer="json", delivery_mode=2)
+
+
+def _shared_rabbitmq_answers() -> bool:
+    with socket.create_connection(("127.0.0.1", 5672), timeout=2) as s:
+        s.sendall(b"AMQP\x00\x00\x09\x01")
+        return s.recv(8)[:1] == b"\x01"  # connection.start frame
+
+
+def test_redis_restarted_on_its_port_holds_nothing(tmp_path: Path):
+    broker = RedisBroker(tmp_path, tmp_path)
+    broker.start(ENV)
+    try:
+        queue = f"q-{uuid.uuid4().hex}"
+        _publish(broker.url, queue)
+        assert broker.backlog(queue) == (1, 0) and broker.queue_length(queue) == 1
+        broker.kill9()
+        assert not broker.answers()
+        broker.start(ENV)
+        assert broker.queue_length(queue) == 0  # nothing kept on disk: a restart loses every message
+    finally:
+        broker.stop()
+
+
+def test_a_private_rabbitmq_node_restarts_with_its_messages_and_leaves_the_shared_one_alone(tmp_path: Path):
+    assert _shared_rabbitmq_answers()
+    broker = RabbitBroker(tmp_path, tmp_path)
+    assert broker.port != 5672
+    broker.start(ENV)
+    try:
+        queue = f"q-{uuid.uuid4().hex}"
+        _publish(broker.url, queue)
+        assert broker.backlog(queue) == (1, 0) and broker.queue_length(queue) == 1
+        broker.kill9()
+        assert not broker.answers()
+        assert _shared_rabbitmq_answers()
+        broker.start(ENV)
+        assert broker.queue_length(queue) == 1  # durable queue, persistent message: kept across kill -9
+    finally:
+        broker.stop()
+    assert _shared_rabbitmq_answers()
