@@ -77,8 +77,11 @@ def test_every_unit_restarts_runs_as_the_service_user_and_reads_the_environment_
 
 def test_the_api_runs_the_asgi_app_on_uvicorn_workers():
     argv = exec_start("hermes-api.service")
-    assert Path(argv[0]).name == "gunicorn" and argv[1] == "project.asgi"
+    assert Path(argv[0]).name == "gunicorn" and argv[1] == "project.asgi:application"
     assert argv[argv.index("-k") + 1] == "uvicorn_worker.UvicornWorker"
+    assert "--max-requests" not in argv  # recycling would cut open event streams
+    # as make run: the connection pool with CONN_MAX_AGE 0 under ASGI (README "Live streaming")
+    assert "DATABASE_POOL=1" in unit("hermes-api.service")["Service"]["Environment"]
     assert importlib.util.find_spec("project.asgi") and importlib.util.find_spec("uvicorn_worker")
 
 
