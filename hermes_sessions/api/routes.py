@@ -38,11 +38,11 @@ def _routes() -> list[dict[str, Any]]:
         if not isinstance(pattern, URLPattern) or pattern.name == "root":
             continue
         view_class = getattr(pattern.callback, "cls", None) or getattr(pattern.callback, "view_class", None)
-        if view_class is None:
-            continue
-        view = view_class()
-        methods = [m for m in view.allowed_methods if m not in ("HEAD", "OPTIONS")]
-        doc = (view_class.__doc__ or "").strip()
+        if view_class is None:  # a function view: the event streams (api/streams.py), GET only
+            methods, doc = ["GET"], (pattern.callback.__doc__ or "").strip()
+        else:
+            methods = [m for m in view_class().allowed_methods if m not in ("HEAD", "OPTIONS")]
+            doc = (view_class.__doc__ or "").strip()
         summary = doc.splitlines()[0] if doc else ""  # a view's first docstring line is written for this
         path = "/api/" + _CONVERTER.sub(r"{\1}", str(pattern.pattern))
         out.append({"path": path, "methods": methods, "summary": summary})

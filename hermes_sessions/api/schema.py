@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-ERROR_BODY = {
-    "type": "object",
-    "properties": {"detail": {"type": "string"}, "code": {"type": "string"}},
-    "required": ["detail", "code"],
-}
+# The API's one error body (``api/openapi.py`` ErrorSerializer, component "Error"), as every other
+# operation documents its 4xx (docs/contract.md §9).
+ERROR_BODY = {"$ref": "#/components/schemas/Error"}
 STREAM_DESCRIPTION = (
     "Server-sent events (docs/contract.md §8). Each event: `id: <bigint>`, `event: <kind>` "
     "(queued, running, retrying, thread, delta, item, usage, completed, failed, cancelled), one `data:` "
@@ -38,7 +36,7 @@ def _operation(*, operation_id: str, summary: str, description: str, tag: str, p
         "responses": {
             "200": {"description": "The event stream.",
                     "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-            "400": _error("Last-Event-ID is not a non-negative integer."),
+            "400": _error("Last-Event-ID is not a non-negative integer, or a NUL byte in the URL or headers."),
             "401": _error("No or invalid credentials."),
             "404": _error("No such turn or session (or not yours)."),
         },

@@ -173,7 +173,9 @@ async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int
 
 
 async def turn_events(request: HttpRequest, turn_id: str) -> HttpResponse | StreamingHttpResponse:
-    """``GET /api/turns/{turn_id}/events/``: the turn's events, from the first (or after
+    """A turn's events, live, as server-sent events.
+
+    ``GET /api/turns/{turn_id}/events/``: the turn's events, from the first (or after
     ``Last-Event-ID``); the stream ends after ``completed`` / ``failed`` / ``cancelled``."""
     if request.method != "GET":
         return _error(405, f'Method "{request.method}" not allowed.', "method_not_allowed", Allow="GET")
@@ -190,7 +192,9 @@ async def turn_events(request: HttpRequest, turn_id: str) -> HttpResponse | Stre
 
 
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse | StreamingHttpResponse:
-    """``GET /api/sessions/{session_id}/events/``: the events of every turn of the session from now
+    """A session's events, live, as server-sent events.
+
+    ``GET /api/sessions/{session_id}/events/``: the events of every turn of the session from now
     on (``Last-Event-ID`` / ``?last_event_id=``: after that id; ``0`` replays all); never ends."""
     if request.method != "GET":
         return _error(405, f'Method "{request.method}" not allowed.', "method_not_allowed", Allow="GET")

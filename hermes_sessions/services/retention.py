@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 
 from .. import selectors
-from ..models import CodexBinding, CodexRollout, IdempotencyKey, Message, Notice, RolloutChunk, Session, Turn
+from ..models import CodexBinding, CodexRollout, IdempotencyKey, Message, Notice, RolloutChunk, Session, Turn, TurnEvent
 
 ACTIVE = (Turn.Status.QUEUED, Turn.Status.RUNNING)
 
@@ -26,7 +26,7 @@ ACTIVE = (Turn.Status.QUEUED, Turn.Status.RUNNING)
 class PruneOutcome:
     """One session's fate: ``deleted`` (False with ``dry_run``, or when refused); ``refused`` gives
     the reason it was kept; ``rows`` counts its rows per kind (``messages``, ``turns``, ``bindings``,
-    ``notices``, ``rollouts``, ``rollout_chunks``) — deleted, or that would be with ``dry_run``."""
+    ``notices``, ``rollouts``, ``rollout_chunks``, ``turn_events``, ``idempotency_keys``) — deleted, or that would be with ``dry_run``."""
 
     session_id: str
     last_activity: datetime
@@ -43,6 +43,7 @@ def _owned_rows(session_id: str) -> dict[str, QuerySet[Any]]:
         "notices": Notice.objects.filter(session_id=session_id),
         "bindings": CodexBinding.objects.filter(session_id=session_id),
         "messages": Message.objects.filter(session_id=session_id),
+        "turn_events": TurnEvent.objects.filter(session_id=session_id),  # the live stream's rows (§8)
         "turns": Turn.objects.filter(session_id=session_id),
         "idempotency_keys": IdempotencyKey.objects.filter(
             Q(scope="sessions", object_id=session_id) | Q(scope=f"turns:{session_id}")

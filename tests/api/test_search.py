@@ -119,7 +119,7 @@ def test_schema_documents_search():
     assert [p["name"] for p in search["parameters"] if p["in"] == "query" and p["name"] == "q"] == ["q"]
     q = next(p for p in search["parameters"] if p["name"] == "q")
     assert q["required"] is True
-    assert q["schema"] == {"type": "string", "minLength": 1, "maxLength": selectors.MAX_SEARCH_CHARS, "pattern": r"\S"}
+    assert q["schema"] == {"type": "string", "minLength": 1, "maxLength": selectors.MAX_SEARCH_CHARS, "pattern": r"^[^\x00]*[^\s\x00][^\x00]*$"}
     assert "400" in search["responses"]
     transcript = paths["/api/sessions/{session_id}/messages/"]["get"]
     assert any(p["name"] == "q" and not p.get("required") for p in transcript["parameters"])

@@ -19,6 +19,7 @@ from hermes_sessions.models import (
     RolloutChunk,
     Session,
     Turn,
+    TurnEvent,
 )
 from tests.factories import SessionFactory, TurnFactory
 from tests.support.rotation import make_rotated_session
@@ -39,6 +40,7 @@ def owned_counts(session_id: str) -> dict[str, int]:
     return {
         "messages": Message.objects.filter(session_id=session_id).count(),
         "turns": Turn.objects.filter(session_id=session_id).count(),
+        "turn_events": TurnEvent.objects.filter(session_id=session_id).count(),
         "bindings": CodexBinding.objects.filter(session_id=session_id).count(),
         "notices": Notice.objects.filter(session_id=session_id).count(),
         "rollouts": CodexRollout.objects.filter(session_id=session_id).count(),
