@@ -161,7 +161,7 @@ class AdminUI:
 
         return self._on_page(run)
 
-    def run_turn(self, text: str) -> dict[str, Any]:
+    def submit_turn(self, text: str) -> dict[str, Any]:
         """On a session page, type ``text`` in *Run a turn* and submit; returns the page the admin
         comes back to (its ``messages`` say whether the turn was queued)."""
         def run(page: Page) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def test_operator_handles_a_rotated_session_from_the_admin(admin_ui, operator, r
     assert missing["transcript"] == [] and missing["transcript_empty"] == "No message matches."
 
     # Run a turn from the page's form; reload until it shows succeeded.
-    page = admin_ui.run_turn("hello four")
+    page = admin_ui.submit_turn("hello four")
     admin_ui.shot("turn-run")
     turn = Turn.objects.get(session_id=session_id, seq=4)
     assert page["messages"] == [f"Turn 4 queued ({turn.id})."]
@@ -122,7 +122,7 @@ def test_operator_cancels_a_queued_turn_from_the_admin(admin_ui, operator, user,
     admin_ui.log_in("operator", OPERATOR_PASSWORD)
     admin_ui.open_session(session.id, from_list=False)
 
-    page = admin_ui.run_turn("this one waits")
+    page = admin_ui.submit_turn("this one waits")
     admin_ui.shot("turn-queued")
     turn = Turn.objects.get(session=session)
     assert sent == [str(turn.id)]
