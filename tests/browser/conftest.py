@@ -3,10 +3,11 @@ server (pytest-django's ``live_server``, a real HTTP server on the test database
 ``transaction=True``), a staff operator, a tab on the admin (``pages.AdminUI``) and its screenshots,
 kept under ``var/screenshots/<test name>/`` (gitignored) and listed in the test output.
 
-A turn started from the admin (once it can) needs nothing more: the suite's tasks are eager, so the
-live server's thread runs it on whatever codex the test chose (``scripted_codex`` sets the settings
-for every thread; ``tests/e2e`` shows a real worker with the real binary), and the test waits for the
-page to show it finished."""
+A turn run from the admin's *Run a turn* form needs nothing more: the suite's tasks are eager, so
+the live server's thread runs it through the worker code on whatever codex the test chose
+(``scripted_codex`` sets the settings for every thread; ``tests/e2e`` shows a real worker with the
+real binary), and the test reloads the session page until it shows the turn finished. A test that
+wants a turn to stay queued holds the sends (``tests/support/dispatch.py``)."""
 from __future__ import annotations
 
 import re

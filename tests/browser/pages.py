@@ -2,9 +2,10 @@
 takes (open a page, read what it shows, click an action), run on the browser thread, returning plain
 data for the test to assert on; ``shot(name)`` keeps a screenshot of the page as it is.
 
-Adding a step for new admin features (notice count on the index, the session banner's timeline,
-transcript search, running or cancelling a turn) means adding a method here that finds the element by
-its id or label and returns what it shows; the fixtures in ``conftest.py`` stay as they are.
+The session page is read whole by ``_session_page`` (banner, binding history, timeline, turns,
+transcript) after each step that lands on it, by the page's stable ids (README "The admin"); a new
+step is a method here that finds its element by id or label and returns what the page then shows.
+The fixtures in ``conftest.py`` stay as they are.
 """
 from __future__ import annotations
 
@@ -96,11 +97,26 @@ class AdminUI:
 
         return self._on_page(run)
 
-    def sessions_list(self) -> dict[str, dict[str, str]]:
-        """Open the sessions list; returns ``{session id: {column: cell text}}`` for each row, columns
-        by the admin's field names (``id``, ``active_thread``, ``unacknowledged_notices``, …)."""
+    def index(self) -> dict[str, Any]:
+        """Open the admin index; returns ``{"heading", "notice_count"}`` (``#unacknowledged-notice-count``
+        as a number)."""
+        def run(page: Page) -> dict[str, Any]:
+            page.goto(f"{self.base_url}/admin/")
+            count = page.locator("#unacknowledged-notice-count")
+            expect(count).to_be_visible()
+            return {"heading": page.locator("#content h1").inner_text(), "notice_count": int(count.inner_text())}
+
+        return self._on_page(run)
+
+    def sessions_list(self, *, filter_label: str | None = None) -> dict[str, dict[str, str]]:
+        """Open the sessions list (and, given ``filter_label``, click that choice in the filter sidebar,
+        e.g. "Has unacknowledged notices"); returns ``{session id: {column: cell text}}`` for each row,
+        columns by the admin's field names (``id``, ``active_thread``, ``unacknowledged_notices``, …)."""
         def run(page: Page) -> dict[str, dict[str, str]]:
             page.goto(f"{self.base_url}/admin/hermes_sessions/session/")
+            if filter_label is not None:
+                page.locator("#changelist-filter").get_by_role("link", name=filter_label, exact=True).click()
+                expect(page.locator("#changelist-filter li.selected").get_by_text(filter_label, exact=True)).to_be_visible()
             expect(page.locator("#result_list")).to_be_visible()
             rows = [_cells(row) for row in page.locator("#result_list tbody tr").all()]
             return {row["id"]: row for row in rows}
@@ -108,44 +124,82 @@ class AdminUI:
         return self._on_page(run)
 
     def open_session(self, session_id: str, *, from_list: bool = True) -> dict[str, Any]:
-        """Open a session's page (by clicking its id in the list, as an operator would, or by URL);
-        returns ``{"title", "notices": [banner texts], "bindings": [{column: text}]}``."""
+        """Open a session's page (by clicking its id in the list on screen, as an operator would, or by
+        URL); returns what it shows (``session_page``)."""
         def run(page: Page) -> dict[str, Any]:
             if from_list:
                 page.click(f"#result_list a:text-is('{session_id}')")
             else:
-                page.goto(f"{self.base_url}/admin/hermes_sessions/session/{urlquote(quote(session_id))}/change/")
-            expect(page.locator("#content h1")).to_be_visible()
-            return {
-                "title": page.locator("#content h1").inner_text(),
-                "notices": [t.strip() for t in page.locator("#session-notices .notice-text").all_inner_texts()],
-                "bindings": _inline_rows(page, "bindings-group"),
-            }
+                page.goto(self._session_url(session_id))
+            return _session_page(page)
 
         return self._on_page(run)
 
-    def follow_notices_link(self) -> list[str]:
-        """On a session page, follow the banner's "Review and acknowledge these notices" link; returns
-        the texts of the notices listed there."""
-        def run(page: Page) -> list[str]:
-            page.click("#session-notices a:text('Review and acknowledge these notices')")
-            expect(page.locator("#result_list")).to_be_visible()
-            return [t.strip() for t in page.locator("#result_list tbody td.field-text").all_inner_texts()]
+    def session_page(self) -> dict[str, Any]:
+        """What the session page on screen shows (see ``_session_page``), without reloading it."""
+        return self._on_page(_session_page)
+
+    def acknowledge_notice(self, text: str) -> dict[str, Any]:
+        """On a session page, click *Acknowledge* next to the banner's notice reading ``text``; returns
+        the page it comes back to (``messages`` holds the admin's success line)."""
+        def run(page: Page) -> dict[str, Any]:
+            item = page.locator("#session-notices li").filter(has=page.locator(".notice-text", has_text=text))
+            item.locator(".acknowledge-notice").click()
+            expect(page.locator("ul.messagelist li.success")).to_be_visible()
+            return _session_page(page)
 
         return self._on_page(run)
 
-    def acknowledge_all_listed_notices(self) -> str:
-        """On the notices list, select every row, run "Acknowledge selected notices"; returns the
-        success message the admin shows."""
-        def run(page: Page) -> str:
-            page.check("#action-toggle")
-            page.select_option("select[name=action]", "acknowledge_notices")
-            page.click("button[name=index]")
-            message = page.locator("ul.messagelist li.success")
-            expect(message).to_be_visible()
-            return message.inner_text()
+    def search_transcript(self, words: str) -> dict[str, Any]:
+        """On a session page, type ``words`` in the transcript's search box and submit; returns the
+        page shown (``transcript`` holds the matching rows, ``transcript_empty`` the empty table's text)."""
+        def run(page: Page) -> dict[str, Any]:
+            page.fill("#transcript-q", words)
+            page.locator("#transcript-search button[type=submit]").click()
+            expect(page.locator("#transcript-heading")).to_contain_text(f"matching “{words}”")
+            return _session_page(page)
 
         return self._on_page(run)
+
+    def submit_turn(self, text: str) -> dict[str, Any]:
+        """On a session page, type ``text`` in *Run a turn* and submit; returns the page the admin
+        comes back to (its ``messages`` say whether the turn was queued)."""
+        def run(page: Page) -> dict[str, Any]:
+            page.fill("#run-turn-form #id_input", text)
+            page.click("#run-turn-submit")
+            expect(page.locator("ul.messagelist li").first).to_be_visible()
+            return _session_page(page)
+
+        return self._on_page(run)
+
+    def cancel_turn(self, seq: int) -> dict[str, Any]:
+        """On a session page, click *Cancel* on turn ``seq``'s row; returns the page shown after."""
+        def run(page: Page) -> dict[str, Any]:
+            page.locator(f"#turn-{seq} .cancel-turn").click()
+            expect(page.locator("ul.messagelist li").first).to_be_visible()
+            return _session_page(page)
+
+        return self._on_page(run)
+
+    def wait_for_turn_on_page(self, seq: int, *, status: str, timeout_s: float = 20.0) -> dict[str, Any]:
+        """Reload the session page on screen (every half second, at most ``timeout_s``) until turn
+        ``seq``'s ``.turn-status`` reads ``status`` (e.g. ``succeeded``); returns the page. Raises
+        ``AssertionError`` with the row last seen."""
+        def run(page: Page) -> dict[str, Any]:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                shown = _session_page(page)
+                row = next((t for t in shown["turns"] if t["seq"] == str(seq)), {})
+                if row.get("status") == status:
+                    return shown
+                assert time.monotonic() < deadline, f"turn {seq} did not reach {status} in {timeout_s} s: {row}"
+                page.wait_for_timeout(500)
+                page.reload()
+
+        return self._on_page(run)
+
+    def _session_url(self, session_id: str) -> str:
+        return f"{self.base_url}/admin/hermes_sessions/session/{urlquote(quote(session_id))}/change/"
 
     def api_post(self, path: str, body: dict[str, Any], *, token: str) -> tuple[int, Any]:
         """POST JSON to the live server's REST API as the token's user (DRF tries the token first, so
@@ -177,10 +231,11 @@ class AdminUI:
         return self._on_page(run)
 
     def transcript(self, session_id: str) -> list[dict[str, str]]:
-        """Open the session's page by URL; returns its transcript rows ``{field: text}`` in order."""
+        """Open the session's page by URL; returns its transcript's first page (newest first), each row
+        ``{"seq", "role", "content"}``."""
         def run(page: Page) -> list[dict[str, str]]:
-            page.goto(f"{self.base_url}/admin/hermes_sessions/session/{urlquote(quote(session_id))}/change/")
-            return _inline_rows(page, "messages-group")
+            page.goto(self._session_url(session_id))
+            return list(_session_page(page)["transcript"])
 
         return self._on_page(run)
 
@@ -198,3 +253,56 @@ def _cells(row: Locator) -> dict[str, str]:
 def _inline_rows(page: Page, group_id: str) -> list[dict[str, str]]:
     """Rows of the tabular inline ``#<group_id>`` (e.g. ``bindings-group``) as ``{field: cell text}``."""
     return [_cells(row) for row in page.locator(f"#{group_id} tbody tr.has_original").all()]
+
+
+def _texts(locator: Locator) -> list[str]:
+    return [t.strip() for t in locator.all_inner_texts()]
+
+
+def _table(page: Page, row_selector: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """Rows matching ``row_selector`` as ``{column: cell text}``, cells named by position."""
+    rows: list[list[str]] = page.locator(row_selector).evaluate_all(
+        "rows => rows.map(row => [...row.cells].map(cell => cell.innerText.trim()))")
+    return [dict(zip(columns, cells, strict=False)) for cells in rows]
+
+
+def _session_page(page: Page) -> dict[str, Any]:
+    """What a session page shows, as plain data:
+
+    * ``title``; ``messages`` (the admin's message lines); ``notices`` (the banner's notice texts, empty
+      when there is no ``#session-notices``);
+    * ``bindings``: the binding history ``{field: text}``;
+    * ``timeline``: ``{"turns": [the status of each .timeline-turn bar], "rotations": number of
+      .timeline-rotation marks, "threads": number of thread bars}`` of ``svg#session-timeline``;
+    * ``turns``: ``#session-turns`` rows ``{"seq", "status", "thread", "input", "error", "duration",
+      "tokens", "cancel"}`` (``cancel``: whether the row offers *Cancel*); ``turns_in_progress``: the
+      ``#turns-in-progress`` line or ``""``;
+    * ``transcript``: ``#transcript`` rows ``{"seq", "role", "content"}`` in page order (newest first),
+      ``transcript_empty``: the empty table's text, ``older``: whether ``#transcript-older`` is offered.
+    """
+    expect(page.locator("svg#session-timeline")).to_be_visible()
+    timeline = page.locator("svg#session-timeline")
+    turn_classes: list[str] = timeline.locator(".timeline-turn").evaluate_all(
+        "bars => bars.map(bar => bar.getAttribute('class'))")
+    turns = _table(page, "#session-turns tbody tr[id^=turn-]",
+                   ("seq", "status", "thread", "input", "error", "duration", "tokens", "created"))
+    for turn in turns:
+        turn["cancel"] = "yes" if page.locator(f"#turn-{turn['seq']} .cancel-turn").count() else "no"
+    in_progress = page.locator("#turns-in-progress")
+    empty = page.locator("#transcript tbody tr:not(.transcript-row)")
+    return {
+        "title": page.locator("#content h1").inner_text(),
+        "messages": _texts(page.locator("ul.messagelist:not(#session-notices) li")),
+        "notices": _texts(page.locator("#session-notices .notice-text")),
+        "bindings": _inline_rows(page, "bindings-group"),
+        "timeline": {
+            "turns": [c.split("status-", 1)[1] for c in turn_classes],
+            "rotations": timeline.locator(".timeline-rotation").count(),
+            "threads": timeline.locator(".timeline-thread").count(),
+        },
+        "turns": turns,
+        "turns_in_progress": in_progress.inner_text().strip() if in_progress.count() else "",
+        "transcript": _table(page, "#transcript tbody tr.transcript-row", ("seq", "role", "content")),
+        "transcript_empty": empty.inner_text().strip() if empty.count() else "",
+        "older": page.locator("#transcript-older").count() > 0,
+    }
