@@ -357,7 +357,10 @@ class MessageListView(_ApiView, generics.ListAPIView):
     parameters=[_search_param(required=True)],
     responses={
         200: MessageSearchResultSerializer(many=True),
-        **error_responses(s400="`q` is missing, empty or too long (`code`: `invalid_search`), or a NUL byte in the URL or headers."),
+        **error_responses(
+            s400="`q` is missing, empty or too long (`code`: `invalid_search`), or a NUL byte in the URL or headers.",
+            s404="A `cursor` the server did not make.",
+        ),
     },
 )
 class MessageSearchView(_ApiView, generics.ListAPIView):

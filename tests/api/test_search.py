@@ -147,3 +147,12 @@ def test_other_databases_search_by_substring(monkeypatch, session):
     monkeypatch.setattr(selectors, "connections", {"default": Vendor()})
     rows = selectors.message_search(session=session, q="DEPLOY")
     assert [m.seq for m in rows] == [4, 2, 1]  # substring: "Deploying" matches too
+
+
+def test_a_cursor_the_server_did_not_make_is_the_documented_404_across_sessions(client):
+    """schemathesis found it: ``GET /api/messages/?q=0&cursor=%C2%84`` answered an undocumented 404."""
+    response = client.get("/api/messages/?q=0&cursor=%C2%84")
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"
+    schema = client.get("/api/schema/?format=json").json()
+    assert "404" in schema["paths"]["/api/messages/"]["get"]["responses"]
