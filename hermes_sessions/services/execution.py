@@ -130,8 +130,18 @@ def _backoff(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: T
         return False
     logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
     stream.add(RETRYING, {"reason": str(exc), "delay_seconds": delay, "retry": retries + 1, "requeued": False})
-    control.interrupt.wait(delay)  # a cancel cuts the backoff short
+    _wait(control, delay)  # a cancel or a lost claim cuts the backoff short
     return True
+
+
+def _wait(control: TurnControl, delay: float) -> None:
+    """Sleep ``delay`` seconds, or less once ``control`` is stopping (the heartbeat set a signal)."""
+    end = time.monotonic() + delay
+    while not control.stopping():
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        control.interrupt.wait(min(left, 0.1))
 
 
 def _after_run_error(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: TurnRunError) -> Turn | None:
@@ -195,12 +205,29 @@ class _StartupError(Exception):
         self.cause = cause
 
 
-def _restore(claim: TurnClaim) -> tuple[Path, RolloutBase | None]:
-    """Wipe and recreate the session's ``CODEX_HOME`` and restore the bound thread's rollout from
-    PostgreSQL into it (``services/rollouts.py``). A generation that moved on since the claim means
-    another writer has the thread: this run commits nothing (as a lost claim). Stored bytes that do not
-    verify fail the turn."""
+def _confirm_claim(claim: TurnClaim, control: TurnControl) -> None:
+    """Renew the claim's lease just before the session's home is wiped, or raise ``TurnRunError``
+    (``TurnAbandoned``) when this worker no longer holds the turn. The home is shared by every run of
+    the session on this host: a worker whose claim the sweep took back while its database was down
+    (``make faults``' db-down-during-restore: the outage outlasts the lease) must not wipe the home under
+    the codex of the worker that now runs the session (docs/contract.md §2 "home", I3) — it found, on
+    retrying its restore, a rollout gone after the turn or codex's ``invalid paginated history lineage
+    … missing source rollout``. Renewed now, no other worker can claim the turn (nor run the session's
+    next one) before the lease expires, and the heartbeat keeps renewing it from here."""
+    beat = turn_heartbeat(turn_id=claim.turn_id, token=claim.token)
+    if not beat.held:
+        control.abandon.set()
+        reason = "the claim was taken back before the session's CODEX_HOME was prepared; the home is left alone"
+        raise TurnRunError(reason, TurnOutcome(), TurnAbandoned(reason))
+
+
+def _restore(claim: TurnClaim, control: TurnControl | None = None) -> tuple[Path, RolloutBase | None]:
+    """Confirm the claim (``_confirm_claim``), then wipe and recreate the session's ``CODEX_HOME`` and
+    restore the bound thread's rollout from PostgreSQL into it (``services/rollouts.py``). A generation
+    that moved on since the claim means another writer has the thread: this run commits nothing (as a
+    lost claim). Stored bytes that do not verify fail the turn."""
     try:
+        _confirm_claim(claim, control or TurnControl())
         # A re-run after a lost worker on this host: that worker's rollout of this turn's thread may hold
         # the turn codex completed (to adopt, not run twice); kept only if it extends what PostgreSQL has.
         old = session_home(claim.session_id).home
@@ -245,7 +272,7 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
     except SandboxUnavailable as exc:
         raise _StartupError(str(exc), cause=exc) from exc
     t0 = time.monotonic()
-    home, base = _restore(claim)
+    home, base = _restore(claim, control)
     restore_ms = round((time.monotonic() - t0) * 1000, 1)
     try:
         workdir = policy.session_workdir(claim.session_id)

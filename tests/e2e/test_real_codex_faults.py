@@ -75,3 +75,63 @@ def test_unreachable_model_fails_the_turn_with_codex_reason(user, real_codex, ru
     assert turn.status == Turn.Status.FAILED and time.monotonic() - started < 10
     assert "Connection failed" in turn.error or "connect" in turn.error.lower()
     assert codex_pids(settings.CODEX_HOMES_ROOT) == []
+
+
+def test_a_worker_whose_claim_was_taken_back_during_a_database_outage_leaves_the_home_alone(
+        user, real_codex, run_turn_now, settings, monkeypatch):
+    """``make faults``' db-down-during-restore, played on the real binary (docs/contract.md §2 "home",
+    I3): worker A loses its database while it restores turn 2's rollout (retried by the policy); the outage
+    outlasts the lease, so the sweep takes turn 2 back and worker B runs it and then turn 3. A's retry comes
+    round while B's codex works in the session's home: it must find its claim gone and leave the home alone
+    — before, it wiped the home first and B's turn 3 failed (``the rollout … is gone from … after the
+    turn``, or codex's ``thread/resume … invalid paginated history lineage … missing source rollout``)."""
+    from datetime import timedelta
+
+    from django.db import OperationalError
+    from django.utils import timezone
+
+    from hermes_sessions.codex.runner import TurnAbandoned
+    from hermes_sessions.services import execution
+
+    settings.HERMES_RETRY_DELAYS = (0.05,)
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    assert t1.status == Turn.Status.SUCCEEDED, t1.error
+    with monkeypatch.context() as mp:
+        mp.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+        t2 = services.turn_enqueue(session=session, input_text="hello two", user=user)
+    claim_a, control_a = services.turn_claim(turn_id=t2.id), execution.TurnControl()
+    assert claim_a is not None
+
+    def database_down(**kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(execution, "rollout_restore", database_down)
+        with pytest.raises(execution._StartupError) as blip:
+            execution._run_once(claim_a, control_a)
+    assert execution._may_retry(blip.value)  # the policy tries again after its next delay
+
+    # The outage outlasts A's lease: the sweep takes turn 2 back and worker B runs it (attempt 2).
+    Turn.objects.filter(pk=t2.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert services.turns_sweep().requeued == 1
+    t2.refresh_from_db()
+    assert (t2.status, t2.attempt, t2.thread_action) == (Turn.Status.SUCCEEDED, 2, "resumed"), t2.error
+
+    # B's codex is up in the session's home for turn 3 when A's retry (its heartbeat not yet told) starts.
+    real_drive, stale = execution.drive_turn, []
+
+    def drive_after_stale_retry(client, spec):
+        if not stale:
+            with pytest.raises(execution.TurnRunError) as info:
+                execution._run_once(claim_a, control_a)
+            stale.append(info.value.cause)
+        return real_drive(client, spec)
+
+    monkeypatch.setattr(execution, "drive_turn", drive_after_stale_retry)
+    t3 = run_turn_now(session=session, text="hello three", user=user)
+    assert (t3.status, t3.thread_action, t3.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", t1.codex_thread_id), t3.error
+    assert len(stale) == 1 and isinstance(stale[0], TurnAbandoned) and control_a.abandon.is_set()
+    assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
+    assert not Notice.objects.filter(session=session).exists()
+    assert codex_pids(settings.CODEX_HOMES_ROOT) == []
