@@ -9,7 +9,10 @@ Everything runs in one go on this machine with the same model stand-in and the s
   ``turn/start`` → ``turn/completed``, closes it (what the worker must do for a restarted session);
 * **same work, fresh home**: the same script on a ``CODEX_HOME`` made afresh for the turn with only the
   thread's rollout in it (as every stack turn's home is; making it is not timed);
-* **warm**: ``turn/start`` → ``turn/completed`` on an app-server already running with the thread loaded.
+* **warm**: ``turn/start`` → ``turn/completed`` on an app-server already running with the thread loaded;
+* **spare stack**: the stack turn of a second session through a second gunicorn and worker whose turn queue
+  is its own and whose worker keeps ``HERMES_WARM_POOL=2`` spare app-servers (``codex/warm.py``): a
+  cold session's turn that starts at restore + resume. ``ratio_spare_vs_cold`` = spare stack / stack.
 
 Runs are interleaved (stack, same work, fresh home, warm, …) so drift hits them alike. Prints the medians
 and ``ratio_vs_same_work`` / ``ratio_vs_warm`` / ``ratio_fresh_home_vs_same_work``, and in the same run:
@@ -177,6 +180,12 @@ def _setup_django(env: dict[str, str]) -> str:
     return token.key
 
 
+def _spare_environment(env: dict[str, str]) -> dict[str, str]:
+    """The spare stack's: its own turn queue (its API sends there, its worker alone consumes it) and
+    two spare app-servers in the worker."""
+    return {**env, "HERMES_TURN_QUEUE": env["HERMES_TURN_QUEUE"] + "-spare", "HERMES_WARM_POOL": "2"}
+
+
 def _start_api_and_worker(env: dict[str, str], procs: list[subprocess.Popen[bytes]]) -> str:
     """gunicorn (one worker) and a Celery turn worker (``-c 1``); returns the API's base URL."""
     http_port = free_port()
@@ -235,12 +244,14 @@ class FreshHome:
         return elapsed
 
 
-def _measure(client: StackClient, runs: int, work: str, history: HistoryBench | None, history_runs: int) -> dict[str, Any]:
-    """``runs`` interleaved rounds of stack, same work and warm — the first ``history_runs`` of them
-    followed by a round of long-history turns; the seconds of each and the worker's phase timings."""
+def _measure(client: StackClient, runs: int, work: str, history: HistoryBench | None, history_runs: int,
+             spare: StackClient) -> dict[str, Any]:
+    """``runs`` interleaved rounds of stack, spare stack, same work and warm — the first ``history_runs``
+    of them followed by a round of long-history turns; the seconds of each and the worker's phase timings."""
     from hermes_sessions.codex.launch import app_server_argv, app_server_env
 
     client.turn("warm-up")  # starts the session's thread
+    spare.turn("warm-up")
     if history is not None:
         history.round(0, record=False)  # warm-up: every kind of turn once, on both sessions
     argv, codex_env = app_server_argv(), app_server_env()
@@ -249,11 +260,15 @@ def _measure(client: StackClient, runs: int, work: str, history: HistoryBench | 
     d.close()
     warm, warm_thread = _direct_thread(argv, codex_env, work)  # the warm app-server: kept loaded
     fresh = FreshHome(argv, codex_env, work, Path(work).parent / "fresh_home")
-    out: dict[str, Any] = {"stack": [], "same": [], "fresh": [], "warm": [], "phases": [], "argv": argv}
+    out: dict[str, Any] = {"stack": [], "same": [], "fresh": [], "warm": [], "phases": [], "argv": argv,
+                           "spare": [], "spare_phases": []}
     for i in range(runs):
         elapsed, turn = client.turn(f"bench {i}")
         out["stack"].append(elapsed)
         out["phases"].append(turn["timings"])
+        elapsed, turn = spare.turn(f"bench {i}")
+        out["spare"].append(elapsed)
+        out["spare_phases"].append(turn["timings"])
         t0 = time.monotonic()
         d = Direct(argv, codex_env, work)
         d.initialize()
@@ -287,6 +302,21 @@ def _print_results(runs: int, m: dict[str, Any]) -> None:
     print(f"ratio_vs_same_work: {s / a:.2f}")
     print(f"ratio_vs_warm: {s / w:.2f}")
     print(f"ratio_fresh_home_vs_same_work: {f / a:.2f}   (codex's own cost of starting on a cold home)")
+    _print_spare_figures(m)
+
+
+def _print_spare_figures(m: dict[str, Any]) -> None:
+    """The spare stack against today's cold stack turn, in the same run (README "Warm turns")."""
+    p = median_ms(m["spare"])
+    on_spare = sum(1 for t in m["spare_phases"] if t.get("spare") == 1)
+    print(f"median_spare_stack_ms: {p}   (a second stack whose worker keeps HERMES_WARM_POOL=2 spare app-servers; "
+          f"{on_spare}/{len(m['spare_phases'])} turns ran on a spare)")
+    for key in ("restore_ms", "initialize_ms", "thread_ms", "turn_ms", "codex_ms"):
+        value = phase_median(m["spare_phases"], key)
+        if value is not None:
+            print(f"  spare worker {key}: median {value}")
+    print(f"ratio_spare_vs_cold: {ratio(m['spare'], m['stack']):.2f}   (spare stack / stack; issue 9's target for a "
+          "cold session's turn ≤ 0.65)")
 
 
 def _print_rollout_figures(m: dict[str, Any], chunks: list[tuple[int, int, int]]) -> None:
@@ -360,12 +390,15 @@ def main(argv: list[str] | None = None) -> int:
         token = _setup_django(env)
         client = StackClient(_start_api_and_worker(env, procs), token)
         client.wait_up()
+        spare = StackClient(_start_api_and_worker(_spare_environment(env), procs), token)
+        spare.session_id += "-spare"
+        spare.wait_up()
         history = HistoryBench(client) if args.history_runs > 0 else None
         if history is not None:
             t0 = time.monotonic()
             history.create()
             print(f"history_setup_s: {time.monotonic() - t0:.1f}   ({BIG:,} + {SMALL} messages by INSERT … SELECT generate_series)")
-        m = _measure(client, args.runs, env["CODEX_WORK_ROOT"], history, args.history_runs)
+        m = _measure(client, args.runs, env["CODEX_WORK_ROOT"], history, args.history_runs, spare)
         _print_results(args.runs, m)
         _print_rollout_figures(m, _chunks(client.session_id))
         if history is not None:

@@ -3,7 +3,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_ready
+from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
@@ -19,6 +19,24 @@ def _check_codex_sandbox(**_: object) -> None:
     from hermes_sessions.codex.sandbox_check import check_at_worker_start
 
     check_at_worker_start()
+
+
+@worker_process_init.connect
+def _fill_spares(**_: object) -> None:
+    """With ``HERMES_WARM_POOL`` > 0, each pool process starts filling its spare app-servers as soon as
+    it is forked, not at its first turn (``hermes_sessions/codex/warm.py``)."""
+    from hermes_sessions.codex.warm import spare_pool
+
+    spare_pool()
+
+
+@worker_process_shutdown.connect
+def _close_spares(**_: object) -> None:
+    """A pool process that exits (warm shutdown, max-tasks-per-child) closes its spares; a killed one
+    takes them along by ``PR_SET_PDEATHSIG``."""
+    from hermes_sessions.codex.warm import close_spare_pool
+
+    close_spare_pool()
 
 
 @after_setup_logger.connect

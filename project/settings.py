@@ -277,6 +277,10 @@ CODEX_MAX_FRAME_BYTES = env_int("CODEX_MAX_FRAME_BYTES", 64 * 1024 * 1024)
 CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")
 # Tail cap (characters) of the transcript a fresh thread is seeded with (hermes_sessions/history_seed.py).
 HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
+# Spare app-servers per worker process, spawned and initialized ahead of need (hermes_sessions/codex/warm.py);
+# 0 (default): every turn spawns its own. Spares older than HERMES_WARM_POOL_MAX_AGE seconds are replaced.
+HERMES_WARM_POOL = env_int("HERMES_WARM_POOL", 0)
+HERMES_WARM_POOL_MAX_AGE = env_float("HERMES_WARM_POOL_MAX_AGE", 600.0)
 
 # --- Durability (see hermes_sessions/services/recovery.py) --------------------------------------
 HERMES_LEASE_SECONDS = env_float("HERMES_LEASE_SECONDS", 30.0)  # a running turn's claim, renewed by its worker

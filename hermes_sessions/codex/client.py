@@ -84,7 +84,10 @@ class AppServerClient:
         client_name: str = "hermes_sessions",
         client_version: str = "0.1.0",
         stderr_tail_lines: int = 40,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
+        # ``preexec_fn`` runs in the child before exec (spares: ``warm._die_with_parent``).
+        self._preexec_fn = preexec_fn
         self._argv = list(argv)
         self._env = dict(env)
         self._cwd = cwd
@@ -135,6 +138,7 @@ class AppServerClient:
                 cwd=self._cwd,
                 start_new_session=True,  # own process group: close() can kill codex and its children
                 close_fds=True,
+                preexec_fn=self._preexec_fn,
             )
         except OSError as exc:
             self._closed = True

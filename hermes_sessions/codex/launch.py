@@ -222,12 +222,15 @@ def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir
     shutil.rmtree(paths.home.parent, ignore_errors=True)
     paths.home.mkdir(parents=True)
     paths.user_home.mkdir(parents=True)
-    _write_config(paths.home, sandbox=sandbox, workdir=workdir)
+    write_home_config(paths.home, sandbox=sandbox, workdir=workdir)
     return paths
 
 
-def _write_config(home: Path, *, sandbox: str | None = None, workdir: Path | None = None) -> None:
-    """The one place ``config.toml`` is rendered and written (atomically: temp file + rename)."""
+def write_home_config(home: Path, *, sandbox: str | None = None, workdir: Path | None = None) -> None:
+    """The one place ``config.toml`` is rendered and written into ``home`` (atomically: temp file +
+    rename). With ``sandbox`` and ``workdir``: a config selecting and defining that session's permission
+    profile. Codex reads it again at every ``thread/resume``, so writing it into a running spare's home
+    after ``initialize`` gives the resumed thread the session's profile (``docs/codex.md`` §11)."""
     target = home / "config.toml"
     tmp = home / f".config.toml.{os.getpid()}"
     if sandbox is not None and workdir is not None:
@@ -245,7 +248,7 @@ def ensure_codex_home() -> Path:
     home = Path(settings.CODEX_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     Path(settings.CODEX_USER_HOME).resolve().mkdir(parents=True, exist_ok=True)
-    _write_config(home)
+    write_home_config(home)
     return home
 
 

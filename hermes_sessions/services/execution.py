@@ -37,12 +37,20 @@ from django.db import (
 
 from .. import policy
 from ..codex.client import AppServerClient
-from ..codex.errors import retryable
-from ..codex.launch import app_server_argv, app_server_env, permission_profile, prepare_session_home, session_home
+from ..codex.errors import TransportError, retryable
+from ..codex.launch import (
+    app_server_argv,
+    app_server_env,
+    permission_profile,
+    prepare_session_home,
+    session_home,
+    write_home_config,
+)
 from ..codex.rollout_files import RolloutBase, RolloutDiverged, read_delta, read_leftover, write_leftover
 from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, drive_turn
 from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
+from ..codex.warm import Spare, spare_pool
 from ..history_seed import seeded_input
 from ..models import Turn
 from .events import RETRYING, TurnEventWriter
@@ -221,13 +229,22 @@ def _confirm_claim(claim: TurnClaim, control: TurnControl) -> None:
         raise TurnRunError(reason, TurnOutcome(), TurnAbandoned(reason))
 
 
-def _restore(claim: TurnClaim, control: TurnControl | None = None) -> tuple[Path, RolloutBase | None]:
+def _restore(claim: TurnClaim, control: TurnControl | None = None,
+             spare: Spare | None = None) -> tuple[Path, RolloutBase | None]:
     """Confirm the claim (``_confirm_claim``), then wipe and recreate the session's ``CODEX_HOME`` and
     restore the bound thread's rollout from PostgreSQL into it (``services/rollouts.py``). A generation
     that moved on since the claim means another writer has the thread: this run commits nothing (as a
-    lost claim). Stored bytes that do not verify fail the turn."""
+    lost claim). Stored bytes that do not verify fail the turn. With ``spare`` (first attempts only):
+    the session's config and rollout go into the spare's already running home instead
+    (``codex/warm.py``)."""
     try:
         _confirm_claim(claim, control or TurnControl())
+        if spare is not None:
+            workdir = policy.session_workdir(claim.session_id)
+            write_home_config(spare.home.home, sandbox=claim.config["sandbox"], workdir=workdir)
+            base = rollout_restore(session_id=claim.session_id, thread_id=claim.thread_id,
+                                   generation=claim.rollout_generation, home=spare.home.home)
+            return spare.home.home, base
         # A re-run after a lost worker on this host: that worker's rollout of this turn's thread may hold
         # the turn codex completed (to adopt, not run twice); kept only if it extends what PostgreSQL has.
         old = session_home(claim.session_id).home
@@ -266,31 +283,71 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
     if stream is None:
         stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                  attempt=claim.attempt)
-    config = claim.config
     try:
         check_sandbox()  # cached per process; never run commands on a host whose sandbox fails
     except SandboxUnavailable as exc:
         raise _StartupError(str(exc), cause=exc) from exc
     t0 = time.monotonic()
-    home, base = _restore(claim, control)
+    spare = _take_spare(claim)
+    try:
+        return _run_on(claim, control, stream, spare, t0)
+    finally:
+        if spare is not None:
+            spare.discard()  # one turn per spare: its home and process go (after the rollout was read)
+
+
+def _take_spare(claim: TurnClaim) -> Spare | None:
+    """A ready spare app-server (``HERMES_WARM_POOL`` > 0), for a claim's first attempt only: a re-run
+    after a lost worker looks for that worker's rollout in the session's own home (``_restore``)."""
+    pool = spare_pool() if claim.attempt == 1 else None
+    return pool.take() if pool is not None else None
+
+
+def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spare: Spare | None,
+            t0: float) -> TurnOutcome:
+    config = claim.config
+    home, base = _restore(claim, control, spare)
     restore_ms = round((time.monotonic() - t0) * 1000, 1)
     try:
         workdir = policy.session_workdir(claim.session_id)
         workdir.mkdir(parents=True, exist_ok=True)
-        client = AppServerClient(
-            app_server_argv(sandbox=config["sandbox"], workdir=workdir),
-            env=app_server_env(session_home(claim.session_id)),
-            cwd=str(workdir),
-            request_timeout=settings.CODEX_REQUEST_TIMEOUT,
-            max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
-            stderr_tail_lines=STDERR_TAIL_LINES,
-            server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
-        )
-        version = _codex_version(client.start())
+        if spare is not None:
+            spare.handler = make_server_request_handler(approval_policy=config["approval_policy"])
+            client, version = spare.client, _codex_version(spare.init)
+            if not client.alive():
+                raise _StartupError("the spare codex app-server died before the turn", cause=TransportError("spare gone"))
+        else:
+            client, version = _spawn(claim, workdir)
+    except _StartupError:
+        raise
     except Exception as exc:  # noqa: BLE001 — any start-up trouble fails (or retries) the turn, not the worker
         logger.warning("turn %s: codex app-server did not start: %s", claim.turn_id, exc)
         raise _StartupError(f"codex app-server could not be started: {exc}", cause=exc) from exc
     initialize_ms = round((time.monotonic() - t0) * 1000, 1) - restore_ms
+    return _drive(claim, control, stream, client, version, workdir, home, base, t0,
+                  restore_ms=restore_ms, initialize_ms=initialize_ms, spare=spare is not None)
+
+
+def _spawn(claim: TurnClaim, workdir: Path) -> tuple[AppServerClient, str]:
+    """A fresh app-server for the claim's session, started and initialized; and codex's version."""
+    config = claim.config
+    client = AppServerClient(
+        app_server_argv(sandbox=config["sandbox"], workdir=workdir),
+        env=app_server_env(session_home(claim.session_id)),
+        cwd=str(workdir),
+        request_timeout=settings.CODEX_REQUEST_TIMEOUT,
+        max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
+        stderr_tail_lines=STDERR_TAIL_LINES,
+        server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
+    )
+    return client, _codex_version(client.start())
+
+
+def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, client: AppServerClient, version: str,
+           workdir: Path, home: Path, base: RolloutBase | None, t0: float, *, restore_ms: float,
+           initialize_ms: float, spare: bool) -> TurnOutcome:
+    """Drive the claim's turn on ``client`` (started), close it, and read what codex appended."""
+    config = claim.config
     spec = TurnSpec(
         text=claim.input_text,
         thread_id=claim.thread_id,
@@ -331,6 +388,8 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
         client.close()
         stream.flush()  # the streamed deltas and items commit before the turn's last events
     outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
+    if spare:
+        outcome.timings["spare"] = 1  # the app-server came from the warm pool (initialize_ms: ~0)
     t1 = time.monotonic()
     _capture_rollout(outcome, home, base, version)
     outcome.timings["capture_ms"] = round((time.monotonic() - t1) * 1000, 1)  # read + check the appended bytes
