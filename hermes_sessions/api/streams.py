@@ -118,10 +118,10 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
                 after = row["id"]
                 if scope.turn_id is not None and row["kind"] in TERMINAL_KINDS:
                     return
-            if ended or (own_read and len(rows) == READ_PAGE):
-                if ended:
-                    return
-                continue  # more backlog
+            if own_read and len(rows) == READ_PAGE:
+                continue  # more backlog: read it before deciding the turn's stream is over
+            if ended:
+                return
             own_read = False
             if sub.rows:
                 continue

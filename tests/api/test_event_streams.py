@@ -13,6 +13,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from hermes_sessions import services
+from hermes_sessions.api.event_hub import READ_PAGE
 from hermes_sessions.codex.runner import TurnOutcome
 from hermes_sessions.services import events
 from hermes_sessions.services.events import TurnEventWriter
@@ -116,6 +117,22 @@ def test_events_committed_while_no_stream_is_open_are_replayed_intact(server, to
     session = open_stream(server.port, f"/api/sessions/{claimed.session_id}/events/", token, last_event_id=0)
     assert [e.id for e in session.read_until(lambda e: e.event == "completed")] == [e.id for e in got]
     session.close()
+
+
+def test_an_ended_turn_with_more_than_a_page_of_events_streams_them_all(server, token, claimed):
+    """The adversary's input: a 1,200-word reply made 907 events; the turn stream of the ended turn
+    stopped after the first page (500) with no terminal event. Every page is read before the end."""
+    writer = writer_for(claimed)
+    words = [f"w{i} " for i in range(READ_PAGE + 20)]
+    for word in words:
+        writer.add(events.DELTA, {"item_id": "m1", "text": word})
+        writer.flush()  # one row each: more than a page
+    finish(claimed, "".join(words))
+
+    got = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    assert got[-1].event == "completed"
+    assert "".join(e.data["text"] for e in got if e.event == "delta") == "".join(words)
+    assert len({e.id for e in got}) == len(got) == len(words) + 3  # queued, running, deltas, completed
 
 
 def test_live_events_are_woken_by_notify_not_by_polling(server, token, claimed):
