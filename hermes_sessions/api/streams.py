@@ -32,7 +32,7 @@ from rest_framework.views import APIView
 
 from .. import selectors
 from ..models import Turn
-from ..services.events import TERMINAL_KINDS
+from ..services.events import TERMINAL_KINDS, event_terminal_ensure
 from .event_hub import READ_PAGE, ROW_FIELDS, hub, in_thread
 
 #: Client reconnection delay sent once at the start (``retry:``), milliseconds.
@@ -74,6 +74,7 @@ class _Scope:
 
     session_id: str
     turn_id: Any = None
+    terminal_seen: bool = False  # event_terminal_ensure already ran for this stream
 
     def read(self, after: int) -> tuple[list[dict[str, Any]], bool]:
         """Rows after ``after`` and whether the turn (turn streams only) has ended. The turn's state
@@ -81,6 +82,10 @@ class _Scope:
         ended = False
         if self.turn_id is not None:
             ended = Turn.objects.filter(pk=self.turn_id, status__in=Turn.TERMINAL).exists()
+            if ended and not self.terminal_seen:
+                # An imported or pre-0003 turn may lack its terminal event: write it before reading.
+                event_terminal_ensure(turn_id=self.turn_id)
+                self.terminal_seen = True
         found = selectors.turn_events_after(after_id=after, limit=READ_PAGE, turn_id=self.turn_id,
                                             session_id=self.session_id)
         return [dict(row) for row in found.values(*ROW_FIELDS)], ended

@@ -233,3 +233,29 @@ def test_a_line_without_a_column_added_later_gets_its_default_and_an_unknown_key
     notice = Notice.objects.get(session_id=handmade.id)
     assert notice.created_at > timezone.now() - timedelta(minutes=5)
     assert notice.acknowledged_by is not None
+
+
+def test_import_keeps_notice_ids_and_later_notices_get_new_ones(tmp_path, handmade, user):
+    """README: import keeps every value, ids included — a notice ``id: 1`` comes back as ``id: 1``."""
+    notice = Notice.objects.get(session_id=handmade.id)
+    path = export(tmp_path)
+    assert json.loads(path.read_text(encoding="utf-8"))["notices"][0]["id"] == notice.pk
+    wipe([handmade.id])
+    NoticeFactory(session=SessionFactory(owner=user), text="made meanwhile")  # the sequence moved on
+    call_command("import_sessions", str(path), stdout=io.StringIO())
+    assert Notice.objects.get(session_id=handmade.id).pk == notice.pk
+    later = NoticeFactory(session=SessionFactory(owner=user), text="after the import")
+    assert later.pk > max(Notice.objects.exclude(pk=later.pk).values_list("pk", flat=True))
+
+
+def test_an_export_without_notice_ids_still_imports(tmp_path, handmade):
+    path = export(tmp_path)
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for notice in record["notices"]:
+        del notice["id"]
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    wipe([handmade.id])
+    out = io.StringIO()
+    call_command("import_sessions", str(path), stdout=out)
+    assert out.getvalue().strip() == "1 imported, 0 skipped, 0 refused"
+    assert Notice.objects.filter(session_id=handmade.id, text="read me").count() == 1
