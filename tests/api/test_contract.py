@@ -346,6 +346,23 @@ def test_the_api_root_lists_every_route_of_the_schema_to_anyone(schema):
     assert all(route["summary"] for route in body["routes"])
 
 
+def test_every_route_summary_of_the_api_root_is_one_plain_complete_sentence():
+    """Each listed summary is the view's whole first docstring line: a sentence (capital first,
+    full stop last), no rST backticks, not cut mid-sentence (the next docstring line is blank)."""
+    from hermes_sessions.api import urls
+
+    docs = {}
+    for pattern in urls.urlpatterns:
+        view = getattr(pattern.callback, "cls", None) or getattr(pattern.callback, "view_class", None) or pattern.callback
+        docs[pattern.callback] = (view.__doc__ or "").strip().splitlines()
+    for route in APIClient().get("/api/").json()["routes"]:
+        summary = route["summary"]
+        assert summary[:1].isupper() and summary.endswith("."), route
+        assert "`" not in summary and "``" not in summary and len(summary) <= 120, route
+    for lines in docs.values():
+        assert len(lines) == 1 or lines[1].strip() == "", lines[:2]
+
+
 def test_the_landing_page_links_the_api_its_docs_and_the_admin():
     response = APIClient().get("/")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
