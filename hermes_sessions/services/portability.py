@@ -130,12 +130,24 @@ def session_export_record(*, session_id: str) -> dict[str, Any] | None:
         }
 
 
+class ExportRefused(Exception):
+    """A session that import would refuse (a queued or running turn); ``str(exc)`` names the session
+    and the turn. ``manage.py export_sessions`` skips it with a warning and exits 1."""
+
+
 def session_export_line(*, session_id: str) -> str | None:
     """``session_export_record`` as one line of compact JSON (no trailing newline; UTF-8 text kept
     as is, so a line may be long: a 100,000-message session is one line); ``None`` when the session
-    no longer exists (pruned while the export ran)."""
+    no longer exists (pruned while the export ran). Raises ``ExportRefused`` when the snapshot holds a
+    queued or running turn: import would refuse the line (its worker state would not survive)."""
     record = session_export_record(session_id=session_id)
-    return None if record is None else json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    if record is None:
+        return None
+    active = [t for t in record["turns"] if t["status"] in (Turn.Status.QUEUED, Turn.Status.RUNNING)]
+    if active:
+        raise ExportRefused(f"session {session_id}: turn {active[0]['id']} is {active[0]['status']}; "
+                            "export it again once its turns ended")
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 
 # --- import: shape -------------------------------------------------------------------------------

@@ -168,13 +168,28 @@ def test_bad_lines_are_reported_by_number_and_change_nothing(tmp_path, rotated, 
     assert list(Session.objects.values_list("id", flat=True)) == [handmade.id]
 
 
+@pytest.mark.parametrize("status", ["queued", "running"])
+def test_export_skips_a_session_with_an_unfinished_turn_names_it_and_exits_1(tmp_path, user, status, capsys):
+    busy = SessionFactory(id="sess-busy", owner=user)
+    turn = TurnFactory(session=busy, seq=1, status=status)
+    SessionFactory(id="sess-idle", owner=user)
+    with pytest.raises(CommandError, match=r"1 session\(s\) skipped"):
+        export(tmp_path)
+    err = capsys.readouterr().err
+    assert f"skipped: session sess-busy: turn {turn.pk} is {status}" in err
+    assert "exported 1 session(s)" in err
+    lines = (tmp_path / "sessions.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["session"]["id"] for line in lines] == ["sess-idle"]
+
+
 def test_a_queued_turn_is_refused_on_import(tmp_path, user):
     session = SessionFactory(id="sess-queued", owner=user)
-    TurnFactory(session=session, seq=1, status="queued")
-    line = export(tmp_path).read_text().strip()
+    TurnFactory(session=session, seq=1, status="succeeded")
+    record = json.loads(export(tmp_path).read_text())
+    record["turns"][0]["status"] = "queued"  # as a hand-edited line, or one from an older export
     wipe([session.id])
     path = tmp_path / "q.jsonl"
-    path.write_text(line + "\n")
+    path.write_text(json.dumps(record) + "\n")
     with pytest.raises(CommandError, match="1 refused"):
         call_command("import_sessions", str(path))
     assert not Session.objects.filter(pk=session.id).exists()
