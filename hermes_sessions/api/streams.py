@@ -33,6 +33,7 @@ from rest_framework.views import APIView
 from .. import selectors
 from ..models import Turn
 from ..services.events import TERMINAL_KINDS, event_terminal_ensure
+from .errors import error_json_response
 from .event_hub import READ_PAGE, ROW_FIELDS, hub, in_thread
 
 #: Client reconnection delay sent once at the start (``retry:``), milliseconds.
@@ -40,7 +41,8 @@ RETRY_MS = 1000
 
 
 def _error(status: int, detail: str, code: str, **headers: str) -> JsonResponse:
-    response = JsonResponse({"detail": detail, "code": code}, status=status)
+    """The API's error body (compact, as DRF renders it) with extra response headers."""
+    response = error_json_response(status, detail, code)
     for name, value in headers.items():
         response[name] = value
     return response

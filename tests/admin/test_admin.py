@@ -199,3 +199,12 @@ def test_a_whitespace_only_search_shows_its_reason_as_a_too_long_one_does(admin_
     # An empty q is no search at all: the form alone, no error.
     assert 'id="message-search-error"' not in admin_client.get(
         reverse("admin:hermes_sessions_message_changelist") + "?q=").content.decode()
+
+
+def test_the_session_pages_turns_table_is_newest_first_like_the_transcript(admin_client):
+    import re
+
+    session = busy_session(id="sess-turn-order")
+    TurnFactory(session=session, seq=3, status="succeeded")
+    html = admin_client.get(session_url(session.id)).content.decode()
+    assert [int(s) for s in re.findall(r'<tr id="turn-(\d+)"', html)] == [3, 2, 1]

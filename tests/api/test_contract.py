@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
 from hermes_sessions.models import Turn
@@ -272,6 +273,10 @@ def test_unknown_paths_under_api_are_json_404(client, url):
     assert response.status_code == 404
     assert response["Content-Type"] == "application/json"
     assert response.json()["code"] == "not_found" and "GET /api/" in response.json()["detail"]
+    # The same bytes shape as DRF's own error bodies (compact, UTF-8 kept).
+    assert response.content == JSONRenderer().render(response.json())
+    drf_404 = client.get("/api/sessions/nope/")
+    assert drf_404.content == JSONRenderer().render(drf_404.json())
 
 
 def test_unknown_paths_elsewhere_stay_html(client):

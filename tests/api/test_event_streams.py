@@ -64,16 +64,16 @@ def test_errors_are_the_apis_json(server, user, token, claimed):
     path = f"/api/turns/{claimed.turn_id}/events/"
     status, headers, body = server.get(path, None)
     assert (status, headers.get("WWW-Authenticate")) == (401, "Token")
-    assert body.startswith(b"{") and b'"code": "not_authenticated"' in body
+    assert body.startswith(b"{") and b'"code":"not_authenticated"' in body
     status, _, body = server.get(path, "0" * 40)
-    assert status == 401 and b'"code": "authentication_failed"' in body
+    assert status == 401 and b'"code":"authentication_failed"' in body
     other = Token.objects.create(user=UserFactory()).key
     assert server.get(path, other)[:1] == (404,)  # someone else's turn
     assert server.get(f"/api/sessions/{claimed.session_id}/events/", other)[0] == 404
     status, _, body = server.get("/api/turns/not-a-uuid/events/", token)
-    assert status == 404 and b'"code": "not_found"' in body
+    assert status == 404 and b'"code":"not_found"' in body
     status, _, body = server.get(path + "?last_event_id=-3", token)
-    assert status == 400 and b'"code": "invalid_event_id"' in body
+    assert status == 400 and b'"code":"invalid_event_id"' in body
 
 
 def test_under_wsgi_a_stream_is_refused_not_buffered_forever(claimed, token):
