@@ -86,7 +86,7 @@ def event_terminal_ensure(*, turn_id: uuid.UUID | str) -> TurnEvent | None:
     ``TransactionManagementError`` inside another), and return it; ``None`` when the turn does not
     exist, has not ended, or already has one. Turns imported by ``import_sessions`` before it wrote
     them, and turns that ended before the ``0003_turn_events`` migration, have none: a turn stream
-    (``docs/contract.md`` §8) opened on such a turn calls this first, so it still ends with its
+    (``docs/contract.md`` §8, "A finished turn's stream always ends…") opened on such a turn calls this first, so it still ends with its
     terminal event, which gets a real id and a NOTIFY like any other.
 
     Locking as the other writes: the turn row ``FOR UPDATE`` (two streams opening at once: the second
