@@ -86,8 +86,9 @@ def event_terminal_ensure(*, turn_id: uuid.UUID | str) -> TurnEvent | None:
     ``TransactionManagementError`` inside another), and return it; ``None`` when the turn does not
     exist, has not ended, or already has one. Turns imported by ``import_sessions`` before it wrote
     them, and turns that ended before the ``0003_turn_events`` migration, have none: a turn stream
-    (``docs/contract.md`` §8, "A finished turn's stream always ends…") opened on such a turn calls this first, so it still ends with its
-    terminal event, which gets a real id and a NOTIFY like any other.
+    opened on such a turn calls this first, so it still ends with its terminal event, which gets a
+    real id and a NOTIFY like any other (``docs/contract.md`` §8, "A finished turn's stream always
+    ends with its terminal event").
 
     Locking as the other writes: the turn row ``FOR UPDATE`` (two streams opening at once: the second
     waits and then finds the first one's row), then the session's event lock inside ``event_append``."""
