@@ -130,7 +130,8 @@ class MessageAdmin(_AuditAdmin):
     (``selectors.message_search_all``), newest first, 50 per page, ``?before=<id>`` for older."""
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        q, error, page = request.GET.get("q", "").strip(), "", None
+        # Anything but an empty q is checked as given: whitespace only or too long shows the reason.
+        q, error, page = request.GET.get("q", ""), "", None
         if q:
             try:
                 page = selectors.message_search_all(q=selectors.search_text(q), before_id=_int_param(request, "before"))

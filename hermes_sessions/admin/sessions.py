@@ -210,7 +210,7 @@ class SessionAdmin(admin.ModelAdmin):
 
     def _page_context(self, request: HttpRequest, session_id: str) -> dict[str, Any]:
         """What the session page shows beyond its fields: a fixed number of bounded queries."""
-        q = request.GET.get("q", "").strip()
+        q = request.GET.get("q", "")  # checked as given: whitespace only or too long shows the reason
         search_error = ""
         if q:
             try:
@@ -218,7 +218,7 @@ class SessionAdmin(admin.ModelAdmin):
             except selectors.InvalidSearch as exc:
                 search_error, q = str(exc), ""
         page = selectors.transcript_page(session_id=session_id, before_seq=_int_param(request, "before"), q=q)
-        turns = selectors.session_page_turns(session_id=session_id)
+        turns = selectors.session_page_turns(session_id=session_id)  # oldest first (the timeline); the table: newest first
         bindings = list(selectors.binding_list(session=Session(pk=session_id)))
         return {
             "unacknowledged_notices": list(selectors.notice_list(session=Session(pk=session_id), unacknowledged_only=True)),
@@ -229,7 +229,7 @@ class SessionAdmin(admin.ModelAdmin):
             "token_totals": selectors.session_token_totals(session_id=session_id),
             "timeline_svg": timeline_svg(turns=turns, bindings=bindings, now=timezone.now()),
             "page_turns": turns,
-            "turn_rows": turn_rows(turns, csrf_token=get_token(request), cancel_url=reverse(
+            "turn_rows": turn_rows(turns[::-1], csrf_token=get_token(request), cancel_url=reverse(
                 "admin:hermes_sessions_session_cancel_turn", args=[quote(session_id)])
                 if request.user.has_perm("hermes_sessions.change_turn") else None),
             "turn_form": TurnRunForm(),

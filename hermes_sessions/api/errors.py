@@ -29,6 +29,7 @@ from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -146,3 +147,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(response.data, dict):
         response.data.update(extra)
     return response
+
+
+def error_json_response(http_status: int, detail: str, code: str) -> JsonResponse:
+    """``{"detail", "code"}`` rendered as DRF renders (compact separators, UTF-8 kept), for the
+    responses made outside DRF's views: the event streams' errors (``api/streams.py``) and Django's
+    error views (``api/handlers.py``), so every error body of the API has the same bytes shape."""
+    return JsonResponse({"detail": detail, "code": code}, status=http_status,
+                        json_dumps_params={"separators": (",", ":"), "ensure_ascii": False})

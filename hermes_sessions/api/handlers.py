@@ -3,13 +3,15 @@
 
 They run when no view got to answer: a path no route matches (``/api/nope/``,
 ``/api/sessions/x/nope/``), a refused Host header, an uncaught exception. Their bodies have the API's
-error shape, ``{"detail": str, "code": str}`` (``api/openapi.py``). With ``DJANGO_DEBUG`` on, Django
+error shape, ``{"detail": str, "code": str}`` (``api/openapi.py``), rendered compact as DRF's. With ``DJANGO_DEBUG`` on, Django
 shows its debug pages for 404 and 500 instead (Django calls these handlers only with ``DEBUG`` off).
 """
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.views import defaults
+
+from .errors import error_json_response
 
 API_PREFIX = "/api/"
 
@@ -21,15 +23,14 @@ def _is_api(request: HttpRequest) -> bool:
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     """400 (a ``SuspiciousOperation`` such as a Host header not in ``ALLOWED_HOSTS``)."""
     if _is_api(request):
-        return JsonResponse({"detail": "Bad request.", "code": "bad_request"}, status=400)
+        return error_json_response(400, "Bad request.", "bad_request")
     return defaults.bad_request(request, exception)
 
 
 def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
     """403 raised outside DRF's views (DRF answers its own 403s)."""
     if _is_api(request):
-        return JsonResponse({"detail": "You do not have permission to perform this action.", "code": "permission_denied"},
-                            status=403)
+        return error_json_response(403, "You do not have permission to perform this action.", "permission_denied")
     return defaults.permission_denied(request, exception)
 
 
@@ -39,13 +40,12 @@ def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _is_api(request):
         # The path is the client's own; cut it so a huge URL does not make a huge answer.
         path = request.path[:200]
-        return JsonResponse({"detail": f"No API endpoint at {path}; GET /api/ lists them.", "code": "not_found"},
-                            status=404)
+        return error_json_response(404, f"No API endpoint at {path}; GET /api/ lists them.", "not_found")
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """500: a bug (invariant I6 says known bad input never gets here); logged by Django as usual."""
     if _is_api(request):
-        return JsonResponse({"detail": "Internal server error.", "code": "server_error"}, status=500)
+        return error_json_response(500, "Internal server error.", "server_error")
     return defaults.server_error(request)

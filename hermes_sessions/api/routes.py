@@ -43,7 +43,8 @@ def _routes() -> list[dict[str, Any]]:
         else:
             methods = [m for m in view_class().allowed_methods if m not in ("HEAD", "OPTIONS")]
             doc = (view_class.__doc__ or "").strip()
-        summary = doc.splitlines()[0] if doc else ""  # a view's first docstring line is written for this
+        # A view's first docstring line is written for this: one plain sentence (tests/api/test_contract.py).
+        summary = doc.splitlines()[0] if doc else ""
         path = "/api/" + _CONVERTER.sub(r"{\1}", str(pattern.pattern))
         out.append({"path": path, "methods": methods, "summary": summary})
     return out

@@ -32,7 +32,8 @@ from rest_framework.views import APIView
 
 from .. import selectors
 from ..models import Turn
-from ..services.events import TERMINAL_KINDS
+from ..services.events import TERMINAL_KINDS, event_terminal_ensure
+from .errors import error_json_response
 from .event_hub import READ_PAGE, ROW_FIELDS, hub, in_thread
 
 #: Client reconnection delay sent once at the start (``retry:``), milliseconds.
@@ -40,7 +41,8 @@ RETRY_MS = 1000
 
 
 def _error(status: int, detail: str, code: str, **headers: str) -> JsonResponse:
-    response = JsonResponse({"detail": detail, "code": code}, status=status)
+    """The API's error body (compact, as DRF renders it) with extra response headers."""
+    response = error_json_response(status, detail, code)
     for name, value in headers.items():
         response[name] = value
     return response
@@ -74,6 +76,7 @@ class _Scope:
 
     session_id: str
     turn_id: Any = None
+    terminal_seen: bool = False  # event_terminal_ensure already ran for this stream
 
     def read(self, after: int) -> tuple[list[dict[str, Any]], bool]:
         """Rows after ``after`` and whether the turn (turn streams only) has ended. The turn's state
@@ -81,6 +84,10 @@ class _Scope:
         ended = False
         if self.turn_id is not None:
             ended = Turn.objects.filter(pk=self.turn_id, status__in=Turn.TERMINAL).exists()
+            if ended and not self.terminal_seen:
+                # An imported or pre-0003 turn may lack its terminal event: write it before reading.
+                event_terminal_ensure(turn_id=self.turn_id)
+                self.terminal_seen = True
         found = selectors.turn_events_after(after_id=after, limit=READ_PAGE, turn_id=self.turn_id,
                                             session_id=self.session_id)
         return [dict(row) for row in found.values(*ROW_FIELDS)], ended

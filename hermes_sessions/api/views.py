@@ -95,7 +95,9 @@ class _ApiView(generics.GenericAPIView):
     responses={200: ApiRootSerializer, **error_responses()},
 )
 class ApiRootView(APIView):
-    """``GET /api/``: links to the sessions list, the schema and its docs, and every route of the
+    """Where to start: links to the sessions list, the schema and its docs, and every route.
+
+    ``GET /api/``: links to the sessions list, the schema and its docs, and every route of the
     API with its methods (read from the URLconf, ``api.routes``). Open to anyone: it names
     endpoints, nothing of anyone's data."""
 
@@ -328,7 +330,9 @@ def _search_text(request: Request) -> str | None:
     },
 )
 class MessageListView(_ApiView, generics.ListAPIView):
-    """``GET /api/sessions/{id}/messages/`` — cursor-paginated by ``seq``; with ``?q=`` the rows
+    """A session's transcript, oldest first, or with q the messages matching it, newest first.
+
+    ``GET /api/sessions/{id}/messages/`` — cursor-paginated by ``seq``; with ``?q=`` the rows
     matching it (``selectors.message_search``), newest first, cursor-paginated by ``-seq``."""
 
     serializer_class = MessageSerializer
@@ -364,7 +368,9 @@ class MessageListView(_ApiView, generics.ListAPIView):
     },
 )
 class MessageSearchView(_ApiView, generics.ListAPIView):
-    """``GET /api/messages/?q=`` — messages matching ``q`` in the caller's sessions only
+    """Search the messages of all your sessions for q, newest first.
+
+    ``GET /api/messages/?q=`` — messages matching ``q`` in the caller's sessions only
     (``selectors.message_search_for_user``, I7), newest first, cursor-paginated by ``-id``."""
 
     serializer_class = MessageSearchResultSerializer

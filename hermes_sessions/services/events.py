@@ -81,6 +81,24 @@ def event_terminal(*, turn: Turn) -> TurnEvent:
                         data={"status": turn.status, "error": turn.error, "final_text": turn.final_text})
 
 
+def event_terminal_ensure(*, turn_id: uuid.UUID | str) -> TurnEvent | None:
+    """Write the missing terminal event of a finished turn, durably (its own transaction; raises
+    ``TransactionManagementError`` inside another), and return it; ``None`` when the turn does not
+    exist, has not ended, or already has one. Turns imported by ``import_sessions`` before it wrote
+    them, and turns that ended before the ``0003_turn_events`` migration, have none: a turn stream
+    opened on such a turn calls this first, so it still ends with its terminal event, which gets a
+    real id and a NOTIFY like any other (``docs/contract.md`` §8, "A finished turn's stream always
+    ends with its terminal event").
+
+    Locking as the other writes: the turn row ``FOR UPDATE`` (two streams opening at once: the second
+    waits and then finds the first one's row), then the session's event lock inside ``event_append``."""
+    with transaction.atomic(durable=True):
+        turn = Turn.objects.select_for_update().filter(pk=turn_id, status__in=Turn.TERMINAL).first()
+        if turn is None or TurnEvent.objects.filter(turn_id=turn.pk, kind__in=TERMINAL_KINDS).exists():
+            return None
+        return event_terminal(turn=turn)
+
+
 class TurnEventWriter:
     """The worker's writer of one claimed turn's streamed events (codex's deltas and completed items,
     the retry notes), fenced by the claim ``token``. Thread-safe; used as ``TurnSpec.on_event``.

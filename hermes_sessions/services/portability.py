@@ -4,14 +4,14 @@
 A line holds everything needed to continue the session (``docs/contract.md`` I8): its transcript,
 turns, codex bindings, notices and its threads' stored rollouts, so an imported session's next turn
 resumes its codex thread instead of rotating. Shape (``FORMAT``; every column of each model except
-auto ids and the parent link; times ISO 8601 with microseconds and offset, UUIDs as strings)::
+auto ids other than a notice's (kept: the API names notices by id) and the parent link; times ISO 8601 with microseconds and offset, UUIDs as strings)::
 
     {"format": "hermes_sessions.session/1",
      "session":  {id, owner (username), title, model_config, last_message_seq, last_turn_seq, created_at, updated_at},
      "turns":    [{id, seq, status, input, thread_action, …, created_by (username | null), …}],
      "messages": [{seq, turn (turn id | null), role, content, tool_calls, …, created_at}],
      "bindings": [{thread_id, status, created_at, created_by_turn, ended_at, ended_reason, ended_by_turn}],
-     "notices":  [{turn, kind, text, created_at, acknowledged_at, acknowledged_by (username | null)}],
+     "notices":  [{id, turn, kind, text, created_at, acknowledged_at, acknowledged_by (username | null)}],
      "rollouts": [{thread_id, relpath, length, sha256, generation, codex_version, updated_at,
                    "chunks": [{seq, offset, size, compression, data (base64 of the stored bytes), sha256, created_at}]}]}
 
@@ -21,7 +21,8 @@ not exist here, has counters behind its rows (``last_message_seq`` / ``last_turn
 queued or running turn (its worker state would not survive the move), refers to a turn it does not
 hold, holds a rollout whose chunks do not add up to its sha256, or collides with rows already here (a
 thread or turn id of another session). A session id that exists already is skipped or refused, as
-the caller chooses. Other users a line names (who ran a turn, who acknowledged
+the caller chooses. Turn events (``docs/contract.md`` §8) are not carried: import writes each
+finished turn's terminal event (new ids, in turn order), so its stream ends as it did. Other users a line names (who ran a turn, who acknowledged
 a notice) are matched by username; one that does not exist here becomes null.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .. import selectors
 from ..codex.rollout_files import RolloutDiverged
 from ..models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Session, Turn, session_id_validator
 from .bindings import binding_history_insert
+from .events import event_terminal
 from .locks import advisory_xact_lock
 from .rollouts import rollout_insert_verified
 from .verbatim import rows_insert_verbatim
@@ -74,7 +76,7 @@ SESSION = _Section(Session, users=frozenset({"owner"}))
 TURN = _Section(Turn, skip=frozenset({"session"}), users=frozenset({"created_by"}))
 MESSAGE = _Section(Message, skip=frozenset({"id", "session"}))
 BINDING = _Section(CodexBinding, skip=frozenset({"id", "session"}))
-NOTICE = _Section(Notice, skip=frozenset({"id", "session"}), users=frozenset({"acknowledged_by"}))
+NOTICE = _Section(Notice, skip=frozenset({"session"}), users=frozenset({"acknowledged_by"}))
 ROLLOUT = _Section(CodexRollout, skip=frozenset({"id", "session"}))
 CHUNK = _Section(RolloutChunk, skip=frozenset({"id", "rollout"}))
 LISTS = {"turns": TURN, "messages": MESSAGE, "bindings": BINDING, "notices": NOTICE}
@@ -128,12 +130,24 @@ def session_export_record(*, session_id: str) -> dict[str, Any] | None:
         }
 
 
+class ExportRefused(Exception):
+    """A session that import would refuse (a queued or running turn); ``str(exc)`` names the session
+    and the turn. ``manage.py export_sessions`` skips it with a warning and exits 1."""
+
+
 def session_export_line(*, session_id: str) -> str | None:
     """``session_export_record`` as one line of compact JSON (no trailing newline; UTF-8 text kept
     as is, so a line may be long: a 100,000-message session is one line); ``None`` when the session
-    no longer exists (pruned while the export ran)."""
+    no longer exists (pruned while the export ran). Raises ``ExportRefused`` when the snapshot holds a
+    queued or running turn: import would refuse the line (its worker state would not survive)."""
     record = session_export_record(session_id=session_id)
-    return None if record is None else json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+    if record is None:
+        return None
+    active = [t for t in record["turns"] if t["status"] in (Turn.Status.QUEUED, Turn.Status.RUNNING)]
+    if active:
+        raise ExportRefused(f"session {session_id}: turn {active[0]['id']} is {active[0]['status']}; "
+                            "export it again once its turns ended")
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 
 # --- import: shape -------------------------------------------------------------------------------
@@ -158,7 +172,7 @@ def _may_be_absent(f: models.Field) -> bool:
     # A column added after an export was made: the row gets the model's default (or "now"), so exports
     # stay importable across additive migrations; a key the model does not know is refused.
     if f.primary_key:  # ids are what makes a second import of the same line a no-op
-        return False
+        return isinstance(f, (models.AutoField, models.BigAutoField, models.SmallAutoField))  # a notice's id, absent from older exports: a new one
     if f.blank and f.empty_strings_allowed:  # a text column that may be empty: Django's default is ""
         return True
     return f.has_default() or f.null or bool(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False))
@@ -288,6 +302,9 @@ def _check_turns(rows: _Rows) -> None:
 def _insert(rows: _Rows) -> None:
     rows_insert_verbatim([rows.session])
     rows_insert_verbatim(rows.turns)
+    for turn in sorted(rows.turns, key=lambda t: t.seq):
+        if turn.status in Turn.TERMINAL:  # its stream (docs/contract.md §8) ends with it; new ids, in order
+            event_terminal(turn=turn)
     rows_insert_verbatim(rows.messages)
     binding_history_insert(bindings=rows.bindings, notices=rows.notices)
     for rollout, chunks in rows.rollouts:

@@ -25,9 +25,25 @@ def _auto_time_fields(model: type[models.Model]) -> list[str]:
     ]
 
 
+def _sequence_catch_up(model: type[models.Model], given: list[int]) -> None:
+    """Rows inserted with their own auto ids (a notice's ``id``) leave the table's sequence behind
+    them; move it past the largest, never back, so the next ordinary insert does not collide."""
+    pk = model._meta.pk
+    if not given or connection.vendor != "postgresql" or not isinstance(pk, (models.AutoField, models.BigAutoField, models.SmallAutoField)):
+        return
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT setval(pg_get_serial_sequence(%s, %s), %s) WHERE %s > COALESCE("
+            "pg_sequence_last_value(pg_get_serial_sequence(%s, %s)::regclass), 0)",
+            [table, pk.column, max(given), max(given), table, pk.column],
+        )
+
+
 def rows_insert_verbatim(objs: Sequence[M]) -> list[M]:
     """Insert unsaved instances of one model keeping every value they carry, automatic timestamps
-    included (one left ``None`` gets the insert's "now"); returns them with primary keys set. Runs inside the caller's ``transaction.atomic``
+    included (one left ``None`` gets the insert's "now") and auto ids (the sequence is moved past
+them; one left ``None`` gets the next); returns them with primary keys set. Runs inside the caller's ``transaction.atomic``
     (raises ``TransactionManagementError`` otherwise: a half-restored session must roll back whole);
     database errors (``IntegrityError``, …) propagate."""
     if not connection.in_atomic_block:
@@ -38,6 +54,7 @@ def rows_insert_verbatim(objs: Sequence[M]) -> list[M]:
     timed = _auto_time_fields(model)
     kept = [[getattr(obj, name) for name in timed] for obj in objs]
     created = model._default_manager.bulk_create(objs, batch_size=BATCH_SIZE)
+    _sequence_catch_up(model, [obj.pk for obj in objs if isinstance(obj.pk, int)])
     if timed:
         for obj, values in zip(created, kept, strict=True):
             for name, value in zip(timed, values, strict=True):

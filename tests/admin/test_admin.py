@@ -186,3 +186,25 @@ def test_end_binding_action_ends_the_active_binding_with_a_notice(admin_client):
     binding = Binding.objects.get(session=session)
     assert binding.status == Binding.Status.ENDED and "ended by operator" in binding.ended_reason
     assert session.notices.count() == 1
+
+
+@pytest.mark.parametrize("q", ["%20", "%20%20%09"])
+def test_a_whitespace_only_search_shows_its_reason_as_a_too_long_one_does(admin_client, q):
+    session = busy_session(id="sess-blank-q")
+    MessageFactory(session=session, seq=1, content="hello")
+    html = admin_client.get(session_url(session.id) + "?q=" + q).content.decode()
+    assert 'id="transcript-search-error"' in html and "q must not be empty" in html
+    html = admin_client.get(reverse("admin:hermes_sessions_message_changelist") + "?q=" + q).content.decode()
+    assert 'id="message-search-error"' in html and "q must not be empty" in html
+    # An empty q is no search at all: the form alone, no error.
+    assert 'id="message-search-error"' not in admin_client.get(
+        reverse("admin:hermes_sessions_message_changelist") + "?q=").content.decode()
+
+
+def test_the_session_pages_turns_table_is_newest_first_like_the_transcript(admin_client):
+    import re
+
+    session = busy_session(id="sess-turn-order")
+    TurnFactory(session=session, seq=3, status="succeeded")
+    html = admin_client.get(session_url(session.id)).content.decode()
+    assert [int(s) for s in re.findall(r'<tr id="turn-(\d+)"', html)] == [3, 2, 1]

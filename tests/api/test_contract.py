@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
 from hermes_sessions.models import Turn
@@ -272,6 +273,10 @@ def test_unknown_paths_under_api_are_json_404(client, url):
     assert response.status_code == 404
     assert response["Content-Type"] == "application/json"
     assert response.json()["code"] == "not_found" and "GET /api/" in response.json()["detail"]
+    # The same bytes shape as DRF's own error bodies (compact, UTF-8 kept).
+    assert response.content == JSONRenderer().render(response.json())
+    drf_404 = client.get("/api/sessions/nope/")
+    assert drf_404.content == JSONRenderer().render(drf_404.json())
 
 
 def test_unknown_paths_elsewhere_stay_html(client):
@@ -344,6 +349,23 @@ def test_the_api_root_lists_every_route_of_the_schema_to_anyone(schema):
     documented = {(path, method.upper()) for path, item in schema["paths"].items() for method in item if path != "/api/"}
     assert listed == documented
     assert all(route["summary"] for route in body["routes"])
+
+
+def test_every_route_summary_of_the_api_root_is_one_plain_complete_sentence():
+    """Each listed summary is the view's whole first docstring line: a sentence (capital first,
+    full stop last), no rST backticks, not cut mid-sentence (the next docstring line is blank)."""
+    from hermes_sessions.api import urls
+
+    docs = {}
+    for pattern in urls.urlpatterns:
+        view = getattr(pattern.callback, "cls", None) or getattr(pattern.callback, "view_class", None) or pattern.callback
+        docs[pattern.callback] = (view.__doc__ or "").strip().splitlines()
+    for route in APIClient().get("/api/").json()["routes"]:
+        summary = route["summary"]
+        assert summary[:1].isupper() and summary.endswith("."), route
+        assert "`" not in summary and "``" not in summary and len(summary) <= 120, route
+    for lines in docs.values():
+        assert len(lines) == 1 or lines[1].strip() == "", lines[:2]
 
 
 def test_the_landing_page_links_the_api_its_docs_and_the_admin():

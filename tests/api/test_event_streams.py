@@ -65,16 +65,16 @@ def test_errors_are_the_apis_json(server, user, token, claimed):
     path = f"/api/turns/{claimed.turn_id}/events/"
     status, headers, body = server.get(path, None)
     assert (status, headers.get("WWW-Authenticate")) == (401, "Token")
-    assert body.startswith(b"{") and b'"code": "not_authenticated"' in body
+    assert body.startswith(b"{") and b'"code":"not_authenticated"' in body
     status, _, body = server.get(path, "0" * 40)
-    assert status == 401 and b'"code": "authentication_failed"' in body
+    assert status == 401 and b'"code":"authentication_failed"' in body
     other = Token.objects.create(user=UserFactory()).key
     assert server.get(path, other)[:1] == (404,)  # someone else's turn
     assert server.get(f"/api/sessions/{claimed.session_id}/events/", other)[0] == 404
     status, _, body = server.get("/api/turns/not-a-uuid/events/", token)
-    assert status == 404 and b'"code": "not_found"' in body
+    assert status == 404 and b'"code":"not_found"' in body
     status, _, body = server.get(path + "?last_event_id=-3", token)
-    assert status == 400 and b'"code": "invalid_event_id"' in body
+    assert status == 400 and b'"code":"invalid_event_id"' in body
 
 
 def test_under_wsgi_a_stream_is_refused_not_buffered_forever(claimed, token):
@@ -255,3 +255,39 @@ def test_sigterm_with_a_stream_open_then_resume_with_no_gap_or_duplicate(tmp_pat
     assert ids == sorted(set(ids))
     assert "".join(e.data["text"] for e in seen + rest if e.event == "delta") == "before while down after"
     assert rest[-1].event == "completed"
+
+
+def test_an_imported_finished_turn_streams_its_terminal_event(server, token, claimed):
+    """Export/import does not carry turn events; import writes each finished turn's terminal event."""
+    from hermes_sessions.models import Session, TurnEvent
+    from hermes_sessions.services.portability import session_export_line, session_import_line
+
+    finish(claimed, "all done")
+    line = session_export_line(session_id=claimed.session_id)
+    Session.objects.filter(pk=claimed.session_id).delete()
+    assert not TurnEvent.objects.filter(turn_id=claimed.turn_id).exists()
+    assert session_import_line(line=line).imported
+    assert list(TurnEvent.objects.filter(turn_id=claimed.turn_id).values_list("kind", flat=True)) == ["completed"]
+
+    got = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    assert [(e.event, e.data["final_text"], e.data["status"]) for e in got] == [("completed", "all done", "succeeded")]
+    assert open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token,
+                       last_event_id=got[0].id).read_to_end() == []
+
+
+def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(server, token, claimed):
+    """A turn that ended before the 0003_turn_events migration has no rows: the stream writes the
+    terminal event durably (a real id), a resume after it gets nothing, a second stream the same row."""
+    from hermes_sessions.models import TurnEvent
+
+    finish(claimed, "old turn")
+    TurnEvent.objects.filter(turn_id=claimed.turn_id).delete()
+
+    got = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    assert [(e.event, e.data["final_text"]) for e in got] == [("completed", "old turn")]
+    assert got[0].id == TurnEvent.objects.get(turn_id=claimed.turn_id).pk
+    assert open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token,
+                       last_event_id=got[0].id).read_to_end() == []
+    again = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    assert [e.id for e in again] == [got[0].id]
+    assert TurnEvent.objects.filter(turn_id=claimed.turn_id).count() == 1

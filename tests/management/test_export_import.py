@@ -168,13 +168,28 @@ def test_bad_lines_are_reported_by_number_and_change_nothing(tmp_path, rotated, 
     assert list(Session.objects.values_list("id", flat=True)) == [handmade.id]
 
 
+@pytest.mark.parametrize("status", ["queued", "running"])
+def test_export_skips_a_session_with_an_unfinished_turn_names_it_and_exits_1(tmp_path, user, status, capsys):
+    busy = SessionFactory(id="sess-busy", owner=user)
+    turn = TurnFactory(session=busy, seq=1, status=status)
+    SessionFactory(id="sess-idle", owner=user)
+    with pytest.raises(CommandError, match=r"1 session\(s\) skipped"):
+        export(tmp_path)
+    err = capsys.readouterr().err
+    assert f"skipped: session sess-busy: turn {turn.pk} is {status}" in err
+    assert "exported 1 session(s)" in err
+    lines = (tmp_path / "sessions.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["session"]["id"] for line in lines] == ["sess-idle"]
+
+
 def test_a_queued_turn_is_refused_on_import(tmp_path, user):
     session = SessionFactory(id="sess-queued", owner=user)
-    TurnFactory(session=session, seq=1, status="queued")
-    line = export(tmp_path).read_text().strip()
+    TurnFactory(session=session, seq=1, status="succeeded")
+    record = json.loads(export(tmp_path).read_text())
+    record["turns"][0]["status"] = "queued"  # as a hand-edited line, or one from an older export
     wipe([session.id])
     path = tmp_path / "q.jsonl"
-    path.write_text(line + "\n")
+    path.write_text(json.dumps(record) + "\n")
     with pytest.raises(CommandError, match="1 refused"):
         call_command("import_sessions", str(path))
     assert not Session.objects.filter(pk=session.id).exists()
@@ -233,3 +248,29 @@ def test_a_line_without_a_column_added_later_gets_its_default_and_an_unknown_key
     notice = Notice.objects.get(session_id=handmade.id)
     assert notice.created_at > timezone.now() - timedelta(minutes=5)
     assert notice.acknowledged_by is not None
+
+
+def test_import_keeps_notice_ids_and_later_notices_get_new_ones(tmp_path, handmade, user):
+    """README: import keeps every value, ids included — a notice ``id: 1`` comes back as ``id: 1``."""
+    notice = Notice.objects.get(session_id=handmade.id)
+    path = export(tmp_path)
+    assert json.loads(path.read_text(encoding="utf-8"))["notices"][0]["id"] == notice.pk
+    wipe([handmade.id])
+    NoticeFactory(session=SessionFactory(owner=user), text="made meanwhile")  # the sequence moved on
+    call_command("import_sessions", str(path), stdout=io.StringIO())
+    assert Notice.objects.get(session_id=handmade.id).pk == notice.pk
+    later = NoticeFactory(session=SessionFactory(owner=user), text="after the import")
+    assert later.pk > max(Notice.objects.exclude(pk=later.pk).values_list("pk", flat=True))
+
+
+def test_an_export_without_notice_ids_still_imports(tmp_path, handmade):
+    path = export(tmp_path)
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for notice in record["notices"]:
+        del notice["id"]
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    wipe([handmade.id])
+    out = io.StringIO()
+    call_command("import_sessions", str(path), stdout=out)
+    assert out.getvalue().strip() == "1 imported, 0 skipped, 0 refused"
+    assert Notice.objects.filter(session_id=handmade.id, text="read me").count() == 1
