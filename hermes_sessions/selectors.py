@@ -16,7 +16,7 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchVectorExact
-from django.db import connections
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Count, Exists, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Greatest
@@ -311,7 +311,21 @@ def search_text(value: Any) -> str:
     text = value.strip()
     if not text:
         raise InvalidSearch("q must not be empty")
+    _check_tsquery(text)
     return text
+
+
+def _check_tsquery(text: str) -> None:
+    """Raise ``InvalidSearch`` when PostgreSQL cannot parse ``text`` as a web-search query: e.g. 33 or
+    more ``-`` in a row (PostgreSQL 15: ``tsquery stack too small``), which used to surface as a 500 where
+    the search ran. One tiny query in a savepoint, so the refusal leaves the caller's transaction usable."""
+    if connection.vendor != "postgresql":
+        return
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT numnode(websearch_to_tsquery(%s::regconfig, %s))", [MESSAGE_SEARCH_CONFIG, text])
+    except DatabaseError as exc:
+        raise InvalidSearch(f"q cannot be searched: {str(exc).strip()}") from exc
 
 
 def message_search_filter(queryset: QuerySet[Message], q: str) -> QuerySet[Message]:

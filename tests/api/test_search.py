@@ -156,3 +156,13 @@ def test_a_cursor_the_server_did_not_make_is_the_documented_404_across_sessions(
     assert response.json()["code"] == "not_found"
     schema = client.get("/api/schema/?format=json").json()
     assert "404" in schema["paths"]["/api/messages/"]["get"]["responses"]
+
+
+@pytest.mark.parametrize("q", ["-" * 40, "- " * 90 + "a"])
+def test_a_query_postgresql_cannot_parse_is_a_json_400_not_a_500(client, session, q):
+    """The adversary's input: 33+ dashes made PostgreSQL answer 'tsquery stack too small' → 500."""
+    for url in (f"/api/sessions/{session.id}/messages/", "/api/messages/"):
+        response = client.get(url, {"q": q})
+        assert response.status_code == 400, url
+        assert response.json()["code"] == "invalid_search"
+        assert "tsquery" in response.json()["detail"]
