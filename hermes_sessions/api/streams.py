@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -179,6 +180,9 @@ async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int
     return _stream_response(*found)
 
 
+# csrf_exempt: these views only read (any other method is a JSON 405), and without it Django's CSRF
+# check answered a POST with its HTML 403 page before the view could say so.
+@csrf_exempt
 async def turn_events(request: HttpRequest, turn_id: str) -> HttpResponse | StreamingHttpResponse:
     """A turn's events, live, as server-sent events.
 
@@ -198,6 +202,9 @@ async def turn_events(request: HttpRequest, turn_id: str) -> HttpResponse | Stre
     return await _open(request, resolve, "No such turn.")
 
 
+# csrf_exempt: these views only read (any other method is a JSON 405), and without it Django's CSRF
+# check answered a POST with its HTML 403 page before the view could say so.
+@csrf_exempt
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse | StreamingHttpResponse:
     """A session's events, live, as server-sent events.
 

@@ -291,3 +291,14 @@ def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(serv
     again = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
     assert [e.id for e in again] == [got[0].id]
     assert TurnEvent.objects.filter(turn_id=claimed.turn_id).count() == 1
+
+
+@pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
+def test_another_method_on_a_stream_is_a_json_405_not_the_csrf_page(claimed, token, method):
+    """The adversary's input: POST with a token on /events/ answered Django's HTML CSRF 403."""
+    client = APIClient(enforce_csrf_checks=True)
+    for path in (f"/api/turns/{claimed.turn_id}/events/", f"/api/sessions/{claimed.session_id}/events/"):
+        response = getattr(client, method)(path, HTTP_AUTHORIZATION=f"Token {token}")
+        assert response.status_code == 405, (method, path)
+        assert response["Content-Type"].startswith("application/json")
+        assert response.json()["code"] == "method_not_allowed" and response["Allow"] == "GET"
