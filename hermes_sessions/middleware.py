@@ -30,6 +30,28 @@ class RejectNulMiddleware:
         return self.get_response(request)
 
 
+class RequireContentLengthMiddleware:
+    """Answer 411 to a request that sends a body without ``Content-Length`` (``Transfer-Encoding:
+    chunked``).
+
+    DRF and Django's form parsing size a body by ``Content-Length``; without it they read none, so a
+    chunked ``POST /api/sessions/`` was created with none of its fields (and a chunked body escaped
+    the 413 size check). Refused here for every URL; under ``/api/`` as the API's JSON error
+    (``code``: ``length_required``)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.META.get("HTTP_TRANSFER_ENCODING") and request.META.get("CONTENT_LENGTH") in (None, "", "0"):
+            reason = "A request body needs a Content-Length header; chunked bodies are not accepted."
+            if request.path.startswith("/api/"):
+                return JsonResponse({"detail": reason, "code": "length_required"}, status=411,
+                                    json_dumps_params={"separators": (",", ":")})
+            return HttpResponse(reason, status=411, content_type="text/plain")
+        return self.get_response(request)
+
+
 def _refuse(request: HttpRequest, reason: str) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": reason, "code": "bad_request"}, status=400)

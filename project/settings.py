@@ -100,6 +100,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "hermes_sessions.middleware.RejectNulMiddleware",
+    "hermes_sessions.middleware.RequireContentLengthMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's static files under gunicorn and runserver
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

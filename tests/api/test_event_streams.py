@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from hermes_sessions import services
 from hermes_sessions.api.event_hub import READ_PAGE
 from hermes_sessions.codex.runner import TurnOutcome
+from hermes_sessions.models import Session
 from hermes_sessions.services import events
 from hermes_sessions.services.events import TurnEventWriter
 from hermes_sessions.services.turns import TurnClaim
@@ -302,3 +303,21 @@ def test_another_method_on_a_stream_is_a_json_405_not_the_csrf_page(claimed, tok
         assert response.status_code == 405, (method, path)
         assert response["Content-Type"].startswith("application/json")
         assert response.json()["code"] == "method_not_allowed" and response["Allow"] == "GET"
+
+
+def test_a_chunked_body_is_a_json_411_not_an_empty_request(server, token):
+    """The adversary's input, on the real ASGI server: a chunked ``POST /api/sessions/`` was created
+    with none of its fields (DRF sizes bodies by Content-Length) and escaped the 413 check."""
+    body = b'{"id":"chunky","title":"t"}'
+    request = (b"POST /api/sessions/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token " + token.encode()
+               + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+               + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].split()[1] == b"411", head
+    assert b'"code":"length_required"' in payload
+    assert not Session.objects.filter(title="t").exists() and not Session.objects.filter(pk="chunky").exists()
