@@ -39,7 +39,7 @@ from django.db import IntegrityError, connection, models, transaction
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from .. import selectors
+from .. import policy, selectors
 from ..codex.rollout_files import RolloutDiverged
 from ..models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Session, Turn, session_id_validator
 from .bindings import binding_history_insert
@@ -241,8 +241,21 @@ def _users(record: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _check_model_config(record: dict[str, Any], users: dict[str, Any]) -> None:
+    # An import line is trusted no more than an API request (docs/contract.md I8): the session's
+    # codex settings pass the policy the API applies for its owner (policy.validate_model_config), so a
+    # line cannot hand a non-staff owner a staff-only sandbox or a server-assigned cwd.
+    owner = users[record["session"]["owner"]]
+    try:
+        policy.validate_model_config(record["session"]["model_config"], is_staff=bool(owner.is_staff))
+    except policy.PolicyError as exc:
+        raise ImportRefused(f"session/model_config/{exc.field}: {exc} (owner {owner.get_username()!r}, "
+                            f"{'staff' if owner.is_staff else 'not staff'}; the API's policy applies)") from exc
+
+
 def _build(record: dict[str, Any]) -> _Rows:
     users = _users(record)
+    _check_model_config(record, users)
     try:
         session_id_validator(record["session"]["id"])
         rows = _Rows(session=_instance(SESSION, record["session"], users))
