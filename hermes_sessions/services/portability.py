@@ -43,6 +43,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connection, models, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
@@ -181,7 +182,9 @@ def _field_schema(f: models.Field, users: frozenset[str]) -> dict[str, Any]:
     if isinstance(f, models.JSONField):
         schema = {"type": _JSON_TYPES[key]} if key in _JSON_TYPES else {}
     elif f.name not in users and isinstance(f, _INTEGER_FIELDS) and not isinstance(f, models.ForeignKey):
-        _low, high = connection.ops.integer_field_range(f.get_internal_type())
+        # Django's standard column ranges (PostgreSQL's), whatever this database is: an export made on the
+        # embedded SQLite (64-bit everywhere) must import into PostgreSQL too.
+        _low, high = BaseDatabaseOperations.integer_field_ranges[f.get_internal_type()]
         schema = {"type": "integer", "minimum": 0, "maximum": high}  # seqs, counters, sizes, offsets
     elif isinstance(f, models.BinaryField):
         schema = {"type": "string", "pattern": _BASE64}
