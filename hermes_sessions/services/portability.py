@@ -15,12 +15,18 @@ auto ids other than a notice's (kept: the API names notices by id) and the paren
      "rollouts": [{thread_id, relpath, length, sha256, generation, codex_version, updated_at,
                    "chunks": [{seq, offset, size, compression, data (base64 of the stored bytes), sha256, created_at}]}]}
 
-Import is one transaction per line: a line is imported whole or not at all. A line is refused
-(``ImportRefused``, nothing written) when it is not JSON or not that shape, names an owner that does
+Import is one transaction per line: a line is imported whole or not at all. A line is trusted no
+more than an API request: it is refused (``ImportRefused``, nothing written) when it is over
+``MAX_LINE_BYTES`` (64 MiB, refused before parsing), not JSON or not that shape — types, lengths
+(a turn's ``input`` at most the API's ``MAX_INPUT_CHARS``), integer ranges, no NUL or unpaired
+surrogate, a rollout ``relpath`` under ``sessions/`` (``_field_schema``) —, has a ``model_config`` the
+API's policy refuses for its owner (``policy.validate_model_config``: a staff-only sandbox for a
+non-staff owner, a ``cwd``), names an owner that does
 not exist here, has counters behind its rows (``last_message_seq`` / ``last_turn_seq``), holds a
 queued or running turn (its worker state would not survive the move), refers to a turn it does not
 hold, holds a rollout whose chunks do not add up to its sha256, or collides with rows already here (a
-thread or turn id of another session). A session id that exists already is skipped or refused, as
+thread or turn id of another session), or any database error its rows raise (that line only: the
+next lines still import). A session id that exists already is skipped or refused, as
 the caller chooses. Turn events (``docs/contract.md`` §8) are not carried: import writes each
 finished turn's terminal event (new ids, in turn order), so its stream ends as it did. Other users a line names (who ran a turn, who acknowledged
 a notice) are matched by username; one that does not exist here becomes null.
@@ -30,23 +36,27 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, models, transaction
+from django.db import DatabaseError, connection, models, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from .. import selectors
+from .. import policy, selectors
 from ..codex.rollout_files import RolloutDiverged
 from ..models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Session, Turn, session_id_validator
+from ..sanitize import clean_text
 from .bindings import binding_history_insert
 from .events import event_terminal
 from .locks import advisory_xact_lock
 from .rollouts import rollout_insert_verified
+from .turns import MAX_INPUT_CHARS
 from .verbatim import rows_insert_verbatim
 
 FORMAT = "hermes_sessions.session/1"
@@ -154,15 +164,51 @@ def session_export_line(*, session_id: str) -> str | None:
 
 _INTEGER_FIELDS = (models.IntegerField, models.AutoField)
 
+#: A line longer than this many bytes is refused before it is parsed (``manage.py import_sessions``
+#: reads at most this much of it). 64 MiB: a long session's transcript and rollouts fit; a session
+#: exported bigger than this has to be imported with a raised limit (change the constant).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+# Every string a line holds is text PostgreSQL and psycopg can store: no NUL, no unpaired surrogate.
+_SAFE_TEXT = "^[^\x00\ud800-\udfff]*$"
+_BASE64 = "^[A-Za-z0-9+/]*={0,2}$"
+# A stored rollout lives under CODEX_HOME/sessions/ (codex/rollout_files.py): relative, no "." or ".."
+# segment, a rollout-*.jsonl file name (its thread id is checked in _build).
+_RELPATH = r"^sessions/(?:(?!\.\.?/)[^/\x00\\]+/)*rollout-[^/\x00\\]+\.jsonl$"
+# JSON columns: the type the code reading them expects (a wrong one made the turn pages 500).
+_JSON_TYPES: dict[tuple[type[models.Model], str], str] = {
+    (Session, "model_config"): "object",
+    (Turn, "codex_methods"): "array",
+    (Turn, "usage"): "object",
+    (Turn, "timings"): "object",
+    (Message, "tool_calls"): "array",
+}
+# Text the API bounds: an import line may not hold more than a request could have.
+_MAX_CHARS: dict[tuple[type[models.Model], str], int] = {(Turn, "input"): MAX_INPUT_CHARS}
+
 
 def _field_schema(f: models.Field, users: frozenset[str]) -> dict[str, Any]:
+    """The JSON schema of one column's value: the type, and the bounds PostgreSQL or the API would
+    enforce (length, integer range, no NUL), so a line the database or the API would refuse is
+    refused whole before anything is written."""
     schema: dict[str, Any]
+    key = (f.model, f.name)
     if isinstance(f, models.JSONField):
-        return {}
-    if f.name not in users and isinstance(f, _INTEGER_FIELDS) and not isinstance(f, models.ForeignKey):
-        schema = {"type": "integer"}
+        schema = {"type": _JSON_TYPES[key]} if key in _JSON_TYPES else {}
+    elif f.name not in users and isinstance(f, _INTEGER_FIELDS) and not isinstance(f, models.ForeignKey):
+        # Django's standard column ranges (PostgreSQL's), whatever this database is: an export made on the
+        # embedded SQLite (64-bit everywhere) must import into PostgreSQL too.
+        _low, high = BaseDatabaseOperations.integer_field_ranges[f.get_internal_type()]
+        schema = {"type": "integer", "minimum": 0, "maximum": high}  # seqs, counters, sizes, offsets
+    elif isinstance(f, models.BinaryField):
+        schema = {"type": "string", "pattern": _BASE64}
     else:
-        schema = {"type": "string"}
+        schema = {"type": "string", "pattern": _SAFE_TEXT}
+        limit = _MAX_CHARS.get(key, f.max_length if isinstance(f, models.CharField) else None)
+        if limit is not None:
+            schema["maxLength"] = limit
+        if key == (CodexRollout, "relpath"):
+            schema["pattern"] = _RELPATH
     if f.choices:
         schema["enum"] = [value for value, _label in f.flatchoices] + ([""] if f.blank else [])
     return {"anyOf": [schema, {"type": "null"}]} if f.null else schema
@@ -200,14 +246,31 @@ _VALIDATOR = Draft202012Validator(_line_schema())
 
 
 def _parse(line: str | bytes) -> dict[str, Any]:
+    if isinstance(line, bytes):
+        size = len(line) - line.endswith(b"\n")
+    else:
+        size = len(line.encode("utf-8", "surrogatepass")) - line.endswith("\n")
+    if size > MAX_LINE_BYTES:
+        raise ImportRefused(f"the line is over {MAX_LINE_BYTES} bytes (portability.MAX_LINE_BYTES); not parsed")
     try:
         record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ImportRefused(f"not JSON: {exc}") from exc
-    error = best_match(_VALIDATOR.iter_errors(record))
+    try:
+        error = best_match(_VALIDATOR.iter_errors(record))
+    except RecursionError as exc:
+        raise ImportRefused("nested too deeply to check") from exc
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "the line"
-        raise ImportRefused(f"{where}: {error.message[:300]}")
+        if error.validator == "pattern" and error.validator_value == _SAFE_TEXT:
+            message = "holds a NUL or an unpaired surrogate, which PostgreSQL cannot store"
+        elif error.validator == "pattern" and error.validator_value == _RELPATH:
+            message = "is not a relative path to a rollout-*.jsonl file under sessions/"
+        elif error.validator == "maxLength":
+            message = f"is longer than {error.validator_value} characters"
+        else:
+            message = error.message[:300]
+        raise ImportRefused(clean_text(f"{where}: {message}"))  # the message may quote the bad value
     return record
 
 
@@ -223,12 +286,27 @@ def _instance(section: _Section, data: dict[str, Any], users: dict[str, Any], **
             user = users.get(raw) if raw is not None else None
             values[f.attname] = None if user is None else user.pk
         elif raw is None or isinstance(f, models.JSONField):
+            if _json_unsafe(raw):  # jsonb refuses \u0000; psycopg cannot encode a lone surrogate
+                raise ValueError(f"{section.model.__name__.lower()} {f.name} holds a NUL or an unpaired surrogate")
             values[f.attname] = raw
         elif isinstance(f, models.BinaryField):
             values[f.attname] = base64.b64decode(raw, validate=True)
         else:
             values[f.attname] = f.to_python(raw)  # ISO times → aware datetimes, ids → UUIDs
     return section.model(**values)
+
+
+def _json_unsafe(value: Any) -> bool:
+    if isinstance(value, str):
+        return _UNSAFE_TEXT.search(value) is not None
+    if isinstance(value, dict):
+        return any(_json_unsafe(k) or _json_unsafe(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_json_unsafe(v) for v in value)
+    return False
+
+
+_UNSAFE_TEXT = re.compile(_SAFE_TEXT.replace("^[^", "[").removesuffix("]*$") + "]")
 
 
 @dataclass
@@ -255,8 +333,21 @@ def _users(record: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _check_model_config(record: dict[str, Any], users: dict[str, Any]) -> None:
+    # An import line is trusted no more than an API request (docs/contract.md I8): the session's
+    # codex settings pass the policy the API applies for its owner (policy.validate_model_config), so a
+    # line cannot hand a non-staff owner a staff-only sandbox or a server-assigned cwd.
+    owner = users[record["session"]["owner"]]
+    try:
+        policy.validate_model_config(record["session"]["model_config"], is_staff=bool(owner.is_staff))
+    except policy.PolicyError as exc:
+        raise ImportRefused(f"session/model_config/{exc.field}: {exc} (owner {owner.get_username()!r}, "
+                            f"{'staff' if owner.is_staff else 'not staff'}; the API's policy applies)") from exc
+
+
 def _build(record: dict[str, Any]) -> _Rows:
     users = _users(record)
+    _check_model_config(record, users)
     try:
         session_id_validator(record["session"]["id"])
         rows = _Rows(session=_instance(SESSION, record["session"], users))
@@ -269,7 +360,10 @@ def _build(record: dict[str, Any]) -> _Rows:
             (_instance(ROLLOUT, r, users, **sid), [_instance(CHUNK, c, users) for c in r["chunks"]])
             for r in record["rollouts"]
         ]
-    except (ValidationError, binascii.Error, ValueError) as exc:
+        for rollout, _chunks in rows.rollouts:
+            if not rollout.relpath.endswith(f"-{rollout.thread_id}.jsonl"):
+                raise ValueError(f"rollout relpath {rollout.relpath!r} does not name thread {rollout.thread_id}")
+    except (ValidationError, binascii.Error, ValueError, RecursionError) as exc:
         raise ImportRefused(f"bad value: {exc}") from exc
     _check_turns(rows)
     _check_counters(rows)
@@ -338,9 +432,11 @@ def session_import_line(*, line: str | bytes, on_existing: str = "refuse") -> Im
                     return ImportOutcome(session_id=session_id, imported=False, rows={})
                 raise ImportRefused(f"session {session_id} already exists (--on-existing skip leaves it alone)")
             _insert(rows)
-    except (IntegrityError, RolloutDiverged, ValueError) as exc:
-        # IntegrityError may surface only at commit (deferred foreign keys): the block rolled back.
-        raise ImportRefused(f"session {session_id}: {str(exc).strip()[:500]}") from exc
+    except (DatabaseError, RolloutDiverged, ValueError) as exc:
+        # IntegrityError may surface only at commit (deferred foreign keys): the block rolled back. Any
+        # database error (DataError: a value out of range…) refuses this line only; the next ones still
+        # import. The schema (_field_schema) should have refused such a value already.
+        raise ImportRefused(clean_text(f"session {session_id}: {str(exc).strip()[:500]}")) from exc
     return ImportOutcome(session_id=session_id, imported=True, rows=rows.counts())
 
 

@@ -1,6 +1,8 @@
 """``manage.py import_sessions FILE``: import the JSON Lines ``export_sessions`` wrote, one transaction
 per line (``services/portability.py``), with a progress bar on stderr. A bad line is reported with
-its line number and changes nothing; the others are imported. Exits 1 when any line was refused."""
+its line number and changes nothing; the others are imported. Exits 1 when any line was refused.
+A line is read at most ``portability.MAX_LINE_BYTES`` (64 MiB) + 1 bytes at a time: a longer one is
+skipped to its end and refused unparsed, so one huge line cannot exhaust memory."""
 from __future__ import annotations
 
 import contextlib
@@ -13,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.progress import Progress
 
+from hermes_sessions.services import portability
 from hermes_sessions.services.portability import ON_EXISTING, ImportRefused, sessions_import_lines
 
 
@@ -51,8 +54,12 @@ class Command(BaseCommand):
 def _count_lines(path: Path) -> int:
     if not path.is_file():
         raise CommandError(f"{path}: no such file")
-    with path.open("rb") as f:
-        return sum(1 for _ in f)
+    lines, last = 0, b"\n"
+    with path.open("rb") as f:  # by blocks: a line may be larger than memory
+        for block in iter(lambda: f.read(1 << 20), b""):
+            lines += block.count(b"\n")
+            last = block[-1:]
+    return lines + (last != b"\n")
 
 
 def _open(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
@@ -61,6 +68,10 @@ def _open(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
 
 
 def _lines(source: BinaryIO, progress: Progress, task: Any) -> Iterator[bytes]:
-    for line in source:
+    limit = portability.MAX_LINE_BYTES
+    while line := source.readline(limit + 1):
+        if len(line) > limit and not line.endswith(b"\n"):
+            while (rest := source.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass  # the rest of an oversized line: dropped; its first limit + 1 bytes are refused by size
         yield line
         progress.advance(task)
