@@ -172,8 +172,24 @@ class SessionAdmin(admin.ModelAdmin):
             return None
         return super().get_object(request, object_id, from_field)
 
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The add form answers a taken id with a form error, as the API answers 409
+        ``session_id_taken`` (``docs/contract.md`` §9), even when another request inserts that id
+        between the form's check and this insert: ``session_create`` then raises ``SessionIdTaken``
+        (the other row committed), the admin's transaction is rolled back, and the form is checked
+        once more — it now sees the row and shows "already taken". Before, that race was a 500."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except services.SessionIdTaken:
+            if object_id is not None:
+                raise
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
     def save_model(self, request: HttpRequest, obj: Session, form: ModelForm, change: bool) -> None:
-        """Create the session through ``services.session_create`` (the form has checked id and policy)."""
+        """Create the session through ``services.session_create`` (the form has checked id and policy;
+        a concurrent insert of the same id raises ``SessionIdTaken``, see ``changeform_view``)."""
         data = form.cleaned_data
         created = services.session_create(
             owner=data["owner"], session_id=data.get("id") or None, title=data.get("title") or "",
