@@ -334,7 +334,7 @@ class TurnEvent(models.Model):
     """One durable event of a turn's live stream (``docs/contract.md`` §8), insert-only.
 
     ``id`` (bigint, assigned at insert) is the server-sent event's ``id:``; within a session, ids are
-    in commit order (every insert takes the session's advisory lock first, ``services/events.py``), so
+    in commit order (every insert first locks the session row, ``services/events.py``), so
     a client resuming after id N misses nothing. ``kind`` is the SSE ``event:`` name, ``data`` its JSON
     payload (without ``turn``/``attempt``, which live in their own columns). ``attempt`` is the turn's
     claim the event belongs to (0 before the first claim)."""

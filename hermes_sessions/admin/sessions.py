@@ -15,6 +15,7 @@ the API's service and queue), cancel them (``services.turn_cancel``), end bindin
 """
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Any
@@ -171,8 +172,24 @@ class SessionAdmin(admin.ModelAdmin):
             return None
         return super().get_object(request, object_id, from_field)
 
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The add form answers a taken id with a form error, as the API answers 409
+        ``session_id_taken`` (``docs/contract.md`` §9), even when another request inserts that id
+        between the form's check and this insert: ``session_create`` then raises ``SessionIdTaken``
+        (the other row committed), the admin's transaction is rolled back, and the form is checked
+        once more — it now sees the row and shows "already taken". Before, that race was a 500."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except services.SessionIdTaken:
+            if object_id is not None:
+                raise
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
     def save_model(self, request: HttpRequest, obj: Session, form: ModelForm, change: bool) -> None:
-        """Create the session through ``services.session_create`` (the form has checked id and policy)."""
+        """Create the session through ``services.session_create`` (the form has checked id and policy;
+        a concurrent insert of the same id raises ``SessionIdTaken``, see ``changeform_view``)."""
         data = form.cleaned_data
         created = services.session_create(
             owner=data["owner"], session_id=data.get("id") or None, title=data.get("title") or "",
@@ -293,17 +310,31 @@ class SessionAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(_session_url(session.pk))
 
     def acknowledge_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """POST ``notice`` (one or more ids; none = all of the session's): acknowledge them."""
+        """POST ``notice`` (one or more ids; none at all = every unacknowledged notice of the session):
+        acknowledge them (notices: ``docs/contract.md`` §1, the rotation notice of §3). A
+        value that is not an id, or the id of no notice of this session, refuses the whole request
+        with a message and acknowledges nothing — never "all of them" for a bad id."""
         session = self._post_only(request, object_id, "hermes_sessions.change_notice")
         if not isinstance(session, Session):
             return session
         notices = Notice.objects.filter(session=session, acknowledged_at__isnull=True)
-        ids = [int(v) for v in request.POST.getlist("notice") if v.isdigit() and len(v) < 19]
-        if ids:
+        given = request.POST.getlist("notice")
+        if given:
+            bad = [v for v in given if not _NOTICE_ID.fullmatch(v)]
+            ids = {int(v) for v in given if v not in bad}
+            unknown = sorted(ids - set(Notice.objects.filter(session=session, pk__in=ids).values_list("pk", flat=True)))
+            if bad or unknown:
+                what = f"{bad[0][:40]!r} is not a notice id" if bad else f"no notice {unknown[0]} in this session"
+                self.message_user(request, f"No notice acknowledged: {what}.", messages.ERROR)
+                return HttpResponseRedirect(_session_url(session.pk))
             notices = notices.filter(pk__in=ids)
         changed = services.notice_acknowledge(notices=notices, user=request.user)
         self.message_user(request, f"Acknowledged {changed} notice{'s' if changed != 1 else ''}.", messages.SUCCESS)
         return HttpResponseRedirect(_session_url(session.pk))
+
+
+#: A notice id as the form posts it: ASCII digits, within a bigint (not ``str.isdigit``: "²" is a digit).
+_NOTICE_ID = re.compile(r"[0-9]{1,18}")
 
 
 def _session_url(session_id: str) -> str:

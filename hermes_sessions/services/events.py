@@ -7,12 +7,17 @@ Two ways in:
   sweep): the event commits, or not, with the state change it reports.
 * ``TurnEventWriter`` — the worker's writer for what codex streams during a turn (agent-message
   deltas, completed items): deltas are buffered and written in batches, each batch one short
-  transaction that first checks the claim token (``SELECT … FOR SHARE`` of the turn row), so a worker
-  that lost its claim appends nothing (I2), and waits for a claim in progress.
+  transaction that first takes the session's event lock, then checks the claim token (``SELECT … FOR
+  SHARE`` of the turn row), so a worker that lost its claim appends nothing (I2), and waits for a
+  claim in progress.
 
-Every insert takes the session's advisory lock (``locks.advisory_xact_lock``) before its ids are
-drawn, so within a session the ids are in commit order: a stream that has shown id N and reads
-``id > N`` never skips a row that commits later with a smaller id. The transaction also sends
+Every insert takes the session's event lock (``locks.lock_session_for_events``: the session row,
+``FOR NO KEY UPDATE``) before its ids are drawn, so within a session the ids are in commit order: a
+stream that has shown id N and reads ``id > N`` never skips a row that commits later with a smaller
+id. It is the session row, not an advisory lock, and it is taken before the turn row, in the order of
+``locks.lock_session_and_turn`` (I3): a batch taking the turn's share lock and an advisory lock
+first deadlocked with a post or cancel holding the session row (its insert's foreign-key check waits
+for that row). The transaction also sends
 ``NOTIFY hermes_turn_events, '<session id> <turn id> <last id>'`` — ids only (NOTIFY payloads are
 limited to 8,000 bytes, ``../shared/pitfalls.md``); PostgreSQL delivers it at commit, and listeners
 read the rows from the table. Nothing depends on the notification arriving: streams re-read on their
@@ -30,7 +35,7 @@ from django.db import DatabaseError, connection, transaction
 
 from ..models import Turn, TurnEvent
 from ..sanitize import clean_json, clean_text
-from .locks import advisory_xact_lock
+from .locks import lock_session_for_events
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +64,9 @@ def _lock_and_notify(session_id: str, turn_id: uuid.UUID | str, last_id: int | N
         cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, f"{session_id} {turn_id} {last_id}"])
 
 
-def _session_lock(session_id: str) -> None:
-    advisory_xact_lock(f"turn-events:{session_id}")
+def _session_lock(session_id: str) -> bool:
+    """The session's event lock, the only one (``locks.lock_session_for_events``, §8)."""
+    return lock_session_for_events(session_id)
 
 
 def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None) -> TurnEvent:
@@ -156,12 +162,12 @@ class TurnEventWriter:
             self.written += written
 
     def _insert(self, batch: list[tuple[str, dict[str, Any]]]) -> int | None:
-        """One durable transaction: the claim check (row share lock: a claim or finalize in progress
-        is waited for), the session's event lock, the rows, one NOTIFY. ``None``: claim not held."""
+        """One durable transaction: the session's event lock (the session row, first: the order of
+        ``lock_session_and_turn``, I3), the claim check (turn row share lock: a claim or finalize in
+        progress is waited for), the rows, one NOTIFY. ``None``: claim not held (§8)."""
         with transaction.atomic(durable=True):
-            if not _claim_held(self.turn_id, self.token):
+            if not _session_lock(self.session_id) or not _claim_held(self.turn_id, self.token):
                 return None
-            _session_lock(self.session_id)
             rows = TurnEvent.objects.bulk_create([
                 TurnEvent(session_id=self.session_id, turn_id=self.turn_id, attempt=self.attempt, kind=kind,
                           data=clean_json(_clean_data(data)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from html import unescape
 
 import pytest
 from django.contrib.admin.utils import quote
@@ -136,6 +137,9 @@ def test_acknowledge_one_and_all_from_the_session_page(admin_client, admin_user)
     assert 'id="acknowledge-notices"' in html and html.count('class="acknowledge-notice"') == 3
     url = action_url("acknowledge", session.id)
     response = admin_client.post(url, {"notice": [str(first.pk), str(elsewhere.pk)]}, follow=True)
+    assert f"No notice acknowledged: no notice {elsewhere.pk} in this session." in response.content.decode()
+    assert Notice.objects.filter(acknowledged_at__isnull=True).count() == 4
+    response = admin_client.post(url, {"notice": str(first.pk)}, follow=True)
     assert "Acknowledged 1 notice." in response.content.decode()
     first.refresh_from_db()
     assert first.acknowledged_by == admin_user
@@ -143,6 +147,26 @@ def test_acknowledge_one_and_all_from_the_session_page(admin_client, admin_user)
     assert "Acknowledged 2 notices." in response.content.decode()
     assert 'id="session-notices"' not in response.content.decode()
     assert Notice.objects.filter(acknowledged_at__isnull=True).get() == elsewhere
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ("abc", "'abc' is not a notice id"),  # the adversarial tester's input: it acknowledged all of them
+    ("", "'' is not a notice id"),
+    ("-1", "'-1' is not a notice id"),
+    ("\u00b2", "'\u00b2' is not a notice id"),  # str.isdigit() says yes; int() says no
+    ("9" * 30, "is not a notice id"),
+    ("999999", "no notice 999999 in this session"),
+])
+def test_acknowledge_with_a_bad_or_unknown_id_acknowledges_nothing(admin_client, value, reason):
+    session = SessionFactory(id="ops-ack-bad")
+    first = NoticeFactory(session=session, text="one")
+    NoticeFactory(session=session, text="two")
+    for posted in ([value], [str(first.pk), value]):  # alone (as the tester sent it), and beside a good id
+        response = admin_client.post(action_url("acknowledge", session.id), {"notice": posted}, follow=True)
+        html = unescape(response.content.decode())
+        assert response.status_code == 200 and "No notice acknowledged: " in html and reason in html
+        assert "Acknowledged" not in html
+        assert Notice.objects.filter(acknowledged_at__isnull=True).count() == 2
 
 
 def test_staff_without_rights_cannot_act(client):

@@ -13,7 +13,7 @@ from django.db.transaction import TransactionManagementError
 
 from hermes_sessions import services
 from hermes_sessions.services import bindings, dispatch
-from hermes_sessions.services.locks import advisory_xact_lock, lock_session_and_turn
+from hermes_sessions.services.locks import advisory_xact_lock, lock_session_and_turn, lock_session_for_events
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hermes_sessions"
@@ -72,12 +72,38 @@ def test_only_services_bindings_writes_codex_bindings_and_notices():
 @pytest.mark.parametrize("call", [
     lambda: advisory_xact_lock("x"),
     lambda: lock_session_and_turn("00000000-0000-0000-0000-000000000000"),
+    lambda: lock_session_for_events("s"),
     lambda: bindings.binding_publish(session=None, turn=None, thread_id="t", resumed=False),
     lambda: bindings.binding_rotate(session=None, turn=None, thread_id="t", reason="r"),
-], ids=["advisory_xact_lock", "lock_session_and_turn", "binding_publish", "binding_rotate"])
+], ids=["advisory_xact_lock", "lock_session_and_turn", "lock_session_for_events", "binding_publish", "binding_rotate"])
 def test_locks_and_binding_writes_refuse_to_run_outside_a_transaction(call):
     with pytest.raises(TransactionManagementError):
         call()
+
+
+def _calls(tree, name):
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Name) and node.func.id == name)
+        or (isinstance(node.func, ast.Attribute) and node.func.attr == name))]
+
+
+def test_the_session_event_lock_is_taken_in_one_place_before_the_turn_row():
+    """docs/contract.md §8 and I3: ``pg_advisory_xact_lock`` appears in locks.py only; no turn event
+    takes an advisory lock (that one, taken after the turn row's share lock, deadlocked with posts and
+    cancels holding the session row); the event lock is ``lock_session_for_events``, called from
+    ``events._session_lock`` only, and the worker's batch takes it before its claim check."""
+    sql_users = {path.relative_to(REPO).as_posix() for path, _ in modules() if "pg_advisory" in path.read_text()}
+    assert sql_users == {"hermes_sessions/services/locks.py"}
+    callers = {path.relative_to(REPO).as_posix(): len(_calls(tree, "lock_session_for_events")) for path, tree in modules()}
+    assert {path: n for path, n in callers.items() if n} == {"hermes_sessions/services/events.py": 1}
+    events_tree = ast.parse((PACKAGE / "services" / "events.py").read_text())
+    assert _calls(events_tree, "advisory_xact_lock") == []
+    session_lock = next(node for node in ast.walk(events_tree) if isinstance(node, ast.FunctionDef) and node.name == "_session_lock")
+    assert len(_calls(session_lock, "lock_session_for_events")) == 1
+    insert = next(node for node in ast.walk(events_tree) if isinstance(node, ast.FunctionDef) and node.name == "_insert")
+    first_lock = min(call.col_offset + 1000 * call.lineno for call in _calls(insert, "_session_lock"))
+    first_check = min(call.col_offset + 1000 * call.lineno for call in _calls(insert, "_claim_held"))
+    assert first_lock < first_check
 
 
 @pytest.mark.django_db(transaction=True)
