@@ -31,11 +31,12 @@ import time
 import uuid
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connection, transaction
 
 from ..models import Turn, TurnEvent
 from ..sanitize import clean_json, clean_text
-from .locks import lock_session_for_events
+from .locks import lock_session_and_turn, lock_session_for_events
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +97,18 @@ def event_terminal_ensure(*, turn_id: uuid.UUID | str) -> TurnEvent | None:
     real id and a NOTIFY like any other (``docs/contract.md`` §8, "A finished turn's stream always
     ends with its terminal event").
 
-    Locking as the other writes: the turn row ``FOR UPDATE`` (two streams opening at once: the second
-    waits and then finds the first one's row), then the session's event lock inside ``event_append``."""
+    Locking in the one order (I3): the session row, then the turn row (``lock_session_and_turn``; two
+    streams opening at once: the second waits and then finds the first one's row). Locking the turn
+    first could deadlock with an API cancel of the same turn, which locks the session first."""
     with transaction.atomic(durable=True):
-        turn = Turn.objects.select_for_update().filter(pk=turn_id, status__in=Turn.TERMINAL).first()
-        if turn is None or TurnEvent.objects.filter(turn_id=turn.pk, kind__in=TERMINAL_KINDS).exists():
+        try:
+            locked = lock_session_and_turn(turn_id)
+        except ValidationError:  # not a UUID: no such turn
+            return None
+        if locked is None:
+            return None
+        turn = locked[1]
+        if turn.status not in Turn.TERMINAL or TurnEvent.objects.filter(turn_id=turn.pk, kind__in=TERMINAL_KINDS).exists():
             return None
         return event_terminal(turn=turn)
 
