@@ -5,7 +5,6 @@ host's disk (its homes root) is wiped mid-run, and still: no failed turn, no rot
 request carries turns 1..N-1 — the rollout moves between hosts through PostgreSQL."""
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import subprocess
@@ -20,7 +19,7 @@ from hermes_sessions import services
 from hermes_sessions.models import CodexRollout, Notice, Turn
 from project.celery import app as celery_app
 
-from .conftest import stop_workers
+from .conftest import stop_workers, wait_ready, worker_env
 from .test_seed_e2e import TURN_QUEUE, _database_url, _forget_queue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -46,21 +45,12 @@ def _start_host(name: str, root: Path, env: dict[str, str]) -> tuple[subprocess.
 @pytest.fixture
 def hosts(tmp_path, stand_in, real_codex_bin, settings):
     assert settings.CELERY_BROKER_URL, "the e2e tests need CELERY_BROKER_URL (make test sets it)"
-    env = {
-        **os.environ, "DATABASE_URL": _database_url(), "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "CELERY_TASK_ALWAYS_EAGER": "0", "CODEX_BIN": real_codex_bin, "CODEX_HOME": str(tmp_path / "legacy_home"),
-        "CODEX_MODEL_PROVIDER": "stand-in", "CODEX_STAND_IN_URL": stand_in.base_url, "CODEX_TURN_TIMEOUT": "60",
-    }
-    env.pop("CODEX_APP_SERVER_COMMAND", None)
+    env = worker_env(database_url=_database_url(), broker_url=settings.CELERY_BROKER_URL, codex_bin=real_codex_bin,
+                     stand_in_url=stand_in.base_url, codex_home=str(tmp_path / "legacy_home"))
     subprocess.run([sys.executable, "-m", "celery", "-A", "project", "purge", "-f", "-Q", TURN_QUEUE], env=env,
                    cwd=settings.BASE_DIR, check=True, capture_output=True, timeout=60)
     started = [_start_host(f"host{i}", tmp_path / f"host{i}", env) for i in range(HOSTS)]
-    deadline = time.monotonic() + 60
-    for proc, log in started:
-        while b"ready." not in log.read_bytes():
-            assert proc.poll() is None, f"worker exited: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"worker not ready: {log.read_text()[-3000:]}"
-            time.sleep(0.2)
+    wait_ready(started)
     celery_app.conf.task_always_eager = False
     try:
         yield [tmp_path / f"host{i}" for i in range(HOSTS)], [log for _, log in started]

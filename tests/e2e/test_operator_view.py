@@ -6,7 +6,6 @@
   own line for the task says ``'turn_status': 'failed'`` rather than only "succeeded", and the sweep
   beat runs every second without a line while it has nothing to do.
 """
-import os
 import re
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from hermes_sessions.services.rollouts import rollout_forget
 from project.celery import app as celery_app
 from tests.support.real_codex import use_real_codex
 
-from .conftest import stop_workers
+from .conftest import stop_workers, wait_ready, worker_env
 from .test_seed_e2e import TURN_QUEUE, _api, _database_url, _forget_queue, _run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -70,23 +69,14 @@ def beat_worker(tmp_path, stand_in, real_codex_bin, settings):
     """A real `celery worker -B` (beat embedded, the sweep every second) on the turn queue and the
     sweep's queue, as `make worker` runs it; yields (process, log path)."""
     settings.CODEX_HOMES_ROOT = tmp_path / "homes"
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "CELERY_TASK_ALWAYS_EAGER": "0",
-        "HERMES_VAR_DIR": str(tmp_path / "var"),  # beat's schedule file
-        "HERMES_SWEEP_SECONDS": "1",
-        "CODEX_BIN": real_codex_bin,
-        "CODEX_HOME": str(tmp_path / "codex_home"),
-        "CODEX_HOMES_ROOT": str(settings.CODEX_HOMES_ROOT),
-        "CODEX_USER_HOME": str(tmp_path / "codex_user_home"),
-        "CODEX_WORK_ROOT": str(tmp_path / "work"),
-        "CODEX_MODEL_PROVIDER": "stand-in",
-        "CODEX_STAND_IN_URL": stand_in.base_url,
-        "CODEX_TURN_TIMEOUT": "60",
-    }
-    env.pop("CODEX_APP_SERVER_COMMAND", None)
+    env = worker_env(
+        database_url=_database_url(), broker_url=settings.CELERY_BROKER_URL, codex_bin=real_codex_bin,
+        stand_in_url=stand_in.base_url, codex_home=str(tmp_path / "codex_home"),
+        HERMES_VAR_DIR=str(tmp_path / "var"),  # beat's schedule file
+        HERMES_SWEEP_SECONDS="1",
+        CODEX_HOMES_ROOT=str(settings.CODEX_HOMES_ROOT), CODEX_USER_HOME=str(tmp_path / "codex_user_home"),
+        CODEX_WORK_ROOT=str(tmp_path / "work"),
+    )
     celery = [sys.executable, "-m", "celery", "-A", "project"]
     subprocess.run(celery + ["purge", "-f", "-Q", f"{TURN_QUEUE},{SWEEP_QUEUE}"], env=env, cwd=settings.BASE_DIR,
                    check=True, capture_output=True, timeout=60)
@@ -97,11 +87,7 @@ def beat_worker(tmp_path, stand_in, real_codex_bin, settings):
                       "--without-mingle", "--without-heartbeat", "-l", "info"],
             env=env, cwd=settings.BASE_DIR, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    deadline = time.monotonic() + 60
-    while b"ready." not in log.read_bytes():
-        assert proc.poll() is None, f"worker exited: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"worker not ready: {log.read_text()[-3000:]}"
-        time.sleep(0.2)
+    wait_ready([(proc, log)])
     celery_app.conf.task_always_eager = False
     try:
         yield proc, log

@@ -1,6 +1,5 @@
 """The seed scenario end to end: REST API → Redis broker → a real Celery worker process → the real
 pinned codex app-server (one process per turn) → PostgreSQL, with the model stand-in as provider."""
-import os
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from devtools.processes import codex_pids
 from hermes_sessions.services.rollouts import rollout_forget
 from project.celery import app as celery_app
 
-from .conftest import stop_workers
+from .conftest import stop_workers, wait_ready, worker_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -34,21 +33,12 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
     assert settings.CELERY_BROKER_URL, "the e2e tests need CELERY_BROKER_URL (make test sets it)"
     settings.CODEX_HOME = tmp_path / "codex_home"
     settings.CODEX_HOMES_ROOT = tmp_path / "homes"
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
-        "CELERY_TASK_ALWAYS_EAGER": "0",
-        "CODEX_BIN": real_codex_bin,
-        "CODEX_HOME": str(settings.CODEX_HOME),
-        "CODEX_HOMES_ROOT": str(settings.CODEX_HOMES_ROOT),
-        "CODEX_USER_HOME": str(tmp_path / "codex_user_home"),
-        "CODEX_WORK_ROOT": str(tmp_path / "work"),
-        "CODEX_MODEL_PROVIDER": "stand-in",
-        "CODEX_STAND_IN_URL": stand_in.base_url,
-        "CODEX_TURN_TIMEOUT": "60",
-    }
-    env.pop("CODEX_APP_SERVER_COMMAND", None)
+    env = worker_env(
+        database_url=_database_url(), broker_url=settings.CELERY_BROKER_URL, codex_bin=real_codex_bin,
+        stand_in_url=stand_in.base_url, codex_home=str(settings.CODEX_HOME),
+        CODEX_HOMES_ROOT=str(settings.CODEX_HOMES_ROOT), CODEX_USER_HOME=str(tmp_path / "codex_user_home"),
+        CODEX_WORK_ROOT=str(tmp_path / "work"),
+    )
     celery = [sys.executable, "-m", "celery", "-A", "project"]
     subprocess.run(celery + ["purge", "-f", "-Q", TURN_QUEUE], env=env, cwd=settings.BASE_DIR, check=True,
                    capture_output=True, timeout=60)
@@ -59,11 +49,7 @@ def celery_worker(tmp_path, stand_in, real_codex_bin, settings):
                       "--without-heartbeat", "-l", "info"],
             env=env, cwd=settings.BASE_DIR, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    deadline = time.monotonic() + 60
-    while b"ready." not in log.read_bytes():
-        assert proc.poll() is None, f"worker exited: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"worker not ready: {log.read_text()[-3000:]}"
-        time.sleep(0.2)
+    wait_ready([(proc, log)])
     celery_app.conf.task_always_eager = False  # this process now sends to the real broker
     try:
         yield proc
