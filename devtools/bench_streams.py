@@ -85,7 +85,10 @@ def _latencies(port: int, path: str, token: str, n: int) -> list[float]:
     return out
 
 
-def _open_streams(port: int, path: str, token: str, n: int) -> list[socket.socket]:
+def open_streams(port: int, path: str, token: str, n: int) -> list[socket.socket]:
+    """Open ``n`` raw SSE connections to ``path`` with ``token`` and return them once each has sent its
+    ``retry:`` line (the stream started); raises ``RuntimeError`` when one closes first. Also used by
+    ``tests/api/test_event_streams.py``."""
     socks = []
     for _ in range(n):
         sock = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         server = _start_server(scratch, port)
         api, stream_path = f"/api/sessions/{session_id}/", f"/api/sessions/{session_id}/events/"
         rows = [("no stream open", _latencies(port, api, token, args.requests))]
-        socks = _open_streams(port, stream_path, token, args.streams)
+        socks = open_streams(port, stream_path, token, args.streams)
         rows.append((f"{args.streams} idle streams open", _latencies(port, api, token, args.requests)))
         stop, written = threading.Event(), [0]
         writer = threading.Thread(target=_write_events, args=(claim, args.rate, stop, written))

@@ -12,6 +12,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from devtools.bench_streams import open_streams
 from hermes_sessions import services
 from hermes_sessions.api.event_hub import READ_PAGE
 from hermes_sessions.codex.runner import TurnOutcome
@@ -180,21 +181,6 @@ def _stat_connections(dbname: str) -> tuple[int, int]:
     return total, listeners
 
 
-def _open_raw_streams(port: int, path: str, token: str, n: int) -> list[socket.socket]:
-    socks = []
-    for _ in range(n):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token {token}\r\n\r\n".encode())
-        socks.append(sock)
-    for sock in socks:
-        got = b""
-        while b"retry:" not in got:
-            data = sock.recv(4096)
-            assert data, "stream closed early"
-            got += data
-    return socks
-
-
 def _wait_for(check, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -209,12 +195,12 @@ def test_fifty_killed_streams_leave_no_database_connection_behind(server, token,
     and the one shared LISTEN connection is closed with the last stream."""
     dbname = connection.settings_dict["NAME"]
     path = f"/api/sessions/{claimed.session_id}/events/"
-    for sock in _open_raw_streams(server.port, path, token, 50):
+    for sock in open_streams(server.port, path, token, 50):
         sock.close()
     _wait_for(lambda: _stat_connections(dbname)[1] == 0, timeout=15)
     baseline = _stat_connections(dbname)[0]
 
-    socks = _open_raw_streams(server.port, path, token, 50)
+    socks = open_streams(server.port, path, token, 50)
     total, listeners = _stat_connections(dbname)
     assert listeners == 1, "one LISTEN connection per process, shared by all streams"
     assert total <= baseline + 1, "an open stream holds no database connection while it waits"
