@@ -357,3 +357,40 @@ class TurnEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.turn_id}#{self.id} {self.kind}"
+
+
+class TurnWorker(models.Model):
+    """A worker process that keeps codex threads loaded between turns (session affinity,
+    ``services/affinity.py``): its own Celery queue (``<HERMES_TURN_QUEUE>.<node name>``, the primary
+    key), where it runs (``node``, ``host``, ``pid``) and its last ``heartbeat_at`` (renewed every
+    ``HERMES_WORKER_HEARTBEAT_SECONDS`` by the process itself). Turns are routed to ``queue`` only while
+    the heartbeat is younger than ``HERMES_WORKER_STALE_SECONDS``; the sweep empties the queue of a
+    worker whose heartbeat is older and deletes the row."""
+
+    queue = models.CharField(primary_key=True, max_length=255)
+    node = models.CharField(max_length=255)
+    host = models.CharField(max_length=255, blank=True)
+    pid = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField()
+    kept = models.PositiveIntegerField(default=0)  # threads it holds loaded at its last heartbeat
+
+    def __str__(self) -> str:
+        return self.queue
+
+
+class WarmThread(models.Model):
+    """Where a session's codex thread is kept loaded after its last turn: the worker queue that holds
+    it, the thread and the rollout ``generation`` it holds (what its finalize stored), and ``until``
+    (end of the idle window). Written in the turn's finalize transaction under the session lock,
+    deleted by every other end of a turn and when the worker lets the thread go. Only a hint for
+    routing: a worker checks the generation against ``CodexRollout`` before it uses a loaded thread."""
+
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, primary_key=True, related_name="warm_thread")
+    queue = models.CharField(max_length=255, db_index=True)
+    thread_id = models.CharField(max_length=64)
+    generation = models.PositiveIntegerField()
+    until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.session_id} @ {self.queue}"

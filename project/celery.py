@@ -3,7 +3,14 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import (
+    after_setup_logger,
+    celeryd_after_setup,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
@@ -30,13 +37,50 @@ def _fill_spares(**_: object) -> None:
     spare_pool()
 
 
+@celeryd_after_setup.connect
+def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
+    """Session affinity (``hermes_sessions/services/affinity.py``): a worker that runs one turn at a time
+    (prefork ``-c 1``, or ``-P solo``) also consumes its own queue ``<HERMES_TURN_QUEUE>.<node name>``
+    and names it in ``HERMES_OWN_QUEUE`` for its pool process (set before the pool forks). A worker with
+    more pool processes gets no own queue and keeps no thread loaded: its queue could not reach the one
+    process holding a thread. Keeping off (``HERMES_WARM_IDLE_SECONDS=0``): no own queue either."""
+    from django.conf import settings
+
+    from hermes_sessions.services.affinity import OWN_QUEUE_ENV, own_queue_name
+
+    os.environ.pop(OWN_QUEUE_ENV, None)
+    pool = str(getattr(instance, "pool_cls", "") or "")
+    one_at_a_time = getattr(instance, "concurrency", 0) == 1 and ("prefork" in pool or "solo" in pool or not pool)
+    if settings.HERMES_WARM_IDLE_SECONDS <= 0 or settings.HERMES_WARM_MAX_THREADS <= 0:
+        return
+    if not one_at_a_time:
+        logging.getLogger("hermes_sessions.affinity").info(
+            "worker %s runs %s turns at once (%s): no own queue, no thread kept loaded between turns "
+            "(session affinity needs -c 1 or -P solo; README \"Warm turns\")", sender,
+            getattr(instance, "concurrency", "?"), pool or "prefork")
+        return
+    queue = own_queue_name(sender)
+    instance.app.amqp.queues.select_add(queue)  # type: ignore[attr-defined]
+    os.environ[OWN_QUEUE_ENV] = queue
+
+
 @worker_process_shutdown.connect
 def _close_spares(**_: object) -> None:
-    """A pool process that exits (warm shutdown, max-tasks-per-child) closes its spares; a killed one
-    takes them along by ``PR_SET_PDEATHSIG``."""
+    """A pool process that exits (warm shutdown, max-tasks-per-child) closes its spares and the
+    app-servers it kept loaded, and forgets its routing rows; a killed one takes them along by
+    ``PR_SET_PDEATHSIG`` (its rows go stale and the sweep removes them)."""
+    from hermes_sessions.codex.kept import close_keeper
     from hermes_sessions.codex.warm import close_spare_pool
+    from hermes_sessions.services.affinity import affinity_stop
 
     close_spare_pool()
+    affinity_stop(close_keeper())
+
+
+@worker_shutdown.connect
+def _close_in_main_process(**kwargs: object) -> None:
+    """``-P solo`` runs turns in the main process, which gets no ``worker_process_shutdown``."""
+    _close_spares(**kwargs)
 
 
 @after_setup_logger.connect

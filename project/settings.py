@@ -282,6 +282,18 @@ HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
 # 0 (default): every turn spawns its own. Spares older than HERMES_WARM_POOL_MAX_AGE seconds are replaced.
 HERMES_WARM_POOL = env_int("HERMES_WARM_POOL", 0)
 HERMES_WARM_POOL_MAX_AGE = env_float("HERMES_WARM_POOL_MAX_AGE", 600.0)
+# Session affinity (hermes_sessions/codex/kept.py, services/affinity.py): after a turn, a worker process that runs
+# one turn at a time (-c 1, or -P solo) keeps the app-server with the thread loaded for HERMES_WARM_IDLE_SECONDS
+# (0: close it after every turn) and the session's next turn is sent to that worker's own queue
+# (<HERMES_TURN_QUEUE>.<node name>) while its heartbeat is fresh, and to the shared queue
+# HERMES_AFFINITY_DEADLINE seconds later for any worker to take (cold) should it not claim the turn by then.
+HERMES_WARM_IDLE_SECONDS = env_float("HERMES_WARM_IDLE_SECONDS", 120.0)
+HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 8)  # kept app-servers per worker process (LRU)
+HERMES_WARM_MAX_TURNS = env_int("HERMES_WARM_MAX_TURNS", 200)  # turns one kept app-server runs before it is recycled
+HERMES_WARM_MAX_RSS_MB = env_int("HERMES_WARM_MAX_RSS_MB", 512)  # a kept app-server above this resident size is closed
+HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
+HERMES_WORKER_HEARTBEAT_SECONDS = env_float("HERMES_WORKER_HEARTBEAT_SECONDS", 2.0)  # a warm worker's heartbeat row
+HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # older: not routed to; swept
 
 # --- Durability (see hermes_sessions/services/recovery.py) --------------------------------------
 HERMES_LEASE_SECONDS = env_float("HERMES_LEASE_SECONDS", 30.0)  # a running turn's claim, renewed by its worker

@@ -86,7 +86,7 @@ class AppServerClient:
         stderr_tail_lines: int = 40,
         preexec_fn: Callable[[], None] | None = None,
     ) -> None:
-        # ``preexec_fn`` runs in the child before exec (spares: ``warm._die_with_parent``).
+        # ``preexec_fn`` runs in the child before exec (spares: ``warm.die_with_parent``).
         self._preexec_fn = preexec_fn
         self._argv = list(argv)
         self._env = dict(env)

@@ -49,7 +49,7 @@ SPARE_PREFIX = ".spare-"
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """``preexec_fn`` of a spare: SIGKILL it when the thread that spawned it (the filler) ends, i.e.
     when the worker process dies, however it dies (kill -9 included). Linux only."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -235,7 +235,7 @@ def spawn_spare(home: SessionHome) -> Spare:
         max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
         stderr_tail_lines=12,
         server_request_handler=answer,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
     born = time.monotonic()
     spare = Spare(client=client, home=home, init={}, born=born)

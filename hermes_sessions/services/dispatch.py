@@ -12,10 +12,12 @@ import uuid
 
 from celery import current_app
 from celery.app.task import Task
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from ..models import Session, Turn
+from . import affinity
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +34,50 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str) -> None:
 
     def send() -> None:
         try:
-            _run_turn_task().apply_async(args=(str(turn_id),))
+            route = _route(turn_id)
+            task = _run_turn_task()
+            if route:
+                # Session affinity (services/affinity.py): the worker holding the thread loaded first; the
+                # shared queue after the deadline, for any worker, should that one not claim it by then.
+                task.apply_async(args=(str(turn_id),), queue=route)
+                task.apply_async(args=(str(turn_id),), countdown=settings.HERMES_AFFINITY_DEADLINE)
+            else:
+                task.apply_async(args=(str(turn_id),))
         except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep re-sends
             logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
 
     transaction.on_commit(send)
+
+
+def _route(turn_id: uuid.UUID | str) -> str:
+    """``affinity.turn_route``, or ``""`` when it cannot be read (the shared queue always works)."""
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        return ""  # in-process: there is no other worker to route to
+    try:
+        return affinity.turn_route(turn_id)
+    except Exception:  # noqa: BLE001 — a database blip: no affinity for this turn
+        logger.warning("turn %s: affinity route not readable; sending to the shared queue", turn_id, exc_info=True)
+        return ""
+
+
+def queue_delete(queue: str) -> int:
+    """Delete ``queue`` from the broker (a dead worker's own queue, ``affinity.workers_sweep``);
+    returns how many messages it held (0 when it did not exist). Every message in it was a
+    duplicate (the shared queue got each turn too) or is re-sent by the sweep."""
+    from kombu import Exchange, Queue
+
+    try:
+        with current_app.connection_for_write() as conn:
+            bound = Queue(queue, Exchange(queue), routing_key=queue)(conn.default_channel)
+            try:
+                count = bound.purge() or 0
+            except conn.channel_errors:
+                return 0  # RabbitMQ: no such queue
+            bound.delete()
+            return int(count)
+    except Exception:  # noqa: BLE001 — the broker is down: the next sweep tries again
+        logger.warning("could not delete worker queue %s from the broker", queue, exc_info=True)
+        return 0
 
 
 def session_dispatch_next_on_commit(session: Session) -> None:

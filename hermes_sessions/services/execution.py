@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,6 +38,7 @@ from django.db import (
 from .. import policy
 from ..codex.client import AppServerClient
 from ..codex.errors import TransportError, retryable
+from ..codex.kept import KeptThread, current_keeper, keeper, rollout_stamp
 from ..codex.launch import (
     app_server_argv,
     app_server_env,
@@ -50,9 +51,10 @@ from ..codex.rollout_files import RolloutBase, RolloutDiverged, read_delta, read
 from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, drive_turn
 from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
-from ..codex.warm import Spare, spare_pool
+from ..codex.warm import Spare, die_with_parent, spare_pool
 from ..history_seed import seeded_input
 from ..models import Turn
+from . import affinity
 from .events import RETRYING, TurnEventWriter
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
@@ -98,11 +100,20 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None) -> Tur
 
 def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
                       stream: TurnEventWriter) -> Turn | None:
+    held = _Held()
+    try:
+        return _run_with_retries_on(claim, control, budget, stream, held)
+    finally:
+        held.close()  # an app-server the keeper did not take is closed, whatever happened
+
+
+def _run_with_retries_on(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
+                         stream: TurnEventWriter, held: _Held) -> Turn | None:
     started = time.monotonic()
     retries = 0
     while True:
         try:
-            outcome = _run_once(claim, control, stream)
+            outcome = _run_once(claim, control, stream, held)
         except TurnRunError as exc:
             if not _backoff(claim, control, budget, exc, retries=retries, started=started, stream=stream):
                 return _after_run_error(claim, control, budget, exc)
@@ -115,7 +126,10 @@ def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolic
             return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token,
                            reason="the turn exceeded the worker's time limit; codex was stopped — the binding is kept")
         else:
-            return _commit(budget, turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome)
+            turn = _commit(budget, turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome,
+                           warm_queue=held.queue())
+            held.settle(claim, outcome, turn)
+            return turn
         retries += 1
 
 
@@ -276,24 +290,53 @@ def _codex_version(init: object) -> str:
     return agent.split("/", 1)[-1].split(" ", 1)[0] if "/" in agent else ""
 
 
-def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | None = None) -> TurnOutcome:
-    """One try: fresh home + restore, spawn, drive the turn, close (codex exits: the rollout file is
-    complete), then read what codex appended to the rollout (checked against the stored prefix).
-    ``stream`` receives what codex streams (a writer of the claim's own when not given)."""
+def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | None = None,
+              held: _Held | None = None) -> TurnOutcome:
+    """One try: on this process's loaded copy of the thread when it is usable (``codex/kept.py``), else
+    fresh home + restore, spawn (or a spare), drive the turn; then read what codex appended to the
+    rollout (checked against the stored prefix) and close the app-server — or, when ``held`` may keep
+    it (session affinity), leave it running in ``held``. ``stream`` receives what codex streams (a
+    writer of the claim's own when not given)."""
     if stream is None:
         stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                  attempt=claim.attempt)
+    held = held if held is not None else _Held(may_keep=False)
     try:
         check_sandbox()  # cached per process; never run commands on a host whose sandbox fails
     except SandboxUnavailable as exc:
         raise _StartupError(str(exc), cause=exc) from exc
     t0 = time.monotonic()
+    kept = _take_kept(claim)
+    if kept is not None:
+        workdir = policy.session_workdir(claim.session_id)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return _drive(claim, control, stream, kept.client, kept.version, workdir, kept.home, kept.base, t0,
+                      restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, held=held,
+                      turns=kept.turns + 1)
     spare = _take_spare(claim)
     try:
-        return _run_on(claim, control, stream, spare, t0)
+        return _run_on(claim, control, stream, spare, t0, held)
     finally:
-        if spare is not None:
-            spare.discard()  # one turn per spare: its home and process go (after the rollout was read)
+        if spare is not None and not held.owns(spare.client):
+            spare.discard()  # one session per spare: its home and process go (after the rollout was read)
+
+
+def _take_kept(claim: TurnClaim) -> KeptThread | None:
+    """This process's loaded copy of the claim's thread, if it may run this turn: same thread and
+    rollout generation as PostgreSQL, same config, alive, the rollout file untouched since
+    (``KeptThread.usable_for``); a re-run after a lost worker always runs cold (the lost run's
+    leftovers are looked for in the session's home, ``_restore``). A copy that may not is closed."""
+    k = current_keeper()
+    kept = k.take(claim.session_id) if k is not None else None
+    if kept is None:
+        return None
+    why = ("a re-run after a lost worker runs cold" if claim.attempt > 1 else
+           kept.usable_for(thread_id=claim.thread_id, generation=claim.rollout_generation, config=claim.config))
+    if why:
+        logger.info("turn %s: not using the loaded thread %s: %s; running cold", claim.turn_id, kept.thread_id, why)
+        kept.close()
+        return None
+    return kept
 
 
 def _take_spare(claim: TurnClaim) -> Spare | None:
@@ -304,7 +347,7 @@ def _take_spare(claim: TurnClaim) -> Spare | None:
 
 
 def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spare: Spare | None,
-            t0: float) -> TurnOutcome:
+            t0: float, held: _Held) -> TurnOutcome:
     config = claim.config
     home, base = _restore(claim, control, spare)
     restore_ms = round((time.monotonic() - t0) * 1000, 1)
@@ -317,7 +360,7 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
             if not client.alive():
                 raise _StartupError("the spare codex app-server died before the turn", cause=TransportError("spare gone"))
         else:
-            client, version = _spawn(claim, workdir)
+            client, version = _spawn(claim, workdir, die_with_worker=held.may_keep)
     except _StartupError:
         raise
     except Exception as exc:  # noqa: BLE001 — any start-up trouble fails (or retries) the turn, not the worker
@@ -325,11 +368,14 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
         raise _StartupError(f"codex app-server could not be started: {exc}", cause=exc) from exc
     initialize_ms = round((time.monotonic() - t0) * 1000, 1) - restore_ms
     return _drive(claim, control, stream, client, version, workdir, home, base, t0,
-                  restore_ms=restore_ms, initialize_ms=initialize_ms, spare=spare is not None)
+                  restore_ms=restore_ms, initialize_ms=initialize_ms, spare=spare is not None,
+                  release=spare.discard if spare is not None else client.close, held=held)
 
 
-def _spawn(claim: TurnClaim, workdir: Path) -> tuple[AppServerClient, str]:
-    """A fresh app-server for the claim's session, started and initialized; and codex's version."""
+def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) -> tuple[AppServerClient, str]:
+    """A fresh app-server for the claim's session, started and initialized; and codex's version.
+    ``die_with_worker``: it may be kept after the turn, so it gets ``PR_SET_PDEATHSIG`` (it must not
+    outlive a worker killed with SIGKILL; spawned on the process's main thread, ``_Held``)."""
     config = claim.config
     client = AppServerClient(
         app_server_argv(sandbox=config["sandbox"], workdir=workdir),
@@ -339,14 +385,18 @@ def _spawn(claim: TurnClaim, workdir: Path) -> tuple[AppServerClient, str]:
         max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
         stderr_tail_lines=STDERR_TAIL_LINES,
         server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
+        preexec_fn=die_with_parent if die_with_worker else None,
     )
     return client, _codex_version(client.start())
 
 
 def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, client: AppServerClient, version: str,
            workdir: Path, home: Path, base: RolloutBase | None, t0: float, *, restore_ms: float,
-           initialize_ms: float, spare: bool) -> TurnOutcome:
-    """Drive the claim's turn on ``client`` (started), close it, and read what codex appended."""
+           initialize_ms: float, spare: bool, release: Callable[[], None], held: _Held,
+           turns: int = 1) -> TurnOutcome:
+    """Drive the claim's turn on ``client`` (started), read what codex appended, and close it with
+    ``release`` — unless the turn completed and ``held`` may keep the process: then it is left running
+    in ``held`` (``turns``: how many turns it has run, this one included)."""
     config = claim.config
     spec = TurnSpec(
         text=claim.input_text,
@@ -369,8 +419,10 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
         on_event=stream.add,
     )
+    keep = False
     try:
         outcome = drive_turn(client, spec)
+        keep = held.may_keep and outcome.status == "completed" and client.alive()
     except TurnRunError as exc:
         exc.outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
         raise
@@ -383,23 +435,49 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
                 logger.info("turn %s: turn/interrupt at the soft time limit got no answer", claim.turn_id)
         raise
     finally:
-        # Close before reading the rollout and committing: codex has exited, so the file is complete
-        # and the thread's writer lock is free (docs/codex.md §1, §7).
-        client.close()
+        # Not kept: close before reading the rollout and committing, so codex has exited and the
+        # thread's writer lock is free (docs/codex.md §1, §7). Kept: the file is already complete at
+        # turn/completed (§7, checked below: it ends with a whole line).
+        if not keep:
+            release()
         stream.flush()  # the streamed deltas and items commit before the turn's last events
     outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
     if spare:
         outcome.timings["spare"] = 1  # the app-server came from the warm pool (initialize_ms: ~0)
+    if turns > 1:
+        outcome.timings["warm"] = 1  # ran on a thread kept loaded since the session's last turn
     t1 = time.monotonic()
-    _capture_rollout(outcome, home, base, version)
+    running = _Running(client=client, home=home, version=version, release=release, turns=turns) if keep else None
+    _capture_rollout(outcome, home, base, version, running=running, turn_id=claim.turn_id)
+    held.running = running if running is not None and running.client.alive() else None
     outcome.timings["capture_ms"] = round((time.monotonic() - t1) * 1000, 1)  # read + check the appended bytes
     outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
     return outcome
 
 
-def _capture_rollout(outcome: TurnOutcome, home: Path, base: RolloutBase | None, version: str) -> None:
+def _capture_rollout(outcome: TurnOutcome, home: Path, base: RolloutBase | None, version: str, *,
+                     running: _Running | None = None, turn_id: object = None) -> None:
     """Fill ``outcome.rollout`` with what codex appended to the thread's rollout. A file that no longer
-    starts with the stored bytes fails the turn (fail closed: a diverged copy is never stored)."""
+    starts with the stored bytes fails the turn (fail closed: a diverged copy is never stored).
+    ``running``: the app-server is still running (to be kept); should the file not end with a whole
+    line, it is closed and the file read again (then complete, ``docs/codex.md`` §7); on any error it is
+    closed."""
+    if running is None:
+        _read_appended(outcome, home, base, version)
+        return
+    try:
+        _read_appended(outcome, home, base, version)
+        if outcome.rollout is not None and not outcome.rollout.data.endswith(b"\n"):
+            logger.warning("turn %s: the rollout did not end with a whole line at turn/completed; closing codex "
+                           "and reading it again", turn_id)
+            running.release()
+            _read_appended(outcome, home, base, version)
+    except BaseException:
+        running.release()
+        raise
+
+
+def _read_appended(outcome: TurnOutcome, home: Path, base: RolloutBase | None, version: str) -> None:
     if not outcome.thread_id:
         return
     extends = base if base is not None and base.thread_id == outcome.thread_id else None
@@ -408,6 +486,68 @@ def _capture_rollout(outcome: TurnOutcome, home: Path, base: RolloutBase | None,
     except RolloutDiverged as exc:
         raise TurnRunError(f"{exc} — the binding is kept", outcome, exc, before_turn_start=False) from exc
     outcome.codex_version = version
+
+
+@dataclass
+class _Running:
+    """An app-server left running after a completed turn, until ``_Held.settle`` keeps it or closes it."""
+
+    client: AppServerClient
+    home: Path
+    version: str
+    release: Callable[[], None]
+    turns: int
+
+
+class _Held:
+    """The app-server one turn ran on, between ``turn/completed`` and the finalize commit.
+
+    ``may_keep``: this process keeps threads loaded (an own queue — a one-turn-at-a-time worker,
+    ``services/affinity.py`` —, keeping on, and the main thread: ``PR_SET_PDEATHSIG`` follows the
+    spawning thread). ``settle`` hands the process to the keeper after a commit that succeeded and
+    stored the rollout; ``close`` closes whatever was not handed over."""
+
+    def __init__(self, *, may_keep: bool | None = None) -> None:
+        if may_keep is None:
+            may_keep = (bool(affinity.own_queue()) and keeper() is not None
+                        and threading.current_thread() is threading.main_thread())
+        self.may_keep = may_keep
+        self.running: _Running | None = None
+
+    def owns(self, client: AppServerClient) -> bool:
+        return self.running is not None and self.running.client is client
+
+    def queue(self) -> str:
+        """The own queue to record as holding the thread (``turn_finalize``), or ``""``."""
+        return affinity.own_queue() if self.running is not None else ""
+
+    def settle(self, claim: TurnClaim, outcome: TurnOutcome, turn: Turn | None) -> None:
+        running, k = self.running, keeper()
+        delta = outcome.rollout
+        if (running is None or k is None or turn is None or turn.status != Turn.Status.SUCCEEDED
+                or delta is None or not outcome.thread_id):
+            return  # ``close`` releases it
+        generation = delta.base.generation + 1 if delta.base is not None and delta.base.generation else 1
+        kept = KeptThread(
+            session_id=claim.session_id, thread_id=outcome.thread_id, client=running.client, home=running.home,
+            base=RolloutBase(thread_id=delta.thread_id, relpath=delta.relpath, length=delta.length,
+                             sha256=delta.sha256, generation=generation),
+            config=claim.config, version=running.version, close=running.release, turns=running.turns,
+            stamp=rollout_stamp(running.home, outcome.thread_id),
+        )
+        self.running = None  # the keeper owns it from here
+        closed = k.keep(kept)
+        try:
+            affinity.affinity_start(k)
+            if closed:
+                affinity.warm_thread_forget(queue=affinity.own_queue(), session_ids=[c.session_id for c in closed])
+        except Exception:  # noqa: BLE001 — routing is a hint: a stale row only costs the affinity deadline
+            logger.exception("turn %s: could not record the kept thread's routing", claim.turn_id)
+
+    def close(self) -> None:
+        running, self.running = self.running, None
+        if running is not None:
+            running.release()
 
 
 class _Heartbeat:

@@ -7,6 +7,9 @@
 * A ``queued`` turn that is its session's next turn and was last sent more than
   ``HERMES_REDISPATCH_SECONDS`` ago is sent again (a task lost with a broker restart).
 * ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted.
+* A worker that kept threads loaded and whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``
+  is removed: its routing rows, its own queue on the broker, and its sessions' queued turns are sent
+  again to the shared queue (``affinity.workers_sweep``).
 
 Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``.
 
@@ -28,7 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn
-from . import dispatch, events
+from . import affinity, dispatch, events
 from .locks import lock_session_and_turn
 from .turn_log import turn_ended_on_commit
 
@@ -41,6 +44,7 @@ class SweepReport:
     failed: int = 0
     redispatched: int = 0
     keys_deleted: int = 0
+    workers_removed: int = 0
 
 
 def turns_sweep() -> SweepReport:
@@ -70,6 +74,8 @@ def turns_sweep() -> SweepReport:
             dispatch.turn_dispatch_on_commit(turn_id)
         report.redispatched += 1
         logger.warning("sweep: turn %s queued at its session's head since %s with no worker; sent again", turn_id, last_sent)
+
+    report.workers_removed = len(affinity.workers_sweep())
 
     ttl = now - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
     report.keys_deleted, _ = IdempotencyKey.objects.filter(created_at__lt=ttl).delete()

@@ -34,7 +34,7 @@ from ..codex.runner import TurnOutcome
 from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history_seed
 from ..models import CodexBinding, Message, Notice, Session, Turn
 from ..sanitize import clean_json, clean_text
-from . import bindings, dispatch, events, rollouts
+from . import affinity, bindings, dispatch, events, rollouts
 from .errors import InvalidInput, SessionBusy
 from .locks import lock_session_and_turn
 from .turn_log import turn_ended_on_commit
@@ -325,12 +325,16 @@ _TURN_STATUS = {
 }
 
 
-def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) -> Turn | None:
+def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, warm_queue: str = "") -> Turn | None:
     """Commit a codex turn that reached ``turn/completed``, all in one transaction (I1, I2):
     the projected transcript rows, the binding (published for a started or rotated thread only now
     that its rows are durable), the end of a dead binding plus exactly one notice, and the turn's
     final state, usage and timings. Returns the turn, or ``None`` when the claim is no longer
     held (a duplicate delivery or a lost claim) — then nothing is written.
+
+    ``warm_queue``: the own queue of the worker that will keep the thread loaded (session affinity,
+    ``affinity.warm_thread_record``), recorded only for a succeeded turn whose rollout was stored here;
+    every other end of a turn records that no worker holds it.
     """
     status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
     error = result.error
@@ -341,7 +345,8 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome) 
     # Only a thread that ran this turn has a rollout to resume (I1); one started and then
     # cancelled before turn/start is left unbound.
     bind = result.status is not None and bool(result.thread_id and result.codex_turn_id)
-    return _commit_turn(turn_id, token, result, status=status, error=error, bind=bind)
+    return _commit_turn(turn_id, token, result, status=status, error=error, bind=bind,
+                        warm_queue=warm_queue if status == Turn.Status.SUCCEEDED else "")
 
 
 def turn_fail(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str, result: TurnOutcome | None = None) -> Turn | None:
@@ -356,20 +361,22 @@ def turn_fail(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str, result: Turn
 
 
 def _commit_turn(
-    turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool
+    turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool,
+    warm_queue: str = "",
 ) -> Turn | None:
     """The one transaction that ends a claimed turn: rows, rollout, rotation, binding, state, next
     dispatch. A rollout whose generation moved on since this worker restored it (another writer,
     ``rollouts.RolloutFenced``) rolls all of it back: the turn commits nothing (``None``)."""
     try:
-        return _commit_turn_once(turn_id, token, result, status=status, error=error, bind=bind)
+        return _commit_turn_once(turn_id, token, result, status=status, error=error, bind=bind, warm_queue=warm_queue)
     except rollouts.RolloutFenced as exc:
         logger.warning("turn %s: %s; committing nothing", turn_id, exc)
         return None
 
 
 def _commit_turn_once(
-    turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool
+    turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool,
+    warm_queue: str = "",
 ) -> Turn | None:
     with transaction.atomic(durable=True):
         locked = _lock_claimed(turn_id, token)
@@ -387,6 +394,11 @@ def _commit_turn_once(
         if bind:
             bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,
                                      resumed=result.thread_action == Turn.ThreadAction.RESUMED)
+        delta = result.rollout
+        kept = bool(warm_queue and delta is not None and delta.thread_id == result.thread_id and bind)
+        affinity.warm_thread_record(
+            session=session, queue=warm_queue if kept else "", thread_id=result.thread_id or "",
+            generation=(delta.base.generation + 1 if delta is not None and delta.base and delta.base.generation else 1))
         _finish(turn, result, status=status, error=error)
         _finish_events(turn, result)
         dispatch.session_dispatch_next_on_commit(session)

@@ -1,0 +1,236 @@
+"""App-servers kept with a session's thread loaded between its turns (session affinity), per process.
+
+After a turn that completed and whose rollout was stored, the worker process keeps the app-server that
+ran it, with the thread still loaded, for an idle window: the session's next turn on this process skips
+spawn, ``initialize``, the rollout restore and the expensive part of ``thread/resume`` (a resume of a
+loaded thread: ~0 ms against ~600–1,000 ms under the session's permission profile, ``docs/codex.md``
+§11). Nothing here touches the database; ``services/affinity.py`` does (routing, heartbeat, release).
+
+Facts this rests on (``docs/codex.md`` §7, §11): the rollout file is complete when ``turn/completed``
+arrives, so a turn's delta is read with the process still running; a plain ``thread/resume`` of a
+loaded thread writes nothing; closing stdin releases the thread (its writer lock) at once.
+
+Safety: a kept thread is used only when the claim's thread and rollout generation equal what this
+process stored, the session's effective config is unchanged, the process is alive and the rollout file
+is the very file (device, inode, size, mtime) it left after its last turn — another worker on this host
+that ran the session meanwhile re-made the session's home, and a copy whose thread moved on is closed,
+never used (``KeptThread.usable_for``).
+
+Bounds: at most ``HERMES_WARM_MAX_THREADS`` per process (least recently used closed first), each for
+``HERMES_WARM_IDLE_SECONDS``, ``HERMES_WARM_MAX_TURNS`` turns and ``HERMES_WARM_MAX_RSS_MB`` resident
+megabytes. None outlives its worker: ``close_all`` at worker shutdown and ``atexit``; a worker killed
+with SIGKILL takes them along (``PR_SET_PDEATHSIG``, set when spawned, ``warm.die_with_parent``).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from .client import AppServerClient
+from .rollout_files import RolloutBase, find_rollout
+
+logger = logging.getLogger(__name__)
+
+
+def rollout_stamp(home: Path, thread_id: str) -> tuple[int, int, int, int] | None:
+    """``(st_dev, st_ino, st_size, st_mtime_ns)`` of ``thread_id``'s rollout under ``home``, or ``None``."""
+    try:
+        path = find_rollout(home, thread_id)
+        st = path.stat() if path is not None else None
+    except Exception:  # noqa: BLE001 — an unreadable or ambiguous file: not the file we left
+        return None
+    return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def resident_mb(pid: int | None) -> float:
+    """Resident memory (``VmRSS``, MiB) of process ``pid`` from ``/proc``; 0.0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+@dataclass
+class KeptThread:
+    """A running, initialized app-server with ``thread_id`` loaded for ``session_id``.
+
+    ``base`` is the thread's rollout as PostgreSQL holds it after this process's last turn (its
+    ``generation`` is the stored one), ``home`` the ``CODEX_HOME`` it runs on, ``config`` the session's
+    effective config it was started with (``policy.effective_config``), ``version`` codex's version,
+    ``turns`` how many turns this process ran, ``stamp`` the rollout file's ``rollout_stamp`` when kept,
+    ``close`` what releases it (closes the process; for a spare also removes its home)."""
+
+    session_id: str
+    thread_id: str
+    client: AppServerClient
+    home: Path
+    base: RolloutBase
+    config: dict[str, Any]
+    version: str
+    close: Callable[[], None]
+    turns: int = 1
+    stamp: tuple[int, int, int, int] | None = None
+    kept_at: float = field(default_factory=time.monotonic)
+
+    def usable_for(self, *, thread_id: str | None, generation: int | None, config: dict[str, Any]) -> str:
+        """Why this copy may not run the claimed turn (``""``: it may). ``thread_id``/``generation``: the
+        claim's bound thread and its stored rollout generation; ``config``: the session's effective config."""
+        if thread_id != self.thread_id:
+            return f"the session is bound to thread {thread_id}, not {self.thread_id}"
+        if generation != self.base.generation:
+            return f"the rollout moved on to generation {generation} (this copy holds {self.base.generation})"
+        if config != self.config:
+            return "the session's codex settings changed"
+        if not self.client.alive():
+            return "the app-server exited"
+        if rollout_stamp(self.home, self.thread_id) != self.stamp:
+            return "the rollout file on disk is not the one this app-server wrote (another run re-made the home)"
+        return ""
+
+
+class Keeper:
+    """This process's kept threads, by session id. ``take`` hands one out (it leaves the registry: the
+    turn owns it); ``keep`` puts one back after a turn; ``expired`` / ``release`` close them. All
+    closing happens outside the lock (a close takes ~30 ms)."""
+
+    def __init__(self, *, max_threads: int, idle_seconds: float, max_turns: int, max_rss_mb: float) -> None:
+        self.max_threads, self.idle_seconds = max_threads, idle_seconds
+        self.max_turns, self.max_rss_mb = max_turns, max_rss_mb
+        self._kept: OrderedDict[str, KeptThread] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, session_id: str) -> KeptThread | None:
+        with self._lock:
+            return self._kept.pop(session_id, None)
+
+    def keep(self, kept: KeptThread) -> list[KeptThread]:
+        """Keep ``kept`` if within bounds; return what was closed to make room (or ``[kept]`` itself
+        when it was over a bound) so the caller can clear their routing."""
+        why = self._over_bound(kept)
+        if why:
+            logger.info("session %s: not keeping its app-server loaded: %s", kept.session_id, why)
+            _close(kept)
+            return [kept]
+        kept.kept_at = time.monotonic()
+        evicted: list[KeptThread] = []
+        with self._lock:
+            old = self._kept.pop(kept.session_id, None)
+            if old is not None:
+                evicted.append(old)
+            self._kept[kept.session_id] = kept
+            while len(self._kept) > self.max_threads:
+                evicted.append(self._kept.popitem(last=False)[1])
+        for victim in evicted:
+            _close(victim)
+        return evicted
+
+    def _over_bound(self, kept: KeptThread) -> str:
+        if self.max_threads <= 0 or self.idle_seconds <= 0:
+            return "keeping is off"
+        if kept.turns >= self.max_turns:
+            return f"it ran {kept.turns} turns (HERMES_WARM_MAX_TURNS {self.max_turns}); recycled"
+        rss = resident_mb(kept.client.pid)
+        if rss > self.max_rss_mb:
+            return f"it uses {rss:.0f} MiB (HERMES_WARM_MAX_RSS_MB {self.max_rss_mb:.0f})"
+        if not kept.client.alive():
+            return "the app-server exited"
+        return ""
+
+    def expired(self) -> list[KeptThread]:
+        """Close and return the copies idle longer than the window or whose process died."""
+        now = time.monotonic()
+        with self._lock:
+            gone = [k for k in self._kept.values() if now - k.kept_at >= self.idle_seconds or not k.client.alive()]
+            for k in gone:
+                del self._kept[k.session_id]
+        for k in gone:
+            _close(k)
+        return gone
+
+    def release(self, session_id: str, *, reason: str) -> KeptThread | None:
+        """Close the copy of ``session_id`` (another worker took the session, …); ``None`` if none kept."""
+        with self._lock:
+            kept = self._kept.pop(session_id, None)
+        if kept is not None:
+            logger.info("session %s: released its loaded thread: %s", session_id, reason)
+            _close(kept)
+        return kept
+
+    def held(self) -> list[tuple[str, str, int]]:
+        """``(session id, thread id, generation)`` of every kept copy."""
+        with self._lock:
+            return [(k.session_id, k.thread_id, k.base.generation) for k in self._kept.values()]
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [pid for k in self._kept.values() if (pid := k.client.pid) is not None]
+
+    def close_all(self) -> list[KeptThread]:
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), OrderedDict()
+        for k in kept:
+            _close(k)
+        return kept
+
+
+def _close(kept: KeptThread) -> None:
+    try:
+        kept.close()
+    except Exception:  # noqa: BLE001 — a process that will not close is killed by its group anyway
+        logger.exception("session %s: closing its kept app-server failed", kept.session_id)
+
+
+_keeper: tuple[int, Keeper] | None = None
+_keeper_lock = threading.Lock()
+
+
+def keeper() -> Keeper | None:
+    """This process's keeper (made on first use, after any fork), or ``None`` when keeping is off:
+    ``HERMES_WARM_IDLE_SECONDS`` or ``HERMES_WARM_MAX_THREADS`` is 0."""
+    global _keeper
+    if float(settings.HERMES_WARM_IDLE_SECONDS) <= 0 or int(settings.HERMES_WARM_MAX_THREADS) <= 0:
+        return None
+    with _keeper_lock:
+        if _keeper is None or _keeper[0] != os.getpid():  # a keeper made before a fork belongs to the parent
+            _keeper = (os.getpid(), Keeper(
+                max_threads=int(settings.HERMES_WARM_MAX_THREADS),
+                idle_seconds=float(settings.HERMES_WARM_IDLE_SECONDS),
+                max_turns=int(settings.HERMES_WARM_MAX_TURNS),
+                max_rss_mb=float(settings.HERMES_WARM_MAX_RSS_MB),
+            ))
+        return _keeper[1]
+
+
+def current_keeper() -> Keeper | None:
+    """This process's keeper if one was made (no side effect)."""
+    k = _keeper
+    return k[1] if k is not None and k[0] == os.getpid() else None
+
+
+def close_keeper() -> list[KeptThread]:
+    """Close every kept app-server of this process (worker shutdown, tests); returns them."""
+    global _keeper
+    with _keeper_lock:
+        k, _keeper = _keeper, None
+    if k is not None and k[0] == os.getpid():
+        return k[1].close_all()
+    return []
+
+
+atexit.register(close_keeper)

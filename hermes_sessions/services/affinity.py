@@ -1,0 +1,242 @@
+"""Session affinity: send a session's next turn to the worker that keeps its codex thread loaded.
+
+The database side of ``codex/kept.py``. The pieces:
+
+* **a worker's own queue**: a worker that runs one turn at a time (``-c 1`` prefork, or ``-P solo``)
+  also consumes ``<HERMES_TURN_QUEUE>.<node name>`` (``project/celery.py`` adds it at start and names it
+  in ``HERMES_OWN_QUEUE`` for the pool process). Only such a process keeps threads loaded: with more
+  pool processes the queue could not reach the one holding the thread (Celery's prefork children
+  cannot be addressed one by one; README "Warm turns").
+* **its heartbeat** (``TurnWorker``): written every ``HERMES_WORKER_HEARTBEAT_SECONDS`` by a thread of
+  the process that holds the threads (``AffinityLoop``), which also closes copies idle past the window
+  and releases those whose session another worker took (its ``WarmThread`` row names another queue or
+  is gone, or the stored generation moved on).
+* **routing** (``turn_route``): a turn goes to the own queue of the worker named by its session's
+  ``WarmThread`` while that row's window is open and that worker's heartbeat is fresh, *and* to the
+  shared queue ``HERMES_AFFINITY_DEADLINE`` seconds later (a Celery countdown): whichever delivery
+  claims first runs it, the other finds it taken and does nothing (``turn_claim``). So a busy or dead
+  holder delays a turn by the deadline at most, and a queue nobody consumes holds only duplicates.
+* **the sweep** (``workers_sweep``): a worker whose heartbeat is older than
+  ``HERMES_WORKER_STALE_SECONDS`` is gone (kill -9, lost host): its sessions' ``WarmThread`` rows are
+  deleted, the queued head turns of those sessions are sent again (to the shared queue), its queue is
+  deleted from the broker and its row removed (``../shared/pitfalls.md``, routing table).
+
+Facts: ``docs/codex.md`` §11 (a loaded thread skips the ~1 s resume under a permission profile).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from ..codex.kept import Keeper, KeptThread
+from ..models import CodexRollout, Session, Turn, TurnWorker, WarmThread
+
+logger = logging.getLogger(__name__)
+
+OWN_QUEUE_ENV = "HERMES_OWN_QUEUE"
+
+
+def own_queue_name(node: str) -> str:
+    """The own queue of worker ``node`` (its ``-n`` name, e.g. ``celery@host``): ``<HERMES_TURN_QUEUE>.<node>``."""
+    return f"{settings.HERMES_TURN_QUEUE}.{node}"
+
+
+def own_queue() -> str:
+    """This process's own queue, or ``""`` when it has none (not a one-turn-at-a-time worker, or an
+    API process): then it keeps no thread loaded. Set by ``project/celery.py`` at worker start."""
+    return os.environ.get(OWN_QUEUE_ENV, "")
+
+
+def turn_route(turn_id: uuid.UUID | str) -> str:
+    """The own queue to send turn ``turn_id`` to first, or ``""`` (shared queue only): its session's
+    ``WarmThread`` window is open and that worker's heartbeat is fresher than
+    ``HERMES_WORKER_STALE_SECONDS``. One query."""
+    now = timezone.now()
+    fresh = TurnWorker.objects.filter(queue=OuterRef("queue"),
+                                      heartbeat_at__gt=now - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS))
+    row = (WarmThread.objects.filter(session__turns__id=turn_id, until__gt=now)
+           .filter(Exists(fresh)).values_list("queue", flat=True).first())
+    return row or ""
+
+
+def warm_thread_record(*, session: Session, queue: str, thread_id: str, generation: int) -> None:
+    """Record (inside the turn's finalize transaction, under the session lock) that worker ``queue``
+    keeps ``thread_id`` loaded at rollout ``generation`` for ``HERMES_WARM_IDLE_SECONDS``; with an
+    empty ``queue``, that no worker does."""
+    if not connection.in_atomic_block:
+        raise transaction.TransactionManagementError("warm_thread_record runs inside the turn's transaction")
+    if not queue:
+        WarmThread.objects.filter(session=session).delete()
+        return
+    until = timezone.now() + timedelta(seconds=settings.HERMES_WARM_IDLE_SECONDS)
+    WarmThread.objects.update_or_create(session=session, defaults={
+        "queue": queue, "thread_id": thread_id, "generation": generation, "until": until})
+
+
+def warm_thread_forget(*, queue: str, session_ids: list[str] | None = None) -> int:
+    """Delete the ``WarmThread`` rows naming ``queue`` (only of ``session_ids`` when given): that worker
+    no longer holds them. Returns how many."""
+    rows = WarmThread.objects.filter(queue=queue)
+    if session_ids is not None:
+        rows = rows.filter(session_id__in=session_ids)
+    deleted, _ = rows.delete()
+    return deleted
+
+
+def taken_elsewhere(*, queue: str, held: list[tuple[str, str, int]]) -> dict[str, str]:
+    """Of ``held`` (``(session id, thread id, generation)`` kept by worker ``queue``), those another
+    worker took, with why: their ``WarmThread`` row names another queue or is gone (a turn ended
+    elsewhere, or the session was deleted), or the thread's stored generation is not the held one."""
+    if not held:
+        return {}
+    ids = [s for s, _, _ in held]
+    rows = dict(WarmThread.objects.filter(session_id__in=ids).values_list("session_id", "queue"))
+    generations = dict(CodexRollout.objects.filter(thread_id__in=[t for _, t, _ in held])
+                       .values_list("thread_id", "generation"))
+    why: dict[str, str] = {}
+    for session_id, thread_id, generation in held:
+        if rows.get(session_id) != queue:
+            why[session_id] = f"its last turn ended on {rows.get(session_id) or 'a worker that keeps nothing'}"
+        elif generations.get(thread_id) != generation:
+            why[session_id] = f"its rollout moved on to generation {generations.get(thread_id)}"
+    return why
+
+
+def worker_heartbeat(*, queue: str, kept: int) -> None:
+    """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now``."""
+    node = queue[len(settings.HERMES_TURN_QUEUE) + 1:] if queue.startswith(f"{settings.HERMES_TURN_QUEUE}.") else queue
+    TurnWorker.objects.update_or_create(queue=queue, defaults={
+        "node": node[:255], "host": socket.gethostname()[:255], "pid": os.getpid(),
+        "heartbeat_at": timezone.now(), "kept": kept})
+
+
+def worker_gone(*, queue: str) -> None:
+    """A worker stopping cleanly: forget its warm threads and its row (no turn is routed to it again)."""
+    warm_thread_forget(queue=queue)
+    TurnWorker.objects.filter(queue=queue).delete()
+
+
+class AffinityLoop:
+    """The thread of a worker process that keeps threads loaded: every
+    ``HERMES_WORKER_HEARTBEAT_SECONDS`` it renews the ``TurnWorker`` heartbeat, closes copies idle past
+    the window (or whose process died) and releases copies another worker took (``taken_elsewhere``),
+    deleting their ``WarmThread`` rows where they still name this worker. Own database connection."""
+
+    def __init__(self, keeper: Keeper, queue: str) -> None:
+        self.keeper, self.queue = keeper, queue
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hermes-affinity", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def tick(self) -> None:
+        """One round (also called by tests)."""
+        gone = self.keeper.expired()
+        why = taken_elsewhere(queue=self.queue, held=self.keeper.held())
+        for session_id, reason in why.items():
+            self.keeper.release(session_id, reason=reason)
+        if gone:
+            warm_thread_forget(queue=self.queue, session_ids=[k.session_id for k in gone])
+        worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()))
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    close_old_connections()
+                    self.tick()
+                except Exception:  # noqa: BLE001 — a database blip must not end the loop; routing has the deadline
+                    logger.exception("affinity: heartbeat round failed")
+                    connection.close()
+                self._stop.wait(settings.HERMES_WORKER_HEARTBEAT_SECONDS)
+        finally:
+            connection.close()
+
+
+_loop: tuple[int, AffinityLoop] | None = None
+_loop_lock = threading.Lock()
+
+
+def affinity_start(keeper: Keeper) -> AffinityLoop | None:
+    """Start this process's ``AffinityLoop`` once (after any fork); ``None`` without an own queue."""
+    global _loop
+    queue = own_queue()
+    if not queue:
+        return None
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            loop = AffinityLoop(keeper, queue)
+            worker_heartbeat(queue=queue, kept=0)  # routable from the first kept thread on
+            loop.start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
+
+
+def affinity_stop(closed: list[KeptThread]) -> None:
+    """Worker shutdown: stop the loop and forget this worker's rows (``closed``: the copies just closed)."""
+    global _loop
+    with _loop_lock:
+        loop, _loop = _loop, None
+    if loop is None or loop[0] != os.getpid():
+        return
+    loop[1].stop()
+    try:
+        close_old_connections()
+        worker_gone(queue=loop[1].queue)
+    except Exception:  # noqa: BLE001 — the row goes stale and the sweep removes it
+        logger.exception("affinity: could not remove worker %s's rows (%s kept threads closed)", loop[1].queue, len(closed))
+
+
+# --- the sweep ------------------------------------------------------------------------------------
+
+def workers_sweep() -> list[str]:
+    """Remove workers whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``: delete their
+    sessions' ``WarmThread`` rows, send those sessions' queued head turns again (shared queue), delete
+    their queue from the broker, delete their row. Returns the queues removed."""
+    from . import dispatch  # dispatch imports this module for routing
+
+    stale_before = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
+    removed = []
+    for queue in list(TurnWorker.objects.filter(heartbeat_at__lt=stale_before).values_list("queue", flat=True)[:100]):
+        with transaction.atomic():
+            sessions = list(WarmThread.objects.filter(queue=queue).values_list("session_id", flat=True))
+            warm_thread_forget(queue=queue)
+            heads = _queued_heads(sessions)
+            for turn_id in heads:
+                dispatch.turn_dispatch_on_commit(turn_id)
+            TurnWorker.objects.filter(queue=queue, heartbeat_at__lt=stale_before).delete()
+        purged = dispatch.queue_delete(queue)
+        logger.warning("sweep: worker queue %s has had no heartbeat since before %s: removed (%s warm sessions, "
+                       "%s queued turns sent again, %s messages dropped from its queue)",
+                       queue, stale_before, len(sessions), len(heads), purged)
+        removed.append(queue)
+    return removed
+
+
+def _queued_heads(session_ids: list[str]) -> list[uuid.UUID]:
+    """The oldest queued turn of each of ``session_ids`` that has no running turn."""
+    heads = []
+    for session_id in session_ids:
+        if Turn.objects.filter(session_id=session_id, status=Turn.Status.RUNNING).exists():
+            continue
+        first = Turn.objects.filter(session_id=session_id, status=Turn.Status.QUEUED).order_by("seq").values_list(
+            "pk", flat=True).first()
+        if first is not None:
+            heads.append(first)
+    return heads
+

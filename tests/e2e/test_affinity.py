@@ -1,0 +1,224 @@
+"""Session affinity with real workers and the real codex binary (issue 9 §2, §4).
+
+Each worker is a real ``celery worker -c 1`` process (so it consumes its own queue and keeps threads
+loaded, ``services/affinity.py``), all on one host (one ``CODEX_HOMES_ROOT``), against the model
+stand-in. What is checked is what a user and an operator see: turns succeed, the thread is resumed (no
+rotation, no notice), the model gets the whole conversation, consecutive turns run on the loaded thread
+(``timings.warm``), and no codex process outlives its worker or a thread another worker took.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from devtools.processes import ancestors, codex_processes
+from hermes_sessions import services
+from hermes_sessions.models import CodexRollout, Notice, Turn, TurnWorker, WarmThread
+from project.celery import app as celery_app
+
+from .conftest import stop_workers, wait_ready, worker_env
+from .test_seed_e2e import TURN_QUEUE, _database_url, _forget_queue
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
+
+
+class Workers:
+    """Starts named ``-c 1`` workers on one host (shared homes root) and finds their codex processes."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root, self.env = root, env
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str) -> subprocess.Popen:
+        log = self.root / f"{name}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "project", "worker", "-Q", TURN_QUEUE, "-c", "1",
+                 "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"],
+                env=self.env, cwd=settings.BASE_DIR, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_ready([(proc, log)])
+        self.procs[name] = proc
+        return proc
+
+    def queue(self, name: str) -> str:
+        return next(q for q in TurnWorker.objects.values_list("queue", flat=True) if f".{name}@" in q)
+
+    def codex_of(self, name: str) -> list[int]:
+        """Pids of the codex app-servers running under worker ``name`` (its pool process's children)."""
+        root = self.procs[name].pid
+        return [p.pid for p in codex_processes(self.root / "homes") if root in ancestors(p.pid)]
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text()
+
+
+@pytest.fixture
+def stand_in():
+    """The model stand-in with ``SLOW`` replies of 10 s (a worker kept busy while another takes over)."""
+    from devtools.model_stand_in import ModelStandIn
+
+    with ModelStandIn(slow_seconds=10) as server:
+        yield server
+
+
+@pytest.fixture
+def workers(tmp_path, stand_in, real_codex_bin, settings):
+    assert settings.CELERY_BROKER_URL, "the e2e tests need CELERY_BROKER_URL (make test sets it)"
+    settings.CODEX_HOMES_ROOT = tmp_path / "homes"
+    env = worker_env(database_url=_database_url(), broker_url=settings.CELERY_BROKER_URL, codex_bin=real_codex_bin,
+                     stand_in_url=stand_in.base_url, codex_home=str(tmp_path / "legacy_home"),
+                     CODEX_HOMES_ROOT=str(tmp_path / "homes"), CODEX_WORK_ROOT=str(tmp_path / "work"),
+                     HERMES_WARM_IDLE_SECONDS="120", HERMES_WORKER_HEARTBEAT_SECONDS="0.5",
+                     HERMES_AFFINITY_DEADLINE="2")
+    subprocess.run([sys.executable, "-m", "celery", "-A", "project", "purge", "-f", "-Q", TURN_QUEUE], env=env,
+                   cwd=settings.BASE_DIR, check=True, capture_output=True, timeout=60)
+    w = Workers(tmp_path, env)
+    celery_app.conf.task_always_eager = False
+    try:
+        yield w
+    finally:
+        celery_app.conf.task_always_eager = True
+        for proc in w.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+        stop_workers([p for p in w.procs.values() if p.poll() is None])
+        _forget_queue(settings.CELERY_BROKER_URL)
+        deadline = time.monotonic() + 10
+        while codex_processes(tmp_path / "homes") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert codex_processes(tmp_path / "homes") == [], "codex processes outlived their workers"
+
+
+def _turn(session, user, text: str, *, timeout: float = 60) -> Turn:
+    turn = services.turn_enqueue(session=session, input_text=text, user=user)
+    deadline = time.monotonic() + timeout
+    while True:
+        turn.refresh_from_db()
+        if turn.is_terminal:
+            return turn
+        assert time.monotonic() < deadline, f"turn {text!r} still {turn.status}"
+        time.sleep(0.05)
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _model_saw(stand_in, text: str) -> set[str]:
+    asked = [r for r in stand_in.requests() if (stand_in.user_texts(r) or [("", "")])[-1][1] == text]
+    assert asked, f"no model request for {text!r}"
+    return {t for _, t in stand_in.user_texts(asked[-1])}
+
+
+def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
+    workers.start("a")
+    session = services.session_create(owner=user, session_id="aff-warm")
+    first = _turn(session, user, "warm one")
+    assert (first.status, first.thread_action) == ("succeeded", "started"), first.error
+    app_server = workers.codex_of("a")
+    assert len(app_server) == 1  # kept after the turn
+    row = WarmThread.objects.get(session=session)
+    assert row.queue == workers.queue("a") and row.thread_id == first.codex_thread_id
+    assert row.generation == CodexRollout.objects.get(thread_id=first.codex_thread_id).generation
+
+    for n in (2, 3):
+        turn = _turn(session, user, f"warm {n}")
+        assert (turn.status, turn.thread_action) == ("succeeded", "resumed"), turn.error
+        assert turn.timings.get("warm") == 1 and turn.timings.get("restore_ms") == 0.0, turn.timings
+        assert turn.codex_thread_id == first.codex_thread_id
+        assert workers.codex_of("a") == app_server  # the same process ran it
+    texts = _model_saw(stand_in, "warm 3")
+    assert {"warm one", "echo: warm one", "warm 2", "echo: warm 2"} <= texts
+    assert CodexRollout.objects.get(thread_id=first.codex_thread_id).generation == 3
+
+    # The session's codex settings change: the loaded copy is not used (it was started with the old ones).
+    type(session).objects.filter(pk=session.pk).update(model_config={"developer_instructions": "be brief"})
+    changed = _turn(session, user, "warm 4")
+    assert (changed.status, changed.thread_action) == ("succeeded", "resumed"), changed.error
+    assert "warm" not in changed.timings
+    assert "changed" in workers.log("a") or "settings" in workers.log("a")
+    assert not Notice.objects.exists()
+
+
+def test_a_dead_app_server_between_turns_runs_cold(user, workers, stand_in):
+    workers.start("a")
+    session = services.session_create(owner=user, session_id="aff-dead-codex")
+    assert _turn(session, user, "before the crash").status == "succeeded"
+    [pid] = workers.codex_of("a")
+    os.kill(pid, signal.SIGKILL)
+    after = _turn(session, user, "after the crash")
+    assert (after.status, after.thread_action) == ("succeeded", "resumed"), after.error
+    assert "warm" not in after.timings
+    assert "before the crash" in _model_saw(stand_in, "after the crash")
+    assert not Notice.objects.exists()
+
+
+def test_killed_holder_another_worker_resumes(user, workers, stand_in, settings):
+    a = workers.start("a")
+    session = services.session_create(owner=user, session_id="aff-killed")
+    assert _turn(session, user, "held by a").status == "succeeded"
+    [held] = workers.codex_of("a")
+    queue_a = workers.queue("a")
+    workers.start("b")
+    os.killpg(a.pid, signal.SIGKILL)  # the worker and its pool process; codex is in its own session
+    a.wait()
+    _wait(lambda: not os.path.exists(f"/proc/{held}") or open(f"/proc/{held}/stat").read().split()[2] == "Z",
+          10, "the kept app-server outlived its SIGKILLed worker")
+
+    t0 = time.monotonic()
+    moved = _turn(session, user, "taken by b")
+    assert (moved.status, moved.thread_action) == ("succeeded", "resumed"), moved.error
+    assert time.monotonic() - t0 < settings.HERMES_LEASE_SECONDS  # within the lease bound
+    assert "held by a" in _model_saw(stand_in, "taken by b")
+    assert not Notice.objects.exists()
+    assert WarmThread.objects.get(session=session).queue == workers.queue("b")
+
+    # The sweep removes the dead worker once its heartbeat is stale: row and queue.
+    settings.HERMES_WORKER_STALE_SECONDS = 1.0
+    _wait(lambda: TurnWorker.objects.filter(queue=queue_a).exists() and services.turns_sweep().workers_removed >= 1
+          or not TurnWorker.objects.filter(queue=queue_a).exists(), 15, "dead worker not swept")
+    assert not TurnWorker.objects.filter(queue=queue_a).exists()
+    assert TurnWorker.objects.filter(queue=workers.queue("b")).exists()
+
+
+def test_a_session_taken_elsewhere_is_released_by_its_old_holder(user, workers, stand_in):
+    """a holds the session's thread but is busy with another session's long turn when the next turn
+    comes: after the affinity deadline b takes it (cold, on the same host: it re-makes the session's
+    home under a's loaded copy), a then lets its copy go, and the turn after runs warm on b. (A worker
+    that is frozen rather than busy — SIGSTOP — is a different fault: on Redis its pending BRPOP takes
+    the next message of any queue it consumes, the sweep's re-dispatch recovers the turn.)"""
+    workers.start("a")
+    session = services.session_create(owner=user, session_id="aff-taken")
+    assert _turn(session, user, "first on a").status == "succeeded"
+    [held] = workers.codex_of("a")
+    other = services.session_create(owner=user, session_id="aff-busy")
+    busy = services.turn_enqueue(session=other, input_text="SLOW keep a busy", user=user)
+    _wait(lambda: Turn.objects.get(pk=busy.pk).status == "running", 30, "a did not start the long turn")
+    workers.start("b")
+    assert Turn.objects.get(pk=busy.pk).status == "running"
+    moved = _turn(session, user, "second on b")  # a's queue first, then the shared queue after 2 s
+    assert (moved.status, moved.thread_action) == ("succeeded", "resumed"), moved.error
+    assert "warm" not in moved.timings
+    _wait(lambda: held not in workers.codex_of("a"), 15, "a kept a thread b had taken")
+    third = _turn(session, user, "third on b")
+    assert (third.status, third.timings.get("warm")) == ("succeeded", 1), (third.error, third.timings)
+    texts = _model_saw(stand_in, "third on b")
+    assert {"first on a", "second on b", "echo: second on b"} <= texts
+    assert _turn_done(busy).status == "succeeded"
+    assert not Notice.objects.exists()
+    assert "released its loaded thread" in workers.log("a")
+
+
+def _turn_done(turn: Turn, timeout: float = 60) -> Turn:
+    _wait(lambda: Turn.objects.get(pk=turn.pk).is_terminal, timeout, f"turn {turn.input!r} did not end")
+    return Turn.objects.get(pk=turn.pk)
