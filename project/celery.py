@@ -31,10 +31,16 @@ def _check_codex_sandbox(**_: object) -> None:
 @worker_process_init.connect
 def _fill_spares(**_: object) -> None:
     """With ``HERMES_WARM_POOL`` > 0, each pool process starts filling its spare app-servers as soon as
-    it is forked, not at its first turn (``hermes_sessions/codex/warm.py``)."""
+    it is forked, not at its first turn (``hermes_sessions/codex/warm.py``); a process with an own queue
+    starts its affinity heartbeat (``hermes_sessions/services/affinity.py``)."""
+    from hermes_sessions.codex.kept import keeper
     from hermes_sessions.codex.warm import spare_pool
+    from hermes_sessions.services.affinity import affinity_start
 
     spare_pool()
+    k = keeper()
+    if k is not None:
+        affinity_start(k)  # routable from its first kept thread on (a no-op without an own queue)
 
 
 @celeryd_after_setup.connect

@@ -181,8 +181,7 @@ def affinity_start(keeper: Keeper) -> AffinityLoop | None:
     with _loop_lock:
         if _loop is None or _loop[0] != os.getpid():
             loop = AffinityLoop(keeper, queue)
-            worker_heartbeat(queue=queue, kept=0)  # routable from the first kept thread on
-            loop.start()
+            loop.start()  # its first round writes the heartbeat row at once (on its own connection)
             _loop = (os.getpid(), loop)
         return _loop[1]
 

@@ -439,7 +439,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         # thread's writer lock is free (docs/codex.md §1, §7). Kept: the file is already complete at
         # turn/completed (§7, checked below: it ends with a whole line).
         if not keep:
-            release()
+            client.close()  # the home stays until the rollout is read (``release`` removes a spare's)
         stream.flush()  # the streamed deltas and items commit before the turn's last events
     outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
     if spare:
@@ -448,8 +448,13 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         outcome.timings["warm"] = 1  # ran on a thread kept loaded since the session's last turn
     t1 = time.monotonic()
     running = _Running(client=client, home=home, version=version, release=release, turns=turns) if keep else None
-    _capture_rollout(outcome, home, base, version, running=running, turn_id=claim.turn_id)
-    held.running = running if running is not None and running.client.alive() else None
+    try:
+        _capture_rollout(outcome, home, base, version, running=running, turn_id=claim.turn_id)
+    finally:
+        if running is None or not running.client.alive():
+            release()
+            running = None
+    held.running = running
     outcome.timings["capture_ms"] = round((time.monotonic() - t1) * 1000, 1)  # read + check the appended bytes
     outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
     return outcome
@@ -461,7 +466,7 @@ def _capture_rollout(outcome: TurnOutcome, home: Path, base: RolloutBase | None,
     starts with the stored bytes fails the turn (fail closed: a diverged copy is never stored).
     ``running``: the app-server is still running (to be kept); should the file not end with a whole
     line, it is closed and the file read again (then complete, ``docs/codex.md`` §7); on any error it is
-    closed."""
+    closed. The home is left in place either way (the caller releases it)."""
     if running is None:
         _read_appended(outcome, home, base, version)
         return
@@ -470,10 +475,10 @@ def _capture_rollout(outcome: TurnOutcome, home: Path, base: RolloutBase | None,
         if outcome.rollout is not None and not outcome.rollout.data.endswith(b"\n"):
             logger.warning("turn %s: the rollout did not end with a whole line at turn/completed; closing codex "
                            "and reading it again", turn_id)
-            running.release()
+            running.client.close()
             _read_appended(outcome, home, base, version)
     except BaseException:
-        running.release()
+        running.client.close()  # the caller releases it
         raise
 
 

@@ -48,7 +48,11 @@ class Workers:
         return proc
 
     def queue(self, name: str) -> str:
-        return next(q for q in TurnWorker.objects.values_list("queue", flat=True) if f".{name}@" in q)
+        """Worker ``name``'s own queue, from its heartbeat row (written when its pool process starts)."""
+        rows: list[str] = []
+        _wait(lambda: rows.extend(q for q in TurnWorker.objects.values_list("queue", flat=True) if f".{name}@" in q)
+              or rows, 10, f"worker {name} has no heartbeat row")
+        return rows[0]
 
     def codex_of(self, name: str) -> list[int]:
         """Pids of the codex app-servers running under worker ``name`` (its pool process's children)."""
