@@ -112,8 +112,12 @@ run: install
 # workers run one `celery -A project beat` instead. The worker consumes the turn queue, HERMES_TURN_QUEUE
 # (from the environment or `make worker HERMES_TURN_QUEUE=…`; default "turns", as project/settings.py),
 # and Celery's default queue "celery", where beat sends the sweep.
+# One turn at a time (-c 1) so the worker keeps threads loaded between turns and gets its own queue
+# (session affinity, README "Warm turns"); for more turns at once run more workers, each its WORKER_NAME.
+WORKER_NAME ?= hermes@%h
+WORKER_CONCURRENCY ?= 1
 worker: install
-	$(VENV)/bin/celery -A project worker -B -Q $(or $(strip $(HERMES_TURN_QUEUE)),turns),celery --concurrency 2 --loglevel info
+	$(VENV)/bin/celery -A project worker -B -Q $(or $(strip $(HERMES_TURN_QUEUE)),turns),celery -n '$(WORKER_NAME)' --concurrency $(WORKER_CONCURRENCY) --loglevel info
 
 clean:
 	rm -rf var .pytest_cache
