@@ -2,6 +2,7 @@
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.urls import is_valid_path
 
 
 class RejectNulMiddleware:
@@ -49,6 +50,31 @@ class RequireContentLengthMiddleware:
                 return JsonResponse({"detail": reason, "code": "length_required"}, status=411,
                                     json_dumps_params={"separators": (",", ":")})
             return HttpResponse(reason, status=411, content_type="text/plain")
+        return self.get_response(request)
+
+
+class ApiOptionalSlashMiddleware:
+    """Route an ``/api/`` request whose path lacks its trailing slash (``POST /api/sessions``,
+    ``POST /api/sessions/<id>/turns``) to the route with the slash, in place: no redirect.
+
+    Without it Django's ``APPEND_SLASH`` (``CommonMiddleware``, which runs after this) answered such a
+    request with an HTML 301 to the slashed path, and a client following it lost the POST's body (and
+    its method, for most clients). The rule is Django's own — only a path that resolves to nothing as
+    it is and to a route once a ``/`` is appended — so every route under ``/api/``, present or added
+    later, answers with and without its slash, and the schema, ``reverse()`` and the links the API
+    writes keep the one spelling with the slash (the view sees the slashed path). Other paths (the
+    admin, the landing page) keep Django's redirect."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        path = request.path_info
+        if (path == "/api" or path.startswith("/api/")) and not path.endswith("/"):
+            urlconf = getattr(request, "urlconf", None)
+            if not is_valid_path(path, urlconf) and is_valid_path(f"{path}/", urlconf):
+                request.path_info = f"{path}/"
+                request.path = f"{request.path}/"
         return self.get_response(request)
 
 

@@ -103,6 +103,7 @@ MIDDLEWARE = [
     "hermes_sessions.middleware.RequireContentLengthMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",  # the admin's static files under gunicorn and runserver
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "hermes_sessions.middleware.ApiOptionalSlashMiddleware",  # before CommonMiddleware's APPEND_SLASH redirect
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

@@ -26,6 +26,14 @@ from devtools.faults.supervisor import BASE, Stack, log
 SCENARIOS = {**BASIC_SCENARIOS, **ROLLOUT_SCENARIOS}
 
 
+def _interval(text: str) -> tuple[float, float]:
+    """``"1.5,4"`` → ``(1.5, 4.0)``; argparse reports a ``ValueError`` as a usage error."""
+    low, high = (float(part) for part in text.split(","))
+    if not 0 <= low <= high:
+        raise ValueError(text)
+    return low, high
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options; exits 2 on an unknown scenario. ``args.chosen`` lists the scenarios to run."""
     p = argparse.ArgumentParser(prog="python -m devtools.faults",
@@ -46,11 +54,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dup-turns", type=int, default=4, help="turns per session in duplicate-delivery")
     p.add_argument("--concurrent-posts", type=int, default=50)
     p.add_argument("--idem-keys", type=int, default=5, help="keys sent twice among the concurrent posts")
-    p.add_argument("--broker-sessions", type=int, default=3)
+    # 6 sessions on the stack's 4 turn slots (2 workers × -c 2): a session has at most one task message in
+    # the broker (its next turn is sent when the previous one ends), so with 3 the broker held no queued
+    # message at the kill, only the running turns' unacknowledged ones; with 6 it holds both.
+    p.add_argument("--broker-sessions", type=int, default=6, help="sessions posting in broker-restart")
     p.add_argument("--broker-restarts", type=int, default=2)
     p.add_argument("--broker-before", type=float, default=4.0, help="seconds of posting before each kill")
-    p.add_argument("--broker-down", type=float, default=3.0, help="seconds before the killed broker is started again "
-                                                                "(a RabbitMQ node then boots for 5–15 s more)")
+    p.add_argument("--broker-down", type=float, default=3.0,
+                   help="seconds before the killed broker is started again (a RabbitMQ node, whose boot takes "
+                        "longer, is started at once: its boot is the outage)")
+    # 1.5–4 s: a session drains a turn every 3.5 s (SLOW ones 8 s) and runs them one at a time, so posting
+    # every 0.3–1.2 s (as before) queued ~6 turns per turn run and the bound measured that queue — 60 turns
+    # deep per session while a RabbitMQ node booted twice — rather than the restart. The queue is in
+    # PostgreSQL either way: the broker holds one message per session at most (--broker-sessions).
+    p.add_argument("--broker-post-every", type=_interval, default=(1.5, 4.0), metavar="MIN,MAX",
+                   help="seconds between one session's posts in broker-restart, drawn uniformly")
     p.add_argument("--broker-after", type=float, default=4.0, help="seconds of posting after the last restart")
     p.add_argument("--rollout-sessions", type=int, default=3, help="sessions in the rollout scenarios")
     p.add_argument("--rollout-kills", type=int, default=6, help="kills in kill-during-rollout (restore, store, commit in turn)")

@@ -11,7 +11,9 @@ ERROR_BODY = {"$ref": "#/components/schemas/Error"}
 STREAM_DESCRIPTION = (
     "Server-sent events (docs/contract.md §8). Each event: `id: <bigint>`, `event: <kind>` "
     "(queued, running, retrying, thread, delta, item, usage, completed, failed, cancelled), one `data:` "
-    "line of JSON with `turn` and `attempt`. Heartbeats are `:` comment lines without an id."
+    "line of JSON with `turn` and `attempt`. Heartbeats are `:` comment lines without an id. A stream whose "
+    "turn or session is deleted ends with `event: gone` (no id; data: `detail`, `code` `not_found`, and "
+    "`turn` or `session`), found within a heartbeat interval."
 )
 LAST_EVENT_ID = [
     {"in": "header", "name": "Last-Event-ID", "required": False, "schema": {"type": "integer", "minimum": 0},
@@ -54,8 +56,8 @@ def add_event_streams(result: dict[str, Any], generator: Any, request: Any, publ
     )}
     paths["/api/sessions/{session_id}/events/"] = {"get": _operation(
         operation_id="sessions_events", summary="Stream a session's events (server-sent events)", tag="sessions",
-        description="Every turn's events from now on (Last-Event-ID: after it; 0 replays all); never ends, "
-                    "heartbeats while idle.",
+        description="Every turn's events from now on (Last-Event-ID: after it; 0 replays all); heartbeats "
+                    "while idle; ends only when the session is deleted (`event: gone`).",
         param={"in": "path", "name": "session_id", "required": True, "schema": {"type": "string"},
                "description": "The session id (see POST /api/sessions/)."},
     )}

@@ -2,7 +2,11 @@
 open stream holds no sync worker under ASGI (``project/asgi.py``, ``make run``).
 
     GET /api/turns/{turn_id}/events/        the turn's events from the start; ends after its terminal event
-    GET /api/sessions/{session_id}/events/  every turn's events from now on (or from Last-Event-ID); never ends
+    GET /api/sessions/{session_id}/events/  every turn's events from now on (or from Last-Event-ID); ends only
+                                            when the session is deleted
+
+A stream whose turn or session is deleted (``manage.py prune_sessions``, the admin) ends with ``event: gone``
+(no ``id:``; data: the 404 a reconnect would get), found by the read on the next heartbeat tick.
 
 Same authentication as the rest of the API (DRF's Token and session authentication) and the same
 JSON error bodies (``{"detail", "code"}``) for 400/401/404. Resuming: ``Last-Event-ID`` (header) or
@@ -32,7 +36,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from .. import selectors
-from ..models import Turn
+from ..models import Session, Turn
 from ..services.events import TERMINAL_KINDS, event_terminal_ensure
 from .errors import error_json_response
 from .event_hub import READ_PAGE, ROW_FIELDS, hub, in_thread
@@ -72,6 +76,15 @@ def _last_event_id(request: HttpRequest) -> int | None:
 
 
 @dataclass
+class _Read:
+    """What one read of a stream's scope found."""
+
+    rows: list[dict[str, Any]]
+    ended: bool = False  # the turn (turn streams only) has ended
+    gone: bool = False  # the turn or session is no longer there (deleted: prune_sessions, the admin)
+
+
+@dataclass
 class _Scope:
     """What one stream shows: a turn's events (``turn_id`` set) or a session's."""
 
@@ -79,19 +92,25 @@ class _Scope:
     turn_id: Any = None
     terminal_seen: bool = False  # event_terminal_ensure already ran for this stream
 
-    def read(self, after: int) -> tuple[list[dict[str, Any]], bool]:
-        """Rows after ``after`` and whether the turn (turn streams only) has ended. The turn's state
-        is read first: its terminal event commits with it, so it is among the rows read after."""
+    def read(self, after: int) -> _Read:
+        """Rows after ``after``, whether the turn (turn streams only) has ended, and whether the turn
+        or session is gone. The turn's state is read first: its terminal event commits with it, so it
+        is among the rows read after; a deleted session takes its turns and events with it."""
         ended = False
         if self.turn_id is not None:
-            ended = Turn.objects.filter(pk=self.turn_id, status__in=Turn.TERMINAL).exists()
+            status = Turn.objects.filter(pk=self.turn_id).values_list("status", flat=True).first()
+            if status is None:
+                return _Read(rows=[], gone=True)
+            ended = status in Turn.TERMINAL
             if ended and not self.terminal_seen:
                 # An imported or pre-0003 turn may lack its terminal event: write it before reading.
                 event_terminal_ensure(turn_id=self.turn_id)
                 self.terminal_seen = True
+        elif not Session.objects.filter(pk=self.session_id).exists():
+            return _Read(rows=[], gone=True)
         found = selectors.turn_events_after(after_id=after, limit=READ_PAGE, turn_id=self.turn_id,
                                             session_id=self.session_id)
-        return [dict(row) for row in found.values(*ROW_FIELDS)], ended
+        return _Read(rows=[dict(row) for row in found.values(*ROW_FIELDS)], ended=ended)
 
     def wants(self, row: dict[str, Any]) -> bool:
         """Whether a row of the session (as the hub reads them) belongs on this stream."""
@@ -105,10 +124,36 @@ def _frame(row: dict[str, Any]) -> bytes:
     return f"id: {row['id']}\nevent: {row['kind']}\ndata: {body}\n\n".encode()
 
 
+def _gone_frame(scope: _Scope) -> bytes:
+    """The last event of a stream whose turn or session was deleted: ``event: gone`` without ``id:`` (not a
+    durable event: the client's Last-Event-ID stays its last real one), with the JSON error a
+    reconnect would get (404 ``not_found``)."""
+    what, ident = ("turn", str(scope.turn_id)) if scope.turn_id is not None else ("session", scope.session_id)
+    data = {"detail": f"The {what} was deleted; this stream has ended.", "code": "not_found", what: ident}
+    return f"event: gone\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+def _frames(scope: _Scope, found: _Read, after: int) -> tuple[list[bytes], int, bool]:
+    """The frames of one read's rows after ``after``, the new ``after``, and whether the stream is over
+    (a turn stream's terminal event, or the turn or session gone)."""
+    if found.gone:
+        return [_gone_frame(scope)], after, True
+    frames = []
+    for row in found.rows:
+        if row["id"] <= after or not scope.wants(row):
+            continue
+        frames.append(_frame(row))
+        after = row["id"]
+        if scope.turn_id is not None and row["kind"] in TERMINAL_KINDS:
+            return frames, after, True
+    return frames, after, False
+
+
 async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
     """The stream body: its own read of the backlog, then the rows the hub hands over (one shared read
     per notification), heartbeats in between with a read of its own on each tick; a turn stream ends
-    after the terminal event (or at once when the turn ended with nothing after ``after``).
+    after the terminal event (or at once when the turn ended with nothing after ``after``); any stream
+    ends with ``event: gone`` when a read finds its turn or session deleted (``_gone_frame``).
 
     No gap: within a session ids are in commit order (``services/events.py``), the hub's rows start at
     or before the first row this stream's own read could not see, and rows up to ``after`` are skipped."""
@@ -118,17 +163,15 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
         yield f"retry: {RETRY_MS}\n\n".encode()
         own_read = True
         while not events_hub.stopping.is_set():
-            rows, ended = await in_thread(scope.read, after) if own_read else (sub.take(), False)
-            for row in rows:
-                if row["id"] <= after or not scope.wants(row):
-                    continue
-                yield _frame(row)
-                after = row["id"]
-                if scope.turn_id is not None and row["kind"] in TERMINAL_KINDS:
-                    return
-            if own_read and len(rows) == READ_PAGE:
+            found = await in_thread(scope.read, after) if own_read else _Read(rows=sub.take())
+            frames, after, over = _frames(scope, found, after)
+            for frame in frames:
+                yield frame
+            if over:
+                return
+            if own_read and len(found.rows) == READ_PAGE:
                 continue  # more backlog: read it before deciding the turn's stream is over
-            if ended:
+            if found.ended:
                 return
             own_read = False
             if sub.rows:
@@ -209,7 +252,8 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse 
     """A session's events, live, as server-sent events.
 
     ``GET /api/sessions/{session_id}/events/``: the events of every turn of the session from now
-    on (``Last-Event-ID`` / ``?last_event_id=``: after that id; ``0`` replays all); never ends."""
+    on (``Last-Event-ID`` / ``?last_event_id=``: after that id; ``0`` replays all); ends only with
+    ``event: gone`` when the session is deleted."""
     if request.method != "GET":
         return _error(405, f'Method "{request.method}" not allowed.', "method_not_allowed", Allow="GET")
 

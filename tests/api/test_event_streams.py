@@ -307,3 +307,40 @@ def test_a_chunked_body_is_a_json_411_not_an_empty_request(server, token):
     assert head.split(b"\r\n")[0].split()[1] == b"411", head
     assert b'"code":"length_required"' in payload
     assert not Session.objects.filter(title="t").exists() and not Session.objects.filter(pk="chunky").exists()
+
+
+def test_prune_sessions_ends_an_open_session_stream_with_gone(server, token, claimed):
+    """The failing input: a session stream stayed open (heartbeats) after ``prune_sessions`` deleted its
+    session; only a reconnect got 404. Now the heartbeat tick's read finds it gone and the stream ends
+    with ``event: gone`` (no id) carrying the 404 a reconnect gets."""
+    from django.core.management import call_command
+
+    path = f"/api/sessions/{claimed.session_id}/events/"
+    stream = open_stream(server.port, path, token, last_event_id=0)
+    finish(claimed, "done")  # a session with a running turn is not pruned
+    seen = stream.read_until(lambda e: e.event == "completed")
+    call_command("prune_sessions", "--before", "2999-01-01")
+    assert not Session.objects.filter(pk=claimed.session_id).exists()
+    started = time.monotonic()
+    rest = stream.read_to_end(timeout=3 * HEARTBEAT)
+    assert time.monotonic() - started < HEARTBEAT + 2, "ended on the first heartbeat tick after the deletion"
+    assert [(e.event, e.id) for e in rest] == [("gone", None)]
+    assert rest[0].data == {"detail": "The session was deleted; this stream has ended.", "code": "not_found",
+                            "session": claimed.session_id}
+    assert stream.ended and seen[-1].id is not None
+    status, _, body = server.get(path, token)
+    assert status == 404 and b'"code":"not_found"' in body
+
+
+def test_deleting_the_session_of_a_running_turn_ends_its_turn_stream_with_gone(server, token, claimed):
+    """A turn stream ends after its terminal event; a turn deleted before it had one (the admin deletes
+    a session whatever its turns' state) ends the stream with ``event: gone`` instead."""
+    path = f"/api/turns/{claimed.turn_id}/events/"
+    stream = open_stream(server.port, path, token)
+    assert [e.event for e in stream.read_until(lambda e: e.event == "running")] == ["queued", "running"]
+    Session.objects.filter(pk=claimed.session_id).delete()
+    rest = stream.read_to_end(timeout=3 * HEARTBEAT)
+    assert [(e.event, e.id) for e in rest] == [("gone", None)]
+    assert rest[0].data == {"detail": "The turn was deleted; this stream has ended.", "code": "not_found",
+                            "turn": str(claimed.turn_id)}
+    assert server.get(path, token)[0] == 404

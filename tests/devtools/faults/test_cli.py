@@ -45,3 +45,63 @@ def test_a_worker_that_had_to_be_restarted_fails_the_run():
     clean = {"violations": [], "lost": 0, "duplicates": 0, "terminal": 88, "accepted": 88, "worker_restarts": 0}
     assert _row_clean(clean)
     assert not _row_clean({**clean, "worker_restarts": 1})  # even with nothing lost: a worker must outlive its broker
+
+
+def test_broker_restart_posts_every_1_5_to_4_s_from_6_sessions(capsys):
+    """Posting every 0.3–1.2 s from 3 sessions queued ~60 turns per session on RabbitMQ (in PostgreSQL:
+    the broker holds one message per session) and broke the 150 s bound with nothing lost."""
+    args = parse_args([])
+    assert (args.broker_post_every, args.broker_sessions, args.bound) == ((1.5, 4.0), 6, 150.0)
+    assert parse_args(["--broker-post-every", "0.3,1.2"]).broker_post_every == (0.3, 1.2)
+    with pytest.raises(SystemExit):
+        parse_args(["--broker-post-every", "4,1"])
+    assert "--broker-post-every: invalid" in capsys.readouterr().err
+
+
+def test_a_broker_that_boots_slowly_is_started_at_once_after_the_kill(monkeypatch):
+    """A RabbitMQ node's boot (9–17 s on a loaded machine) is the outage; before, --broker-down came first."""
+    import argparse
+    import time
+
+    from devtools.faults import scenarios
+    from devtools.faults.brokers import RabbitBroker, RedisBroker
+
+    assert RabbitBroker.boots_slowly and not RedisBroker.boots_slowly
+    calls: list[str] = []
+    monkeypatch.setattr(time, "sleep", lambda seconds: calls.append(f"sleep {seconds:.0f}"))
+    monkeypatch.setattr(scenarios, "_connections", lambda stack: {})
+    monkeypatch.setattr(scenarios, "_count_broker_crashes", lambda sc, rnd: None)
+
+    class Broker:
+        port = 1
+        boots_slowly = True
+
+        def describe(self) -> str:
+            return "fake"
+
+        def loses_messages(self) -> str:
+            return "stay"
+
+        def kill9(self) -> None:
+            calls.append("kill")
+
+        def start(self, env: dict[str, str]) -> None:
+            calls.append("start")
+
+    class Stack:
+        broker, env = Broker(), {}
+
+        def broker_backlog(self) -> tuple[int, int]:
+            return 1, 2
+
+    class Sc:
+        args = argparse.Namespace(broker_before=4.0, broker_down=3.0)
+        stack = Stack()
+        rec = argparse.Namespace(notes=[], violations=[])
+
+    assert scenarios._restart_broker(Sc(), 1, time.monotonic()) == 3
+    assert calls[:3] == ["sleep 4", "kill", "start"]  # --broker-before, then no --broker-down sleep
+    Stack.broker.boots_slowly = False
+    calls.clear()
+    scenarios._restart_broker(Sc(), 2, time.monotonic())
+    assert calls[:4] == ["sleep 4", "kill", "sleep 3", "start"]
