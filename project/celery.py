@@ -56,7 +56,8 @@ def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
 
     os.environ.pop(OWN_QUEUE_ENV, None)
     pool = str(getattr(instance, "pool_cls", "") or "")
-    one_at_a_time = getattr(instance, "concurrency", 0) == 1 and ("prefork" in pool or "solo" in pool or not pool)
+    # -P solo runs tasks one at a time in the main process whatever --concurrency says.
+    one_at_a_time = "solo" in pool or (getattr(instance, "concurrency", 0) == 1 and ("prefork" in pool or not pool))
     if settings.HERMES_WARM_IDLE_SECONDS <= 0 or settings.HERMES_WARM_MAX_THREADS <= 0:
         return
     if not one_at_a_time:

@@ -84,9 +84,11 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None) -> Tur
     none escapes. ``task_id``: the Celery task delivering it, named in the turn's end line
     (``turn_log.py``)."""
     with delivery(task_id):
+        t0 = time.monotonic()
         claim = turn_claim(turn_id=turn_id)
         if claim is None:
             return None
+        claim.timings["claim_ms"] = _ms_since(t0)
         control = TurnControl()
         stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                  attempt=claim.attempt)
@@ -284,6 +286,10 @@ def _restore(claim: TurnClaim, control: TurnControl | None = None,
     return paths.home, base
 
 
+def _ms_since(t0: float) -> float:
+    return round((time.monotonic() - t0) * 1000, 1)
+
+
 def _codex_version(init: object) -> str:
     """``"0.171.0"`` from initialize's ``userAgent`` (``"<client>/<version> (…)"``, ``docs/codex.md`` §2)."""
     agent = str(init.get("userAgent") or "") if isinstance(init, dict) else ""
@@ -307,6 +313,7 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
         raise _StartupError(str(exc), cause=exc) from exc
     t0 = time.monotonic()
     kept = _take_kept(claim)
+    claim.timings["take_kept_ms"] = _ms_since(t0)
     if kept is not None:
         workdir = policy.session_workdir(claim.session_id)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -441,7 +448,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         if not keep:
             client.close()  # the home stays until the rollout is read (``release`` removes a spare's)
         stream.flush()  # the streamed deltas and items commit before the turn's last events
-    outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
+    outcome.timings.update(claim.timings, initialize_ms=initialize_ms, restore_ms=restore_ms)
     if spare:
         outcome.timings["spare"] = 1  # the app-server came from the warm pool (initialize_ms: ~0)
     if turns > 1:

@@ -110,6 +110,9 @@ class TurnClaim:
     config: dict[str, Any] = field(default_factory=dict)  # policy.effective_config(...)
     attempt: int = 1  # >1: an earlier worker died holding this turn
     previous_thread_id: str | None = None  # the fresh thread that earlier worker had started, if any
+    # Milliseconds of the worker's steps before codex (``claim_ms``: the claim transaction), merged into
+    # the turn's ``timings`` (the bench's phase breakdown).
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def _lease_deadline() -> datetime:
