@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from .. import policy
@@ -155,10 +156,9 @@ def _runnable(session: Session, turn: Turn) -> bool:
         events.event_terminal(turn=turn)
         dispatch.session_dispatch_next_on_commit(session)
         return False
-    siblings = Turn.objects.filter(session=session).exclude(pk=turn.pk)
-    if siblings.filter(status=Turn.Status.RUNNING).exists():
-        return False
-    return not siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists()
+    # One query: no turn of the session running, none queued before this one.
+    return not Turn.objects.filter(session=session).exclude(pk=turn.pk).filter(
+        Q(status=Turn.Status.RUNNING) | Q(status=Turn.Status.QUEUED, seq__lt=turn.seq)).exists()
 
 
 def _start_claim(session: Session, turn: Turn) -> TurnClaim:
@@ -172,7 +172,8 @@ def _start_claim(session: Session, turn: Turn) -> TurnClaim:
     turn.save(update_fields=["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
     # attempt > 1: what earlier attempts streamed is superseded (docs/contract.md §8).
     events.event_append(turn=turn, kind=events.RUNNING, data={})
-    if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
+    # The user's row is written at the first claim; a re-claim (attempt > 1) finds it already there.
+    if turn.attempt == 1 or not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
         _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
     binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
     stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
