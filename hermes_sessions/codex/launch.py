@@ -269,11 +269,25 @@ def codex_binary() -> str:
 _found: dict[str, str] = {}  # glob pattern → binary (the install does not move while a worker runs)
 
 
+# Every app-server we spawn (cold, spares, tools) reads no project docs (AGENTS.md). Codex 0.171.0,
+# measured (docs/codex.md §11): under an allow-list permission profile, codex looks for project docs at
+# every thread/start and thread/resume — AGENTS.override.md and AGENTS.md in the cwd, and a `.git`
+# marker in every ancestor of it — with one `fs/getMetadata` per path, each in a fresh sandboxed helper
+# process (codex-linux-sandbox → bwrap `--help` probe → bwrap → `codex --codex-run-as-fs-helper`), one
+# after the other: 8 of the 10 helper processes of a resume, most of its cost. `project_doc_max_bytes = 0`
+# (documented: the byte budget of project docs; 0 returns before any lookup) removes them. The sandbox
+# the model's commands run in is unchanged; codex simply reads nothing more from the work dir at resume.
+# Sessions get their instructions from the service (`developerInstructions`), never from an AGENTS.md.
+NO_PROJECT_DOCS = ["-c", "project_doc_max_bytes=0"]
+
+
 def app_server_argv(*, sandbox: str | None = None, workdir: Path | None = None) -> list[str]:
     """The command that starts one app-server: ``settings.CODEX_APP_SERVER_COMMAND`` (a JSON list;
     the tests' scripted stand-in) or ``[<native codex>, "app-server"]``; with ``sandbox`` and
-    ``workdir``, followed by ``permission_overrides`` (the session's permission profile)."""
+    ``workdir``, followed by ``permission_overrides`` (the session's permission profile); always followed
+    by ``NO_PROJECT_DOCS`` (no AGENTS.md lookups: they cost a sandboxed process each, docs/codex.md §11)."""
     extra = permission_overrides(sandbox, workdir) if sandbox is not None and workdir is not None else []
+    extra = extra + NO_PROJECT_DOCS
     if settings.CODEX_APP_SERVER_COMMAND:
         argv = json.loads(settings.CODEX_APP_SERVER_COMMAND)
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):

@@ -1,7 +1,13 @@
 """How the worker launches codex: config.toml and an allow-listed environment (issue 3 §9)."""
 import pytest
 
-from hermes_sessions.codex.launch import app_server_env, ensure_codex_home, render_config_toml
+from hermes_sessions.codex.launch import (
+    NO_PROJECT_DOCS,
+    app_server_argv,
+    app_server_env,
+    ensure_codex_home,
+    render_config_toml,
+)
 
 SECRETS = {
     "DATABASE_URL": "postgres://u:S3CR3T@db/hermes",
@@ -70,3 +76,16 @@ def test_each_session_gets_a_fresh_home_of_its_own(codex_dirs, settings):
     env = app_server_env(again)
     assert (env["CODEX_HOME"], env["HOME"]) == (str(again.home), str(again.user_home))
     assert session_home("sess-b").home.parent != again.home.parent
+
+
+def test_every_app_server_reads_no_project_docs(worker_env, settings, tmp_path):
+    """codex 0.171.0 (docs/codex.md §11): under an allow-list profile each AGENTS.md / `.git` lookup at
+    thread/resume runs in a sandboxed helper process of its own; ``project_doc_max_bytes=0`` on the
+    command line of every app-server (a session's cold one, a spare, the tools') turns the lookups off."""
+    assert NO_PROJECT_DOCS == ["-c", "project_doc_max_bytes=0"]
+    cold = app_server_argv(sandbox="read-only", workdir=tmp_path / "work" / "s1")
+    spare = app_server_argv()
+    for argv in (cold, spare):
+        assert argv[argv.index("project_doc_max_bytes=0") - 1] == "-c"
+    settings.CODEX_APP_SERVER_COMMAND = '["python", "stand_in.py"]'
+    assert app_server_argv()[-2:] == NO_PROJECT_DOCS

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hermes_sessions.codex.launch import (
+    NO_PROJECT_DOCS,
     app_server_argv,
     permission_filesystem,
     permission_overrides,
@@ -61,13 +62,13 @@ def test_the_app_server_command_carries_the_session_profile(dirs):
     own = dirs / "work" / "sess-a"
     argv = app_server_argv(sandbox="workspace-write", workdir=own)
     assert argv[1] == "app-server"
-    assert argv[2:] == permission_overrides("workspace-write", own)
+    assert argv[2:] == permission_overrides("workspace-write", own) + NO_PROJECT_DOCS
     assert argv[2:4] == ["-c", 'default_permissions="hermes-workspace-write"']
     fs = argv[5]
     assert fs.startswith("permissions.hermes-workspace-write.filesystem={")
     # the value is a TOML inline table codex parses (paths as quoted keys)
     assert tomllib.loads("x = " + fs.split("=", 1)[1]) == {"x": permission_filesystem("workspace-write", own)}
-    assert app_server_argv()[2:] == []  # no session: nothing added
+    assert app_server_argv()[2:] == NO_PROJECT_DOCS  # no session: no profile, only what every app-server gets
 
 
 def test_requests_carry_no_legacy_sandbox_fields(scripted_codex, codex_dirs, settings, user, run_turn_now):

@@ -1,11 +1,13 @@
 """The facts warm turns rest on, probed on the pinned codex binary with the model stand-in
 (``docs/codex.md`` §11): an app-server spawned and initialized on an empty home (no session known yet)
 later serves a session whose config and rollout were written into that home *after* ``initialize``;
-``thread/unsubscribe`` with ``thread_unload_delay_secs = 0`` unloads the thread at once.
+``thread/unsubscribe`` with ``thread_unload_delay_secs = 0`` unloads the thread at once; a resume under the
+session's allow-list profile runs no sandboxed project-doc (AGENTS.md) lookups with ``launch.NO_PROJECT_DOCS``.
 
 Timings are printed (``-s``) for docs/codex.md, never asserted: this machine's load swings them."""
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from devtools.model_stand_in import ModelStandIn
 from hermes_sessions.codex.client import AppServerClient
 from hermes_sessions.codex.errors import ThreadBusy
 from hermes_sessions.codex.launch import (
+    NO_PROJECT_DOCS,
     SessionHome,
     app_server_argv,
     app_server_env,
@@ -128,3 +131,73 @@ def test_a_rollout_restored_after_initialize_resumes_under_the_session_profile_a
         assert warm.alive()  # the spare itself lives on, ready for another thread
     print(f"\nspawn+initialize {spawn_ms} ms; resume on the spare {resume_ms} ms; turns on the loaded thread "
           f"{loaded} ms; unsubscribe→thread/closed {unload_ms} ms ({seen})")
+
+
+def _logging_bwrap(real_codex_bin: str, where: Path) -> tuple[Path, Path]:
+    """A ``bwrap`` that notes its first argument in a log, then runs codex's bundled one. Codex 0.171.0
+    finds bwrap on ``PATH`` (``app_server_env`` puts the bundled one there), so a directory ahead of it
+    sees every sandbox codex builds. Returns (the directory to put first on PATH, the log)."""
+    real = Path(real_codex_bin).resolve().parent.parent / "codex-resources" / "bwrap"
+    assert real.exists(), real
+    where.mkdir(parents=True)
+    log = where / "bwrap.log"
+    script = where / "bwrap"
+    script.write_text(f'#!/bin/sh\necho "$1" >> "{log}"\nexec "{real}" "$@"\n')
+    script.chmod(0o755)
+    return where, log
+
+
+def test_a_resume_under_the_profile_runs_no_sandboxed_project_doc_lookups(
+    codex_dirs, settings, real_codex_bin, stand_in,
+):
+    """codex 0.171.0 (docs/codex.md §11): under an allow-list permission profile, every path codex stats
+    while setting up a resumed thread is stat'ed by a sandboxed helper process of its own
+    (``codex-linux-sandbox`` → ``bwrap --help`` probe → bwrap → ``codex --codex-run-as-fs-helper``), one
+    ``bwrap --help`` each. Without ``project_doc_max_bytes=0`` the project-doc search adds one per path:
+    ``AGENTS.override.md``, ``AGENTS.md`` and a ``.git`` marker in the work dir and each of its ancestors,
+    one after the other — most of the resume's cost. With it (``launch.NO_PROJECT_DOCS``, on every
+    app-server's command line) only the repo-skills lookup (``<cwd>/.agents/skills``, 2 helpers) is left.
+    The profile is still the session's. Counts, not milliseconds: this machine's load swings those."""
+    use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
+    workdir = Path(settings.CODEX_WORK_ROOT) / "s-docs"
+    workdir.mkdir(parents=True)
+    paths = prepare_session_home("s-docs", sandbox="read-only", workdir=workdir)
+    with AppServerClient(app_server_argv(sandbox="read-only", workdir=workdir), env=app_server_env(paths),
+                         cwd=str(workdir), request_timeout=30) as cold:
+        cold.start()
+        thread_id = drive_turn(cold, TurnSpec(text="hello", thread_id=None, cwd=str(workdir), sandbox="read-only",
+                                              permission_profile=permission_profile("read-only"),
+                                              turn_timeout=60)).thread_id
+    rollout = find_rollout(paths.home, thread_id)
+    assert rollout is not None
+    relpath, data = rollout.relative_to(paths.home), rollout.read_bytes()
+    wrapper_dir, log = _logging_bwrap(real_codex_bin, Path(settings.CODEX_HOMES_ROOT) / ".bwrap-log")
+
+    assert app_server_argv()[-2:] == NO_PROJECT_DOCS
+    variants = {"without": app_server_argv()[:-2], "with": app_server_argv()}
+    helpers: dict[str, list[int]] = {name: [] for name in variants}
+    resume_ms: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(2):
+        for name, argv in (variants.items() if round_ == 0 else reversed(variants.items())):
+            root = Path(settings.CODEX_HOMES_ROOT) / f".probe-{name}-{round_}"
+            home = SessionHome(home=root / "home", user_home=root / "user_home")
+            home.home.mkdir(parents=True)
+            home.user_home.mkdir()
+            write_home_config(home.home, sandbox="read-only", workdir=workdir)
+            (home.home / relpath).parent.mkdir(parents=True, exist_ok=True)
+            (home.home / relpath).write_bytes(data)
+            env = app_server_env(home)
+            env["PATH"] = f"{wrapper_dir}:{env['PATH']}"
+            with AppServerClient(argv, env=env, cwd=str(workdir), request_timeout=30) as client:
+                client.start()
+                log.write_text("")  # only what the resume does
+                t0 = time.monotonic()
+                resumed = client.request("thread/resume", {"threadId": thread_id, "excludeTurns": True})
+                resume_ms[name].append(_ms(t0))
+                assert resumed["activePermissionProfile"]["id"] == "hermes-read-only"
+                helpers[name].append(log.read_text().split().count("--help"))
+    print(f"\nsandboxed helpers during resume {helpers}; resume ms {resume_ms} "
+          f"(medians {statistics.median(resume_ms['without'])} / {statistics.median(resume_ms['with'])})")
+    # Without the setting: AGENTS.override.md, AGENTS.md and at least the work dir's own `.git` on top.
+    assert min(helpers["without"]) >= max(helpers["with"]) + 3, helpers
+    assert max(helpers["with"]) <= 2, helpers  # only the repo-skills lookup is left
