@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -547,3 +548,29 @@ def test_a_turn_completed_on_a_kept_copy_is_held_for_keeping_again(fresh_keeper,
     assert held.owns(copy.client) and held.running.turns == 2 and copy.client.closes == 0
     held.close()
     assert copy.client.closes == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_runs_from_start_to_a_clean_stop(fresh_keeper, settings, monkeypatch):
+    """``affinity_start`` (pool process start, or the first kept thread) beats on its own connection
+    at once; ``affinity_stop`` (worker shutdown) stops it and forgets the worker's rows."""
+    settings.HERMES_WORKER_HEARTBEAT_SECONDS = 0.05
+    monkeypatch.delenv(affinity.OWN_QUEUE_ENV, raising=False)
+    assert affinity.affinity_start(fresh_keeper) is None  # no own queue: nothing to route to this process
+    queue = own("a")
+    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    warm_row(SessionFactory(), queue)
+    loop = affinity.affinity_start(fresh_keeper)
+    try:
+        assert loop is not None and affinity.affinity_start(fresh_keeper) is loop  # once per process
+        deadline = timezone.now() + timedelta(seconds=5)
+        while not TurnWorker.objects.filter(queue=queue).exists():
+            assert timezone.now() < deadline, "no heartbeat row"
+            time.sleep(0.01)
+        first = TurnWorker.objects.get(queue=queue).heartbeat_at
+        while TurnWorker.objects.get(queue=queue).heartbeat_at == first:
+            assert timezone.now() < deadline, "the heartbeat is not renewed"
+            time.sleep(0.01)
+    finally:
+        affinity.affinity_stop([])
+    assert not TurnWorker.objects.filter(queue=queue).exists() and not WarmThread.objects.exists()
