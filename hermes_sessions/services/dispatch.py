@@ -51,7 +51,9 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str) -> None:
 
 def _route(turn_id: uuid.UUID | str) -> str:
     """``affinity.turn_route``, or ``""`` when it cannot be read (the shared queue always works)."""
-    if settings.CELERY_TASK_ALWAYS_EAGER:
+    # The Celery app's flag, which ``apply_async`` obeys: a process whose app sends to the broker (the e2e
+    # tests flip it, leaving Django's CELERY_TASK_ALWAYS_EAGER as it was read) routes like any API process.
+    if current_app.conf.task_always_eager:
         return ""  # in-process: there is no other worker to route to
     try:
         return affinity.turn_route(turn_id)
@@ -73,6 +75,9 @@ def queue_delete(queue: str) -> int:
                 count = bound.purge() or 0
             except conn.channel_errors:
                 return 0  # RabbitMQ: no such queue
+            # kombu's Redis channel removes only bindings it declared itself (``_kombu.binding.<queue>``
+            # would outlive the queue): declare, then delete. Same arguments as the worker's own queue.
+            bound.declare()
             bound.delete()
             return int(count)
     except Exception:  # noqa: BLE001 — the broker is down: the next sweep tries again

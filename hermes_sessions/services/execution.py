@@ -315,11 +315,15 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
     kept = _take_kept(claim)
     claim.timings["take_kept_ms"] = _ms_since(t0)
     if kept is not None:
-        workdir = policy.session_workdir(claim.session_id)
-        workdir.mkdir(parents=True, exist_ok=True)
-        return _drive(claim, control, stream, kept.client, kept.version, workdir, kept.home, kept.base, t0,
-                      restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, held=held,
-                      turns=kept.turns + 1)
+        try:
+            workdir = policy.session_workdir(claim.session_id)
+            workdir.mkdir(parents=True, exist_ok=True)
+            return _drive(claim, control, stream, kept.client, kept.version, workdir, kept.home, kept.base, t0,
+                          restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, held=held,
+                          turns=kept.turns + 1)
+        finally:
+            if not held.owns(kept.client):
+                kept.close()  # also when the turn failed: a former spare's home goes with it (idempotent)
     spare = _take_spare(claim)
     try:
         return _run_on(claim, control, stream, spare, t0, held)

@@ -68,6 +68,8 @@ def _forget_queue(broker_url: str) -> None:
         client = redis.Redis.from_url(broker_url)
         for key in client.scan_iter(match=f"_kombu.binding*{TURN_QUEUE}*"):
             client.delete(key)
+        for key in client.scan_iter(match=f"{TURN_QUEUE}.*"):  # -c 1 workers' own queues (session affinity)
+            client.delete(key)
         client.delete(TURN_QUEUE)
 
 

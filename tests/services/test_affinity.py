@@ -1,0 +1,576 @@
+"""Session affinity's database and broker side (``services/affinity.py``, ``dispatch._route``, the
+``warm_queue`` of ``turn_finalize``, the sweep of dead workers) and the execution steps that hand a
+loaded app-server to the keeper and back (``execution._take_kept``, ``execution._Held``).
+
+Real PostgreSQL and, where messages are sent, the real Redis broker; no codex runs: a kept copy's
+client is ``tests/codex/test_kept.FakeClient``. The end-to-end behaviour with real workers and the
+real codex binary is ``tests/e2e/test_affinity.py``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+from django.db import transaction
+from django.utils import timezone
+
+from hermes_sessions import services
+from hermes_sessions.codex import kept as kept_mod
+from hermes_sessions.codex.rollout_files import RolloutBase, RolloutDelta
+from hermes_sessions.codex.runner import TurnControl, TurnOutcome, TurnRunError
+from hermes_sessions.models import CodexRollout, Turn, TurnWorker, WarmThread
+from hermes_sessions.services import affinity, dispatch, execution, rollouts
+from hermes_sessions.services.turns import TurnClaim
+from project.celery import app as celery_app
+from tests.codex.test_kept import CONFIG, FakeClient, make_kept, write_rollout_file
+from tests.factories import SessionFactory, TurnFactory
+
+pytestmark = [pytest.mark.django_db, pytest.mark.timeout(30)]
+
+THREAD = "019a0000-0000-7000-8000-00000000aaaa"
+
+
+def own(name: str) -> str:
+    """A worker's own queue, unique per test run (the broker is shared with other runs)."""
+    return affinity.own_queue_name(f"{name}-{uuid.uuid4().hex[:8]}@host")
+
+
+def worker_row(queue: str, *, age: float = 0.0) -> TurnWorker:
+    return TurnWorker.objects.create(queue=queue, node=queue, heartbeat_at=timezone.now() - timedelta(seconds=age))
+
+
+def warm_row(session, queue: str, *, generation: int = 1, until_in: float = 60.0, thread_id: str = THREAD) -> WarmThread:
+    return WarmThread.objects.create(session=session, queue=queue, thread_id=thread_id, generation=generation,
+                                     until=timezone.now() + timedelta(seconds=until_in))
+
+
+def rollout_row(session, *, thread_id: str = THREAD, generation: int = 1) -> CodexRollout:
+    return CodexRollout.objects.create(thread_id=thread_id, session=session, relpath="sessions/x.jsonl", length=8,
+                                       sha256="0" * 64, generation=generation)
+
+
+@pytest.fixture
+def sent(monkeypatch) -> list[str]:
+    """Turn ids passed to ``dispatch.turn_dispatch_on_commit`` (nothing is sent)."""
+    calls: list[str] = []
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id: calls.append(str(turn_id)))
+    return calls
+
+
+@pytest.fixture
+def fresh_keeper(settings):
+    """This process's keeper, made afresh for the test and closed after it."""
+    settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 60.0, 4
+    kept_mod.close_keeper()
+    k = kept_mod.keeper()
+    assert k is not None
+    yield k
+    kept_mod.close_keeper()
+
+
+@pytest.fixture
+def broker():
+    """The real Redis broker, with Celery sending to it (not eager) for the test."""
+    assert django_settings.CELERY_BROKER_URL.startswith("redis"), "these tests need the Redis broker"
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    celery_app.conf.task_always_eager = False
+    try:
+        yield client
+    finally:
+        celery_app.conf.task_always_eager = True
+
+
+def forget_queue(client: redis.Redis, queue: str) -> None:
+    """Drop an own queue's list and its bindings (its exchange is named after it)."""
+    client.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+
+
+def is_for(raw: bytes, turn_id: object) -> bool:
+    """Whether a broker message is ``run_turn(turn_id)`` (the task id is Celery's own)."""
+    headers = json.loads(raw)["headers"]
+    return headers["task"] == dispatch.RUN_TURN_TASK and headers["argsrepr"] == repr((str(turn_id),))
+
+
+def messages_for(client: redis.Redis, queue: str, turn_id: object) -> list[dict]:
+    return [json.loads(raw) for raw in client.lrange(queue, 0, -1) if is_for(raw, turn_id)]
+
+
+def remove_messages(client: redis.Redis, queue: str, turn_id: object) -> None:
+    for raw in client.lrange(queue, 0, -1):
+        if is_for(raw, turn_id):
+            client.lrem(queue, 0, raw)
+
+
+# --- routing ----------------------------------------------------------------------------------------
+
+def test_a_turn_is_routed_while_the_window_is_open_and_the_holder_is_alive(settings):
+    settings.HERMES_WORKER_STALE_SECONDS = 10
+    turn = TurnFactory()
+    queue = own("a")
+    warm_row(turn.session, queue)
+    worker_row(queue, age=1)
+    assert affinity.turn_route(turn.pk) == queue
+    assert affinity.turn_route(TurnFactory().pk) == ""  # another session: no row
+
+
+def test_no_route_once_the_window_closed(settings):
+    turn = TurnFactory()
+    queue = own("a")
+    warm_row(turn.session, queue, until_in=-1)
+    worker_row(queue)
+    assert affinity.turn_route(turn.pk) == ""
+
+
+def test_no_route_to_a_worker_whose_heartbeat_is_stale_or_gone(settings):
+    settings.HERMES_WORKER_STALE_SECONDS = 10
+    turn = TurnFactory()
+    queue = own("a")
+    warm_row(turn.session, queue)
+    assert affinity.turn_route(turn.pk) == ""  # no TurnWorker row at all
+    worker_row(queue, age=11)
+    assert affinity.turn_route(turn.pk) == ""
+
+
+def test_route_is_empty_when_tasks_run_in_process():
+    turn = TurnFactory()
+    queue = own("a")
+    warm_row(turn.session, queue)
+    worker_row(queue)
+    assert celery_app.conf.task_always_eager is True
+    assert dispatch._route(turn.pk) == ""
+
+
+def test_route_follows_the_celery_apps_eager_flag_not_the_django_setting(settings):
+    """The e2e tests (and any process whose app sends to the broker) leave Django's setting as read:
+    routing must follow what ``apply_async`` obeys, or those tests never exercise it."""
+    turn = TurnFactory()
+    queue = own("a")
+    warm_row(turn.session, queue)
+    worker_row(queue)
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    celery_app.conf.task_always_eager = False
+    try:
+        assert dispatch._route(turn.pk) == queue
+    finally:
+        celery_app.conf.task_always_eager = True
+
+
+def test_route_is_empty_when_it_cannot_be_read(monkeypatch, caplog):
+    def broken(turn_id):
+        raise RuntimeError("connection lost")
+
+    monkeypatch.setattr(affinity, "turn_route", broken)
+    celery_app.conf.task_always_eager = False
+    try:
+        assert dispatch._route(uuid.uuid4()) == ""
+    finally:
+        celery_app.conf.task_always_eager = True
+    assert "sending to the shared queue" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_routed_turn_goes_to_the_holder_now_and_to_the_shared_queue_after_the_deadline(
+        settings, broker, django_capture_on_commit_callbacks):
+    settings.HERMES_AFFINITY_DEADLINE = 5.0
+    shared = settings.HERMES_TURN_QUEUE
+    turn = TurnFactory()
+    queue = own("a")
+    warm_row(turn.session, queue)
+    worker_row(queue)
+    try:
+        before = timezone.now()
+        with django_capture_on_commit_callbacks(execute=True):
+            dispatch.turn_dispatch_on_commit(turn.pk)
+        [first] = messages_for(broker, queue, turn.pk)
+        [later] = messages_for(broker, shared, turn.pk)
+        assert first["headers"]["eta"] is None
+        eta = timezone.datetime.fromisoformat(later["headers"]["eta"])
+        assert before + timedelta(seconds=4.5) < eta < timezone.now() + timedelta(seconds=5.5)
+        assert first["properties"]["delivery_info"]["routing_key"] == queue
+        assert later["properties"]["delivery_info"]["routing_key"] == shared
+    finally:
+        forget_queue(broker, queue)
+        remove_messages(broker, shared, turn.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unrouted_turn_goes_to_the_shared_queue_only(settings, broker, django_capture_on_commit_callbacks):
+    shared = settings.HERMES_TURN_QUEUE
+    turn = TurnFactory()
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            dispatch.turn_dispatch_on_commit(turn.pk)
+        [only] = messages_for(broker, shared, turn.pk)
+        assert only["headers"]["eta"] is None
+    finally:
+        remove_messages(broker, shared, turn.pk)
+
+
+# --- turn_finalize records (or forgets) the holder ---------------------------------------------------
+
+def _claimed(session, user, sent, text: str = "hello") -> TurnClaim:
+    turn = services.turn_enqueue(session=session, input_text=text, user=user)
+    claim = services.turn_claim(turn_id=turn.pk)
+    assert claim is not None
+    return claim
+
+
+def _outcome(session, *, status: str = "completed", data: bytes = b'{"turn":1}\n') -> TurnOutcome:
+    """A turn codex ran on ``THREAD`` that appended ``data`` to its rollout (after what is stored)."""
+    base = rollouts.rollout_state(thread_id=THREAD)
+    stored = rollouts.rollout_load(base=base) if base is not None else b""
+    whole = stored + data
+    delta = RolloutDelta(thread_id=THREAD, relpath=f"sessions/2026/11/30/rollout-x-{THREAD}.jsonl",
+                         offset=len(stored), data=data, length=len(whole),
+                         sha256=hashlib.sha256(whole).hexdigest(), base=base)
+    return TurnOutcome(thread_action="resumed" if base else "started", thread_id=THREAD,
+                       codex_turn_id=str(uuid.uuid4()), status=status, final_text="ok", rollout=delta)
+
+
+def test_a_succeeded_turn_records_its_holder_at_the_stored_generation(user, sent, settings):
+    settings.HERMES_WARM_IDLE_SECONDS = 90
+    session = SessionFactory(owner=user)
+    queue = own("a")
+    for n in (1, 2):
+        claim = _claimed(session, user, sent, f"turn {n}")
+        turn = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session),
+                                      warm_queue=queue)
+        assert turn.status == Turn.Status.SUCCEEDED
+        row = WarmThread.objects.get(session=session)
+        assert (row.queue, row.thread_id) == (queue, THREAD)
+        assert row.generation == CodexRollout.objects.get(thread_id=THREAD).generation == n
+        assert abs((row.until - (timezone.now() + timedelta(seconds=90))).total_seconds()) < 5
+
+
+def test_a_succeeded_turn_without_warm_queue_forgets_the_holder(user, sent):
+    session = SessionFactory(owner=user)
+    warm_row(session, own("old"))
+    claim = _claimed(session, user, sent)
+    services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session))
+    assert not WarmThread.objects.filter(session=session).exists()
+
+
+def test_a_succeeded_turn_without_a_rollout_records_no_holder(user, sent):
+    session = SessionFactory(owner=user)
+    claim = _claimed(session, user, sent)
+    result = _outcome(session)
+    result.rollout = None
+    services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=result, warm_queue=own("a"))
+    assert not WarmThread.objects.filter(session=session).exists()
+
+
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_a_failed_or_cancelled_turn_forgets_the_holder(user, sent, status):
+    session = SessionFactory(owner=user)
+    warm_row(session, own("old"))
+    claim = _claimed(session, user, sent)
+    turn = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session, status=status),
+                                  warm_queue=own("a"))
+    assert turn.status in (Turn.Status.FAILED, Turn.Status.CANCELLED)
+    assert not WarmThread.objects.filter(session=session).exists()
+
+
+def test_turn_fail_forgets_the_holder(user, sent):
+    session = SessionFactory(owner=user)
+    warm_row(session, own("old"))
+    claim = _claimed(session, user, sent)
+    assert services.turn_fail(turn_id=claim.turn_id, token=claim.token, reason="codex exited").status == "failed"
+    assert not WarmThread.objects.filter(session=session).exists()
+
+
+def test_turn_requeue_leaves_the_holder_a_turn_not_ended_changes_nothing_about_it(user, sent):
+    """A requeue ends nothing: no rollout was stored, so the holder's copy is as valid as before
+    (``KeptThread.usable_for`` and ``AffinityLoop``'s generation check decide at use); the re-run
+    after a requeue runs cold anyway (attempt > 1, ``execution._take_kept``)."""
+    session = SessionFactory(owner=user)
+    queue = own("old")
+    warm_row(session, queue)
+    claim = _claimed(session, user, sent)
+    assert services.turn_requeue(turn_id=claim.turn_id, token=claim.token, reason="overloaded").status == "queued"
+    assert WarmThread.objects.get(session=session).queue == queue
+    assert sent[-1] == str(claim.turn_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_warm_thread_record_refuses_to_run_outside_the_turns_transaction():
+    session = SessionFactory()
+    with pytest.raises(transaction.TransactionManagementError):
+        affinity.warm_thread_record(session=session, queue="q", thread_id=THREAD, generation=1)
+    assert not WarmThread.objects.exists()
+
+
+# --- taken_elsewhere --------------------------------------------------------------------------------
+
+def test_taken_elsewhere_names_each_reason():
+    queue, other = own("a"), own("b")
+    mine, moved, gone, renamed = SessionFactory(), SessionFactory(), SessionFactory(), SessionFactory()
+    threads = {s.pk: f"019a0000-0000-7000-8000-{n:012d}" for n, s in enumerate((mine, moved, gone, renamed))}
+    for s in (mine, moved):
+        warm_row(s, queue, generation=3, thread_id=threads[s.pk])
+    warm_row(renamed, other, generation=3, thread_id=threads[renamed.pk])
+    for s in (mine, gone, renamed):
+        rollout_row(s, thread_id=threads[s.pk], generation=3)
+    rollout_row(moved, thread_id=threads[moved.pk], generation=4)
+    held = [(s.pk, threads[s.pk], 3) for s in (mine, moved, gone, renamed)]
+    why = affinity.taken_elsewhere(queue=queue, held=held)
+    assert set(why) == {moved.pk, gone.pk, renamed.pk}
+    assert why[moved.pk] == "its rollout moved on to generation 4"
+    assert why[gone.pk] == "its last turn ended on a worker that keeps nothing"
+    assert why[renamed.pk] == f"its last turn ended on {other}"
+    assert affinity.taken_elsewhere(queue=queue, held=[]) == {}
+
+
+# --- the sweep --------------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweep_removes_a_dead_worker_and_sends_its_sessions_queued_turns_again(settings, broker, sent):
+    settings.HERMES_WORKER_STALE_SECONDS = 10
+    dead, alive = own("dead"), own("alive")
+    worker_row(dead, age=30)
+    worker_row(alive, age=1)
+    waiting, busy, idle, elsewhere = SessionFactory(), SessionFactory(), SessionFactory(), SessionFactory()
+    for s in (waiting, busy, idle):
+        warm_row(s, dead)
+    warm_row(elsewhere, alive)
+    head = TurnFactory(session=waiting, seq=1)
+    TurnFactory(session=waiting, seq=2)  # not the head: its head's end dispatches it
+    TurnFactory(session=busy, seq=1, status=Turn.Status.RUNNING)
+    TurnFactory(session=busy, seq=2)  # its running turn dispatches it when it ends
+    TurnFactory(session=elsewhere, seq=1)
+    dispatch._run_turn_task().apply_async(args=(str(head.pk),), queue=dead)  # routed there before it died
+    assert len(messages_for(broker, dead, head.pk)) == 1
+    try:
+        report = services.turns_sweep()
+        assert report.workers_removed == 1
+        assert sent == [str(head.pk)]
+        assert not broker.exists(dead)
+        assert not broker.exists(f"_kombu.binding.{dead}", f"_kombu.binding_permanent.{dead}")  # no binding left
+        assert list(TurnWorker.objects.values_list("queue", flat=True)) == [alive]
+        assert list(WarmThread.objects.values_list("session_id", flat=True)) == [elsewhere.pk]
+        assert services.turns_sweep().workers_removed == 0
+    finally:
+        forget_queue(broker, dead)
+
+
+def test_deleting_a_queue_nobody_declared_removes_nothing(broker):
+    never = own("never")
+    assert dispatch.queue_delete(never) == 0
+    assert not broker.exists(never, f"_kombu.binding.{never}", f"_kombu.binding_permanent.{never}")
+
+
+# --- the affinity loop ------------------------------------------------------------------------------
+
+def test_a_tick_beats_releases_taken_copies_and_forgets_expired_ones(fresh_keeper, settings):
+    queue = affinity.own_queue_name("w1@host")
+    keeps, taken, idle = SessionFactory(), SessionFactory(), SessionFactory()
+    threads = {s.pk: f"019a0000-0000-7000-8000-{n:012d}" for n, s in enumerate((keeps, taken, idle))}
+    copies = {}
+    for s in (keeps, taken, idle):
+        rollout_row(s, thread_id=threads[s.pk], generation=2)
+        copies[s.pk] = make_kept(s.pk, thread_id=threads[s.pk], generation=2)
+        assert fresh_keeper.keep(copies[s.pk]) == []
+    other = own("other")
+    warm_row(keeps, queue, generation=2, thread_id=threads[keeps.pk])
+    warm_row(taken, other, generation=2, thread_id=threads[taken.pk])
+    warm_row(idle, queue, generation=2, thread_id=threads[idle.pk])
+    copies[idle.pk].kept_at -= settings.HERMES_WARM_IDLE_SECONDS + 1
+
+    affinity.AffinityLoop(fresh_keeper, queue).tick()
+
+    assert [s for s, _, _ in fresh_keeper.held()] == [keeps.pk]
+    assert copies[taken.pk].client.closes == 1 and copies[idle.pk].client.closes == 1
+    assert copies[keeps.pk].client.closes == 0
+    assert set(WarmThread.objects.values_list("session_id", "queue")) == {(keeps.pk, queue), (taken.pk, other)}
+    row = TurnWorker.objects.get(queue=queue)
+    assert (row.node, row.pid, row.kept) == ("w1@host", os.getpid(), 1)
+    assert timezone.now() - row.heartbeat_at < timedelta(seconds=5)
+
+
+def test_a_clean_stop_forgets_the_workers_rows():
+    queue = own("a")
+    worker_row(queue)
+    warm_row(SessionFactory(), queue)
+    keeps = warm_row(SessionFactory(), own("b"))
+    affinity.worker_gone(queue=queue)
+    assert not TurnWorker.objects.filter(queue=queue).exists()
+    assert list(WarmThread.objects.values_list("session_id", flat=True)) == [keeps.session_id]
+
+
+# --- execution: taking a kept copy, settling after the commit ----------------------------------------
+
+def _claim(session_id: str, *, generation: int | None = 2, attempt: int = 1, config: dict | None = None) -> TurnClaim:
+    return TurnClaim(turn_id=uuid.uuid4(), session_id=session_id, token=uuid.uuid4(), input_text="hi",
+                     thread_id=THREAD, rollout_generation=generation, config=dict(config or CONFIG), attempt=attempt)
+
+
+def _kept_on_disk(tmp_path: Path, session_id: str, generation: int = 2):
+    home = tmp_path / session_id
+    write_rollout_file(home, THREAD)
+    return make_kept(session_id, home=home, thread_id=THREAD, generation=generation)
+
+
+def test_a_usable_kept_copy_is_taken_for_the_turn(fresh_keeper, tmp_path):
+    copy = _kept_on_disk(tmp_path, "s-use")
+    fresh_keeper.keep(copy)
+    assert execution._take_kept(_claim("s-use")) is copy
+    assert copy.client.closes == 0 and fresh_keeper.held() == []
+
+
+@pytest.mark.parametrize("claim_kwargs", [
+    {"generation": 3},  # another worker stored a turn since
+    {"config": {**CONFIG, "model": "other"}},  # settings changed
+    {"attempt": 2},  # a re-run after a lost worker runs cold
+], ids=["generation", "config", "re-run"])
+def test_an_unusable_kept_copy_is_closed_and_the_turn_runs_cold(fresh_keeper, tmp_path, claim_kwargs):
+    copy = _kept_on_disk(tmp_path, "s-cold")
+    fresh_keeper.keep(copy)
+    assert execution._take_kept(_claim("s-cold", **claim_kwargs)) is None
+    assert copy.client.closes == 1 and fresh_keeper.held() == []
+
+
+def test_no_kept_copy_without_a_keeper(settings):
+    settings.HERMES_WARM_IDLE_SECONDS = 0
+    kept_mod.close_keeper()
+    assert execution._take_kept(_claim("s-none")) is None
+
+
+def _held_running(tmp_path: Path) -> tuple[execution._Held, FakeClient]:
+    client = FakeClient(pid=None)
+    held = execution._Held(may_keep=True)
+    home = tmp_path / "home"
+    write_rollout_file(home, THREAD)
+    held.running = execution._Running(client=client, home=home, version="0.171.0",
+                                      release=client.close, turns=2)
+    return held, client
+
+
+def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_keeper, tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(affinity, "affinity_start", started.append)
+    queue = own("a")
+    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    session = SessionFactory(owner=user)
+    held, client = _held_running(tmp_path)
+    claim = _claimed(session, user, sent)
+    outcome = _outcome(session)
+    assert held.queue() == queue
+    turn = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome, warm_queue=held.queue())
+    held.settle(claim, outcome, turn)
+    held.close()
+    assert client.closes == 0 and started == [fresh_keeper]
+    [(session_id, thread_id, generation)] = fresh_keeper.held()
+    row = WarmThread.objects.get(session=session)
+    assert (session_id, thread_id) == (session.pk, THREAD) and (row.queue, row.thread_id) == (queue, THREAD)
+    assert generation == row.generation == CodexRollout.objects.get(thread_id=THREAD).generation
+    copy = fresh_keeper.take(session.pk)
+    assert copy.turns == 2 and copy.stamp is not None and copy.config == claim.config
+
+
+@pytest.mark.parametrize("case", ["failed", "not committed", "no rollout"])
+def test_settle_closes_the_app_server_otherwise(user, sent, fresh_keeper, tmp_path, monkeypatch, case):
+    monkeypatch.setattr(affinity, "affinity_start", lambda k: None)
+    session = SessionFactory(owner=user)
+    held, client = _held_running(tmp_path)
+    claim = _claimed(session, user, sent)
+    outcome = _outcome(session, status="failed" if case == "failed" else "completed")
+    if case == "no rollout":
+        outcome.rollout = None
+    turn = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome, warm_queue=own("a"))
+    held.settle(claim, outcome, None if case == "not committed" else turn)
+    assert fresh_keeper.held() == [] and client.closes == 0
+    held.close()
+    assert client.closes == 1 and held.running is None
+
+
+def test_a_held_app_server_may_not_be_kept_without_an_own_queue(fresh_keeper, monkeypatch):
+    monkeypatch.delenv(affinity.OWN_QUEUE_ENV, raising=False)
+    assert execution._Held().may_keep is False
+    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, own("a"))
+    assert execution._Held().may_keep is True
+
+
+def test_a_turn_that_fails_on_a_kept_copy_releases_it(fresh_keeper, scripted_codex, tmp_path, monkeypatch):
+    """A kept copy that came from the warm pool is released with its home (``Spare.discard``) when a
+    turn on it fails, as when it succeeds: closing only its process would leave the spare's home behind."""
+    spare_home = tmp_path / "spare-7" / "home"
+    write_rollout_file(spare_home, THREAD)
+    copy = make_kept("s-fail", home=spare_home, thread_id=THREAD, generation=2)
+
+    def discard() -> None:
+        copy.client.close()
+        shutil.rmtree(spare_home.parent, ignore_errors=True)
+
+    copy.close = discard
+    fresh_keeper.keep(copy)
+
+    def fails(client, spec):
+        raise TurnRunError("codex exited mid-turn", TurnOutcome(), before_turn_start=False)
+
+    monkeypatch.setattr(execution, "drive_turn", fails)
+    held = execution._Held(may_keep=True)
+    with pytest.raises(TurnRunError):
+        execution._run_once(_claim("s-fail"), TurnControl(), held=held)
+    assert copy.client.closes >= 1 and held.running is None
+    assert not spare_home.parent.exists()
+
+
+def test_a_turn_completed_on_a_kept_copy_is_held_for_keeping_again(fresh_keeper, scripted_codex, tmp_path, monkeypatch):
+    """The warm path end to end but for codex: the copy runs the turn (no restore, no spawn), what the
+    turn appended is read while the process still runs, and the process is left in ``held``."""
+    home = tmp_path / "warm" / "home"
+    before = b'{"turn":1}\n'
+    path = write_rollout_file(home, THREAD, data=before)
+    copy = make_kept("s-warm", home=home, thread_id=THREAD, generation=2)
+    copy.base = RolloutBase(thread_id=THREAD, relpath=str(path.relative_to(home)), length=len(before),
+                            sha256=hashlib.sha256(before).hexdigest(), generation=2)
+    fresh_keeper.keep(copy)
+
+    def completes(client, spec):
+        assert client is copy.client and spec.thread_id == THREAD
+        with open(path, "ab") as fh:
+            fh.write(b'{"turn":2}\n')
+        return TurnOutcome(thread_action="resumed", thread_id=THREAD, codex_turn_id="t2", status="completed")
+
+    monkeypatch.setattr(execution, "drive_turn", completes)
+    held = execution._Held(may_keep=True)
+    outcome = execution._run_once(_claim("s-warm"), TurnControl(), held=held)
+    assert outcome.rollout.data == b'{"turn":2}\n' and outcome.rollout.base == copy.base
+    assert (outcome.timings["warm"], outcome.timings["restore_ms"]) == (1, 0.0)
+    assert held.owns(copy.client) and held.running.turns == 2 and copy.client.closes == 0
+    held.close()
+    assert copy.client.closes == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_runs_from_start_to_a_clean_stop(fresh_keeper, settings, monkeypatch):
+    """``affinity_start`` (pool process start, or the first kept thread) beats on its own connection
+    at once; ``affinity_stop`` (worker shutdown) stops it and forgets the worker's rows."""
+    settings.HERMES_WORKER_HEARTBEAT_SECONDS = 0.05
+    monkeypatch.delenv(affinity.OWN_QUEUE_ENV, raising=False)
+    assert affinity.affinity_start(fresh_keeper) is None  # no own queue: nothing to route to this process
+    queue = own("a")
+    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    warm_row(SessionFactory(), queue)
+    loop = affinity.affinity_start(fresh_keeper)
+    try:
+        assert loop is not None and affinity.affinity_start(fresh_keeper) is loop  # once per process
+        deadline = timezone.now() + timedelta(seconds=5)
+        while not TurnWorker.objects.filter(queue=queue).exists():
+            assert timezone.now() < deadline, "no heartbeat row"
+            time.sleep(0.01)
+        first = TurnWorker.objects.get(queue=queue).heartbeat_at
+        while TurnWorker.objects.get(queue=queue).heartbeat_at == first:
+            assert timezone.now() < deadline, "the heartbeat is not renewed"
+            time.sleep(0.01)
+    finally:
+        affinity.affinity_stop([])
+    assert not TurnWorker.objects.filter(queue=queue).exists() and not WarmThread.objects.exists()
