@@ -213,6 +213,9 @@ def workers_sweep() -> list[str]:
     removed = []
     for queue in list(TurnWorker.objects.filter(heartbeat_at__lt=stale_before).values_list("queue", flat=True)[:100]):
         with transaction.atomic():
+            # Re-checked under the row lock: a worker whose heartbeat came back meanwhile keeps everything.
+            if not TurnWorker.objects.select_for_update().filter(queue=queue, heartbeat_at__lt=stale_before).exists():
+                continue
             sessions = list(WarmThread.objects.filter(queue=queue).values_list("session_id", flat=True))
             warm_thread_forget(queue=queue)
             heads = _queued_heads(sessions)
