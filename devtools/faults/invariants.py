@@ -322,12 +322,9 @@ def check_stack(rec: Record, stack: Stack) -> None:
 def codex_not_kept(stack: Stack) -> list[str]:
     """The codex processes of the run that are not a thread kept loaded by the worker they run under:
     ``pid … cwd …`` each."""
-    from django.db import close_old_connections
-
     from devtools.processes import ancestors, codex_processes
     from hermes_sessions.models import TurnWorker, WarmThread
 
-    close_old_connections()
     queue_of_pid = dict(TurnWorker.objects.values_list("pid", "queue"))
     warm = set(WarmThread.objects.values_list("session_id", "queue"))
     out = []

@@ -360,7 +360,8 @@ class Stack:
                 break
             time.sleep(0.2)
         out, self.outlived = self.outlived, []
-        return out + [f"codex pid {cp.pid} (cwd {cp.cwd}) runs under no turn worker" for cp in orphans]
+        return out + [f"codex pid {cp.pid} (cwd {cp.cwd}) runs under no turn worker" for cp in orphans
+                      if not any(line.startswith(f"codex pid {cp.pid} ") for line in out)]
 
     def worker_queue(self, worker: Proc) -> str:
         """The own queue of ``worker`` (``-c 1``) from its ``TurnWorker`` row (its pool process's heartbeat),
