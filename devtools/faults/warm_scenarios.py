@@ -252,11 +252,19 @@ def _holder_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> tu
     return len(held), delays, None if swept is None else time.monotonic() - t_kill
 
 
+def _writer_lines(sc: Scenario) -> int:
+    """Lines of the turn workers' logs (the killed ones' too) naming codex's ``already has an active
+    writer`` (a resume refused while another live app-server holds the thread; retried, else a failed turn)."""
+    return sum(f.read_text(errors="replace").count("already has an active writer")
+               for f in sc.stack.logdir.glob("worker*.log"))
+
+
 def scenario_kill_warm_holder(sc: Scenario) -> None:
     from django.conf import settings
 
     a = sc.args
     sc.rec.expect_no_rotation = True
+    writer_before = _writer_lines(sc)
     sessions = [sc.new_session() for _ in range(a.holder_sessions)]
     kills = held_total = 0
     delays: list[float] = []
@@ -272,7 +280,8 @@ def scenario_kill_warm_holder(sc: Scenario) -> None:
         f"{kills} warm holders killed, keeping {held_total} sessions loaded; their next turns were claimed "
         f"{', '.join(f'{d:.1f}' for d in delays)} s after the post (lease {settings.HERMES_LEASE_SECONDS:g} s); "
         f"the dead worker's row, warm rows and own queue gone (swept) {', '.join(f'{t:.1f}' for t in swept)} s "
-        f"after the kill (HERMES_WORKER_STALE_SECONDS {settings.HERMES_WORKER_STALE_SECONDS:g})")
+        f"after the kill (HERMES_WORKER_STALE_SECONDS {settings.HERMES_WORKER_STALE_SECONDS:g}); "
+        f"{_writer_lines(sc) - writer_before} worker log line(s) name 'already has an active writer'")
 
 
 WARM_SCENARIOS: dict[str, Callable[[Scenario], None]] = {
