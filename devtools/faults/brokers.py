@@ -78,6 +78,10 @@ class Broker:
         """Messages waiting in ``queue`` (0 for a queue that does not exist)."""
         raise NotImplementedError
 
+    def queue_exists(self, queue: str) -> bool:
+        """Whether the broker still knows ``queue`` (a dead worker's own queue is deleted by the sweep)."""
+        raise NotImplementedError
+
     def loses_messages(self) -> str:
         """What a ``kill -9`` does to the messages it holds, for the scenario's log line."""
         raise NotImplementedError
@@ -128,6 +132,19 @@ class RedisBroker(Broker):
         client = self._client()
         try:
             return int(client.llen(queue))
+        finally:
+            client.close()
+
+    def queue_exists(self, queue: str) -> bool:
+        """Its list or a binding of it (a member ``<routing key>\\x06\\x16<pattern>\\x06\\x16<queue>`` of a kombu
+        binding table ``_kombu.binding.<exchange>``: its worker's, in the default exchange's, or a
+        publisher's, in an exchange of its own name) is still there."""
+        client = self._client()
+        try:
+            if client.exists(queue):
+                return True
+            suffix = b"\x06\x16" + queue.encode()
+            return any(m.endswith(suffix) for key in client.keys("_kombu.binding.*") for m in client.smembers(key))
         finally:
             client.close()
 
@@ -227,6 +244,16 @@ class RabbitBroker(Broker):
             except conn.channel_errors:  # 404: nobody declared it yet
                 return 0
             return int(count)
+
+    def queue_exists(self, queue: str) -> bool:
+        from kombu import Connection
+
+        with Connection(self.url, connect_timeout=5) as conn:
+            try:
+                conn.default_channel.queue_declare(queue, passive=True)
+            except conn.channel_errors:  # 404
+                return False
+            return True
 
     def loses_messages(self) -> str:
         return "are in it (RabbitMQ keeps the persistent ones it had written)"

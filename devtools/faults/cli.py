@@ -22,8 +22,9 @@ from devtools.faults.rollout_scenarios import ROLLOUT_SCENARIOS
 from devtools.faults.scenarios import SCENARIOS as BASIC_SCENARIOS
 from devtools.faults.scenarios import Scenario
 from devtools.faults.supervisor import BASE, Stack, log
+from devtools.faults.warm_scenarios import WARM_SCENARIOS
 
-SCENARIOS = {**BASIC_SCENARIOS, **ROLLOUT_SCENARIOS}
+SCENARIOS = {**BASIC_SCENARIOS, **ROLLOUT_SCENARIOS, **WARM_SCENARIOS}
 
 
 def _interval(text: str) -> tuple[float, float]:
@@ -42,8 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
                    help="the private broker the stack runs on (and broker-restart restarts): a redis-server, "
                         "or a RabbitMQ node of its own (needs rabbitmq-server installed)")
-    p.add_argument("--workers", type=int, default=2, help="turn workers (each -c CONCURRENCY)")
-    p.add_argument("--concurrency", type=int, default=2)
+    # 4 × -c 1: each worker runs one turn at a time, so it consumes its own queue and keeps threads
+    # loaded between turns (session affinity: warm processes in play); the same 4 turn slots as 2 × -c 2.
+    p.add_argument("--workers", type=int, default=4, help="turn workers (each -c CONCURRENCY)")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="turns each worker runs at once; 1 (default): it keeps threads loaded between turns, "
+                        "more: it keeps none (session affinity needs -c 1)")
     p.add_argument("--slow-seconds", type=float, default=5.0, help="how long a SLOW reply streams")
     # 150 s: 36 turns queued on one session run one at a time; on a loaded 2-core machine the last one
     # took 90.6 s after its POST (a run that failed at the former 90 s bound).
@@ -75,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--db-down-rounds", type=int, default=4)
     p.add_argument("--db-down", default="2,8", help="seconds PostgreSQL stays unreachable, taken in turn "
                                                     "(the faults stack's lease is 4 s)")
+    p.add_argument("--warm-sessions", type=int, default=4, help="sessions in warm-codex-dies")
+    p.add_argument("--warm-rounds", type=int, default=4,
+                   help="rounds of warm-codex-dies (each kills the kept app-servers of half the sessions)")
+    p.add_argument("--holder-sessions", type=int, default=6,
+                   help="sessions in kill-warm-holder (more than workers: one worker keeps several)")
+    p.add_argument("--holder-rounds", type=int, default=2, help="warm holders killed in kill-warm-holder")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs) and the *_faults database afterwards")
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args(argv)

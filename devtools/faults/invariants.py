@@ -18,10 +18,13 @@ and needs nothing but Django (the tests in ``tests/devtools/faults/`` plant defe
   its input in those bytes (else *lost*: the next turn's codex would not know it).
 
 :func:`check` adds what only the running stack can tell (workers that died on their own, 5xx answers,
-codex app-servers left over) and makes the scenario's row of the table.
+codex app-servers that outlived their worker — also one killed mid-scenario — or that no worker keeps
+loaded) and makes the scenario's row of the table.
 """
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -300,15 +303,38 @@ def _stored_rollout(v: list[str], sid: str, r: Any) -> bytes | None:
 
 
 def check_stack(rec: Record, stack: Stack) -> None:
-    """Workers that died on their own (replaced), 5xx answers, codex app-servers still running (every
-    turn is over, so none should be; up to 10 s to go): appended to ``rec.violations``."""
+    """Workers that died on their own (replaced), 5xx answers, and codex app-servers: none may outlive its
+    worker (one of a worker killed with SIGKILL during the scenario still running 5 s after the kill, or
+    any under no running worker), and every one still running under a worker must be a thread it keeps
+    loaded (session affinity: a ``WarmThread`` row naming that worker's queue and the session it works
+    for) — every turn is over, so no other should run (up to 10 s to go). Appended to ``rec.violations``."""
     rec.violations.extend(stack.reap_dead())
     if rec.http_5xx:
         rec.violations.append(f"{len(rec.http_5xx)} answer(s) 5xx, e.g. {rec.http_5xx[0]}")
-    left = stack.codex_left(wait=10)
-    if left:
-        rec.violations.append(f"{len(left)} codex process(es) left over: "
-                              + "; ".join(f"pid {p.pid} {p.cmd[:60]}" for p in left[:3]))
+    rec.violations.extend(stack.codex_outliving(grace=5.0))
+    deadline = time.monotonic() + 10
+    while (extra := codex_not_kept(stack)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if extra:
+        rec.violations.append(f"{len(extra)} codex process(es) left over that no worker keeps: " + "; ".join(extra[:3]))
+
+
+def codex_not_kept(stack: Stack) -> list[str]:
+    """The codex processes of the run that are not a thread kept loaded by the worker they run under:
+    ``pid … cwd …`` each."""
+    from devtools.processes import ancestors, codex_processes
+    from hermes_sessions.models import TurnWorker, WarmThread
+
+    queue_of_pid = dict(TurnWorker.objects.values_list("pid", "queue"))
+    warm = set(WarmThread.objects.values_list("session_id", "queue"))
+    out = []
+    for cp in codex_processes(stack.codex_home):
+        chain = [cp.ppid, *ancestors(cp.ppid)]
+        queue = next((queue_of_pid[p] for p in chain if p in queue_of_pid), "")
+        session = os.path.basename(cp.cwd) if os.path.dirname(cp.cwd) == stack.work_root else ""
+        if not (queue and session and (session, queue) in warm):
+            out.append(f"pid {cp.pid} cwd {cp.cwd} {cp.cmd[:60]}")
+    return out
 
 
 def row(rec: Record, tally: Tally) -> dict[str, Any]:

@@ -16,6 +16,9 @@ in the product's code:
                             refused) the moment a worker sends the restore's chunk ``SELECT``; back
                             after ``--db-down`` seconds (alternating: shorter and longer than the lease).
 
+A session's thread kept loaded by a worker (session affinity) is not restored by its next turn, so
+before a restore is aimed at, the app-server keeping it is SIGKILLed (as in ``warm-codex-dies``).
+
 Where each fault landed is confirmed from outside (the session's home holds no rollout yet and no
 codex runs for it; ``pg_stat_activity`` shows the worker's transaction open; the turn committed) and
 reported per phase. The checks (:mod:`devtools.faults.invariants`) add, for these scenarios, that no
@@ -32,6 +35,7 @@ from pathlib import Path
 from devtools.faults.pgproxy import Trap
 from devtools.faults.scenarios import Scenario
 from devtools.faults.supervisor import log
+from devtools.faults.warm_scenarios import drop_kept
 from devtools.processes import codex_processes
 
 CHUNKS = b'FROM "hermes_sessions_rolloutchunk"'
@@ -118,8 +122,11 @@ def _landed(sc: Scenario, phase: str, trap: Trap, session_id: str, thread_id: st
         ok = _home_without_rollout(sc, session_id, thread_id) and not _codex_running_for(sc, session_id)
         return ok, "home wiped, rollout not yet written, no codex" if ok else "restore had moved on"
     if phase == "store":
-        ok = _in_transaction(trap.app) and not _codex_running_for(sc, session_id)
-        return ok, "finalize transaction open (pg_stat_activity), codex gone" if ok else "no open transaction seen"
+        # codex's turn is over; its app-server is gone, or (session affinity) still running, idle, to be
+        # kept loaded after the commit — its rollout file was complete at turn/completed.
+        ok = _in_transaction(trap.app)
+        codex = "codex held to be kept loaded" if _codex_running_for(sc, session_id) else "codex gone"
+        return ok, f"finalize transaction open (pg_stat_activity), {codex}" if ok else "no open transaction seen"
     return True, ""
 
 
@@ -132,8 +139,7 @@ def _kill_caught(sc: Scenario, trap: Trap, what: str) -> bool:
         sc.rec.notes.append(f"{what}: caught a connection of {trap.app or '?'}, not a running turn worker")
         return False
     log(f"{sc.rec.name}: kill -9 {owner.name} (pid group {owner.pid}) {what}")
-    owner.kill9()
-    stack.workers.remove(owner)
+    stack.kill9_worker(owner)
     trap.drop()
     stack.wait_ready(stack.start_worker())
     return True
@@ -153,6 +159,9 @@ def scenario_kill_during_rollout(sc: Scenario) -> None:
             sc.rec.notes.append(f"round {rnd + 1}: session {s} has no bound, stored thread; skipped")
             continue
         thread_id, rollout_pk = bound
+        if phase == "restore":  # a thread kept loaded is not restored: make the next turn run cold
+            _settle(sc, s, timeout=a.bound)
+            drop_kept(sc, s)
         trap = _arm(sc, phase, thread_id, rollout_pk)
         i = 100 * (rnd + 1)
         sc.post(s, sc.text(i))
@@ -196,6 +205,8 @@ def scenario_db_down_during_restore(sc: Scenario) -> None:
             sc.rec.notes.append(f"round {rnd + 1}: session {s} has no bound, stored thread; skipped")
             continue
         thread_id = bound[0]
+        _settle(sc, s, timeout=a.bound)
+        drop_kept(sc, s)  # a thread kept loaded is not restored: make the next turn run cold
         down = downs[rnd % len(downs)]
         trap = proxy.arm(CHUNKS, _quoted(thread_id), action="down")
         i = 100 * (rnd + 1)

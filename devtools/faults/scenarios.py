@@ -3,7 +3,8 @@ injects its fault and fills a :class:`~devtools.faults.record.Record`; the check
 (:mod:`devtools.faults.invariants`).
 
 ``kill-worker``         SLOW turns on several sessions; again and again ``kill -9`` the worker running one
-                        (found through the codex process working in that session's directory), start a
+                        (found through the codex process working in that session's directory — the one
+                        started last, should a worker also keep that session's thread loaded), start a
                         replacement; normal turns keep coming.
 ``duplicate-delivery``  every turn's ``run_turn`` task is also sent straight to the broker again — while it is
                         queued, while it runs and after it finished; late duplicates must change nothing.
@@ -96,17 +97,29 @@ class Scenario:
 # --------------------------------------------------------------------------------------- kill-worker
 
 
+def _started(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22); 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _worker_running(stack: Stack, session_id: str, procs: list[CodexProcess]) -> Proc | None:
-    """The turn worker whose codex process (one of ``procs``) works in the session's directory, if any."""
+    """The turn worker whose codex process (one of ``procs``) works in the session's directory, if any.
+    Two may have one there for a moment (session affinity): the worker keeping the thread loaded from the
+    session's last turn, idle, while another runs the next turn cold — the running one was started last."""
     workdir = os.path.join(stack.work_root, session_id)
+    found = []
     for cp in procs:
         if cp.cwd != workdir:
             continue
         chain = ancestors(cp.pid)
         owner = next((w for w in stack.workers if w.pid in chain), None)
         if owner is not None:
-            return owner
-    return None
+            found.append((_started(cp.pid), owner))
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 def _find_victim(sc: Scenario, killed_turns: Counter[str], timeout: float = 60) -> tuple[str, str, Proc] | None:
@@ -148,8 +161,7 @@ def scenario_kill_worker(sc: Scenario) -> None:
         tid, sid, owner = victim
         time.sleep(random.uniform(0.0, min(2.5, a.slow_seconds * 0.6)))  # land in different phases of the turn
         log(f"kill-worker round {rnd + 1}: kill -9 {owner.name} (pid group {owner.pid}) running turn {tid[:8]} of {sid}")
-        owner.kill9()
-        stack.workers.remove(owner)
+        stack.kill9_worker(owner)
         killed_turns[tid] += 1
         stack.wait_ready(stack.start_worker())
     kills = sum(killed_turns.values())

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from devtools.faults.pgproxy import PgProxy
-from devtools.processes import CodexProcess, codex_processes, free_port, stand_in_argv, wait_for_port_file
+from devtools.processes import (
+    CodexProcess,
+    ancestors,
+    codex_processes,
+    free_port,
+    stand_in_argv,
+    wait_for_port_file,
+)
 
 if TYPE_CHECKING:
     from devtools.faults.brokers import Broker
@@ -96,6 +103,15 @@ class Proc:
         return (lines[-1] if lines else self.log_tail(1))[:200]
 
 
+def pid_alive(pid: int) -> bool:
+    """``pid`` runs (a zombie does not: it runs nothing, its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def snapshot_tree(dest: Path) -> Path:
     """Copy the project's files (tracked and untracked, not ignored — the working tree as it is now)
     to ``dest``; every process of the run imports the code from there, so edits made to the working
@@ -141,6 +157,9 @@ class Stack:
         self.celery_app: Any = None
         self.code = scratch / "code"
         self.pgproxy: PgProxy | None = None  # the turn workers' only way to PostgreSQL (pgproxy.py)
+        # App-servers of turn workers killed with ``kill9_worker`` that outlived them (PR_SET_PDEATHSIG
+        # should take them along); reported, once, by ``codex_outliving`` (invariants.check_stack).
+        self.outlived: list[str] = []
 
     # -- start-up
 
@@ -161,6 +180,10 @@ class Stack:
             "HERMES_SWEEP_SECONDS": "1",
             "HERMES_REDISPATCH_SECONDS": "5",
             "HERMES_MAX_ATTEMPTS": "5",
+            # Session affinity (-c 1 workers keep threads loaded): heartbeats as often as the lease's,
+            # and a worker whose heartbeat is older than the lease is not routed to and is swept.
+            "HERMES_WORKER_HEARTBEAT_SECONDS": "0.5",
+            "HERMES_WORKER_STALE_SECONDS": "4",
             "CODEX_TURN_TIMEOUT": "60",
             "HERMES_VISIBILITY_TIMEOUT": "120",
             "HERMES_LOG_LEVEL": "INFO",
@@ -169,7 +192,8 @@ class Stack:
             "PYTHONPATH": str(self.code),
             "CODEX_NODE_MODULES": str(BASE / "node_modules"),
         }
-        for name in ("CODEX_APP_SERVER_COMMAND", "CODEX_BIN", "CODEX_MODEL", "CODEX_CONFIG_TOML"):
+        for name in ("CODEX_APP_SERVER_COMMAND", "CODEX_BIN", "CODEX_MODEL", "CODEX_CONFIG_TOML", "HERMES_OWN_QUEUE",
+                     "HERMES_WARM_IDLE_SECONDS", "HERMES_WARM_MAX_THREADS", "HERMES_AFFINITY_DEADLINE"):
             env.pop(name, None)
         return env
 
@@ -266,7 +290,8 @@ class Stack:
 
     def start_worker(self) -> Proc:
         """One more turn worker (``-Q <queue> -c CONCURRENCY``) in a process group of its own, reaching
-        PostgreSQL through the proxy."""
+        PostgreSQL through the proxy. With ``-c 1`` (the default) it also consumes its own queue and keeps
+        threads loaded between turns (session affinity, ``hermes_sessions/services/affinity.py``)."""
         self.worker_seq += 1
         name = f"worker{self.worker_seq}"
         env = {**self.env, "DATABASE_URL": self.worker_database_url(name)}
@@ -302,6 +327,51 @@ class Stack:
             self.procs[2] = Proc(f"sweeper{self.worker_seq}", list(sweeper.popen.args), self.env, self.logdir)
             self.wait_ready(self.procs[2])
         return dead
+
+    def codex_of(self, worker: Proc) -> list[CodexProcess]:
+        """The codex app-servers running under turn worker ``worker`` (its pool process's children)."""
+        return [cp for cp in codex_processes(self.codex_home) if worker.pid in ancestors(cp.pid)]
+
+    def kill9_worker(self, worker: Proc, grace: float = 5.0) -> list[int]:
+        """``kill -9`` the worker's whole process group and take it out of ``workers`` (no replacement).
+        The codex app-servers it had (running a turn or kept loaded) must go with it (``PR_SET_PDEATHSIG``):
+        waits up to ``grace`` seconds for them; each still running then is noted in ``outlived`` (a
+        violation of the scenario, ``invariants.check_stack``). Returns their pids."""
+        pids = [cp.pid for cp in self.codex_of(worker)]
+        worker.kill9()
+        if worker in self.workers:
+            self.workers.remove(worker)
+        t0 = time.monotonic()
+        while any(pid_alive(p) for p in pids) and time.monotonic() - t0 < grace:
+            time.sleep(0.1)
+        self.outlived += [f"codex pid {p} of {worker.name} still running {grace:g} s after {worker.name} was "
+                          "killed with SIGKILL" for p in pids if pid_alive(p)]
+        return pids
+
+    def codex_outliving(self, grace: float = 5.0) -> list[str]:
+        """Codex app-servers that outlived their worker, one line each: those ``kill9_worker`` noted since
+        the last call, and any codex process of the run under no running turn worker (after up to
+        ``grace`` seconds for it to go)."""
+        deadline = time.monotonic() + grace
+        while True:
+            live = {w.pid for w in self.workers if w.alive()}
+            orphans = [cp for cp in codex_processes(self.codex_home) if not live & set(ancestors(cp.pid))]
+            if not orphans or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        out, self.outlived = self.outlived, []
+        return out + [f"codex pid {cp.pid} (cwd {cp.cwd}) runs under no turn worker" for cp in orphans
+                      if not any(line.startswith(f"codex pid {cp.pid} ") for line in out)]
+
+    def worker_queue(self, worker: Proc) -> str:
+        """The own queue of ``worker`` (``-c 1``) from its ``TurnWorker`` row (its pool process's heartbeat),
+        or ``""`` when it has none."""
+        from hermes_sessions.models import TurnWorker
+
+        for queue, pid in TurnWorker.objects.values_list("queue", "pid"):
+            if queue.startswith(f"{self.queue}.faults-{worker.name}-") and (pid == worker.pid or worker.pid in ancestors(pid)):
+                return queue
+        return ""
 
     def codex_left(self, wait: float = 0.0) -> list[CodexProcess]:
         """Codex processes of this run still alive, after up to ``wait`` seconds for them to go."""

@@ -65,20 +65,30 @@ def _route(turn_id: uuid.UUID | str) -> str:
 def queue_delete(queue: str) -> int:
     """Delete ``queue`` from the broker (a dead worker's own queue, ``affinity.workers_sweep``);
     returns how many messages it held (0 when it did not exist). Every message in it was a
-    duplicate (the shared queue got each turn too) or is re-sent by the sweep."""
+    duplicate (the shared queue got each turn too) or is re-sent by the sweep.
+
+    It is bound twice: by its worker (``project/celery.py``: ``select_add`` binds it to the app's
+    default exchange) and by the processes that routed turns to it (Celery creates a queue it does not
+    know with an exchange of the queue's own name). On Redis both bindings are removed too: kombu's
+    Redis transport deletes only the bindings the deleting channel has declared, so both are declared
+    first (found by ``make faults``' kill-warm-holder: a purge alone left the worker's binding in
+    ``_kombu.binding.<default exchange>``, and a turn routed there later made the list anew, where
+    nobody would ever take it)."""
     from kombu import Exchange, Queue
 
     try:
         with current_app.connection_for_write() as conn:
-            bound = Queue(queue, Exchange(queue), routing_key=queue)(conn.default_channel)
+            channel = conn.default_channel
+            forms = [Queue(queue, Exchange(queue), routing_key=queue),
+                     Queue(queue, current_app.amqp.default_exchange, routing_key=queue)]
             try:
-                count = bound.purge() or 0
+                count = forms[0](channel).purge() or 0
             except conn.channel_errors:
                 return 0  # RabbitMQ: no such queue
-            # kombu's Redis channel removes only bindings it declared itself (``_kombu.binding.<queue>``
-            # would outlive the queue): declare, then delete. Same arguments as the worker's own queue.
-            bound.declare()
-            bound.delete()
+            if getattr(conn.transport, "driver_type", "") == "redis":
+                for form in forms:
+                    form(channel).declare()  # SADD of bindings that exist (or a moment's ones that do not)
+            forms[0](channel).delete()  # RabbitMQ: the queue and every binding; Redis: each declared one
             return int(count)
     except Exception:  # noqa: BLE001 — the broker is down: the next sweep tries again
         logger.warning("could not delete worker queue %s from the broker", queue, exc_info=True)

@@ -6,7 +6,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from kombu import Connection
+from kombu import Connection, Exchange, Queue
 
 from devtools.faults.brokers import RabbitBroker, RedisBroker
 
@@ -32,10 +32,26 @@ def test_redis_restarted_on_its_port_holds_nothing(tmp_path: Path):
         queue = f"q-{uuid.uuid4().hex}"
         _publish(broker.url, queue)
         assert broker.backlog(queue) == (1, 0) and broker.queue_length(queue) == 1
+        assert broker.queue_exists(queue) and not broker.queue_exists(queue + "-other")
         broker.kill9()
         assert not broker.answers()
         broker.start(ENV)
         assert broker.queue_length(queue) == 0  # nothing kept on disk: a restart loses every message
+        assert not broker.queue_exists(queue)
+    finally:
+        broker.stop()
+
+
+def test_a_redis_queue_known_only_by_a_binding_exists(tmp_path: Path):
+    """A worker's own queue it has not been sent anything on yet: no list, a binding in the default
+    exchange's table (what ``kill-warm-holder`` checks the sweep removed)."""
+    broker = RedisBroker(tmp_path, tmp_path)
+    broker.start(ENV)
+    try:
+        queue = f"turns.w-{uuid.uuid4().hex[:6]}@host"
+        with Connection(broker.url, connect_timeout=5) as conn:
+            Queue(queue, Exchange("celery"), routing_key=queue)(conn.default_channel).declare()
+        assert broker.queue_length(queue) == 0 and broker.queue_exists(queue)
     finally:
         broker.stop()
 

@@ -8,7 +8,8 @@ from devtools.faults.cli import SCENARIOS, _row_clean, parse_args, print_table
 
 def test_all_scenarios_run_by_default_and_an_unknown_one_is_refused(capsys):
     assert parse_args([]).chosen == list(SCENARIOS)
-    assert list(SCENARIOS)[-2:] == ["kill-during-rollout", "db-down-during-restore"]
+    assert list(SCENARIOS)[-4:] == ["kill-during-rollout", "db-down-during-restore", "warm-codex-dies",
+                                    "kill-warm-holder"]
     assert parse_args(["--scenarios", "concurrent-posts, broker-restart"]).chosen == ["concurrent-posts", "broker-restart"]
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--scenarios", "kill-worker,nap"])
@@ -31,6 +32,14 @@ def test_table_has_a_row_per_scenario_and_lists_violations(capsys):
     assert out[3].startswith("concurrent-posts") and out[4].startswith("kill-worker     ")
     assert "kill-worker: VIOLATION turn t lacks its assistant reply" in out
     assert "kill-worker: failed ×2: codex turn failed" in out
+
+
+def test_workers_run_one_turn_at_a_time_by_default_so_warm_processes_are_in_play():
+    args = parse_args([])
+    assert (args.workers, args.concurrency) == (4, 1)  # -c 1: an own queue and threads kept loaded
+    assert (args.warm_sessions, args.warm_rounds, args.holder_sessions, args.holder_rounds) == (4, 4, 6, 2)
+    assert args.holder_sessions > args.workers  # pigeonhole: one worker keeps several sessions loaded
+    assert parse_args(["--workers", "2", "--concurrency", "2"]).concurrency == 2  # the options stay
 
 
 def test_the_broker_is_redis_unless_rabbitmq_is_asked_for(capsys):

@@ -1,0 +1,57 @@
+"""``dispatch.queue_delete``: the sweep removes a dead worker's own queue from the broker — its
+messages and, on Redis, every binding of it (``make faults``' kill-warm-holder found the worker's own
+binding left behind). On a private redis-server, with the app's Redis transport."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu import Exchange, Queue
+
+from devtools.faults.brokers import RedisBroker
+from hermes_sessions.services import dispatch
+from project.celery import app
+
+
+@pytest.fixture
+def redis_broker(tmp_path: Path) -> Any:
+    broker = RedisBroker(tmp_path, tmp_path)
+    broker.start({"PATH": "/usr/bin:/bin:/usr/sbin:/usr/local/bin"})
+    yield broker
+    broker.stop()
+
+
+def _keys_naming(client: Any, queue: str) -> dict[str, list[bytes]]:
+    """Every Redis key that is ``queue`` or a binding table with a member naming it."""
+    found: dict[str, list[bytes]] = {}
+    for key in client.keys("*"):
+        name = key.decode()
+        if name == queue:
+            found[name] = [b"list"]
+        elif name.startswith("_kombu.binding") and client.type(key) == b"set":
+            members = [m for m in client.smembers(key) if queue.encode() in m]
+            if members:
+                found[name] = members
+    return found
+
+
+def test_a_dead_workers_queue_and_both_its_bindings_are_removed(redis_broker, monkeypatch):
+    queue = f"turns-test.w-{uuid.uuid4().hex[:6]}@host"
+    with app.connection_for_write(redis_broker.url) as conn:
+        # The worker's binding (project/celery.py: select_add → the default exchange) …
+        Queue(queue, app.amqp.default_exchange, routing_key=queue)(conn.default_channel).declare()
+        # … and a publisher's (a queue Celery does not know gets an exchange of its own name), with a turn.
+        Queue(queue, Exchange(queue), routing_key=queue)(conn.default_channel).declare()
+        conn.Producer().publish({"turn": "t"}, exchange=queue, routing_key=queue, serializer="json")
+    client = redis_broker._client()
+    try:
+        assert set(_keys_naming(client, queue)) >= {queue, "_kombu.binding.celery", f"_kombu.binding.{queue}"}
+        monkeypatch.setattr(app.conf, "broker_write_url", redis_broker.url)  # queue_delete's connection
+        assert dispatch.queue_delete(queue) == 1
+        assert _keys_naming(client, queue) == {}  # a purge alone left the bindings (and later turns routed there)
+        assert dispatch.queue_delete(queue) == 0  # gone: nothing to do, no error
+        assert _keys_naming(client, queue) == {}
+    finally:
+        client.close()
