@@ -1,31 +1,47 @@
-"""``make bench`` — wall time of one turn through the whole stack against codex driven directly.
+"""``make bench`` — wall time of one turn through the whole stack against codex driven directly, the warm
+path against today's cold one, where a turn's time goes, throughput and the worker's memory.
 
-Everything runs in one go on this machine with the same model stand-in and the same pinned codex:
+Everything runs in one go on this machine with the same model stand-in and the same pinned codex, on two
+stacks side by side (``bench_stacks.py``: each its own gunicorn, turn queue and one ``-c 1`` worker):
 
-* **stack**: ``POST /api/sessions/{id}/turns/`` on gunicorn → Redis → a Celery worker → a fresh
-  ``codex app-server`` that resumes the session's thread → PostgreSQL, until ``GET /api/turns/{id}/``
-  reports ``succeeded`` (polled every 5 ms);
+* **baseline stack** (``HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0``, today's cold path):
+  ``POST /api/sessions/{id}/turns/`` on gunicorn → Redis → the worker → a fresh ``codex app-server`` that
+  resumes the session's thread → PostgreSQL, until ``GET /api/turns/{id}/`` reports ``succeeded``
+  (polled every 5 ms);
+* **warm stack** (``HERMES_WARM_IDLE_SECONDS=120 HERMES_WARM_POOL=1``, ``--warm-pool``): the same, with a
+  spare app-server kept ready and, once session affinity is in the worker, the thread kept loaded
+  between a session's turns;
 * **same work**: a minimal script spawns the app-server, ``initialize``, ``thread/resume``,
   ``turn/start`` → ``turn/completed``, closes it (what the worker must do for a restarted session);
 * **same work, fresh home**: the same script on a ``CODEX_HOME`` made afresh for the turn with only the
-  thread's rollout in it (as every stack turn's home is; making it is not timed);
-* **warm**: ``turn/start`` → ``turn/completed`` on an app-server already running with the thread loaded;
-* **spare stack**: the stack turn of a second session through a second gunicorn and worker whose turn queue
-  is its own and whose worker keeps ``HERMES_WARM_POOL=2`` spare app-servers (``codex/warm.py``): a
-  cold session's turn that starts at restore + resume. ``ratio_spare_vs_cold`` = spare stack / stack.
+  thread's rollout in it (as every baseline turn's home is; making it is not timed);
+* **warm direct**: ``turn/start`` → ``turn/completed`` on an app-server already running with the thread
+  loaded.
 
-Runs are interleaved (stack, same work, fresh home, warm, …) so drift hits them alike. Prints the medians
-and ``ratio_vs_same_work`` / ``ratio_vs_warm`` / ``ratio_fresh_home_vs_same_work``, and in the same run:
+Each round (``--runs``) times, interleaved so drift hits them alike: a turn of one session on the
+baseline stack and of another on the warm stack (consecutive turns, a session each), a **cold** turn on
+each stack (a new session given one untimed turn on the baseline stack just before: a stored thread not
+loaded in the worker), same work, fresh home, warm direct. Printed (seconds shown as ms medians):
 
-* **rollout overhead**: the stack turns' ``restore_ms`` / ``capture_ms`` / ``store_ms`` (``Turn.timings``)
-  and ``ratio_rollout_overhead`` = turn / (turn − restore − capture − store);
-* **bytes stored per turn**: the bench thread's ``RolloutChunk`` sizes, raw and as stored;
-* **long history** (``bench_history.py``): first turns and rotations in a session with 100,000 prior
-  messages against one with 10, interleaved with the rounds above: ``ratio_history_first_turn``,
-  ``ratio_history_rotation``.
+* ``ratio_vs_same_work`` = baseline stack / same work; ``ratio_fresh_home_vs_same_work``;
+* ``ratio_vs_warm`` = warm stack consecutive / warm direct (target ≤ 1.25);
+* ``ratio_cold_vs_today`` = cold turn on the warm stack / cold turn on the baseline stack (≤ 0.65);
+* **where the time goes**: HTTP, queue, claim + restore, codex, finalize per turn (``bench_figures.
+  turn_phases``) for the warm stack's consecutive and cold turns and the baseline's;
+* **rollout overhead**: the baseline turns' ``restore_ms`` / ``capture_ms`` / ``store_ms`` and
+  ``ratio_rollout_overhead`` = turn / (turn − restore − capture − store); **bytes stored per turn**;
+* **long history** (``bench_history.py``, on the baseline stack): ``ratio_history_first_turn``,
+  ``ratio_history_rotation``;
+* **memory** (``bench_memory.py``): ``--memory-turns`` consecutive turns over a few sessions on the warm
+  stack's worker, its RSS (kB) after ``--memory-warmup`` turns and at the end, ``worker_memory_growth``
+  (target ≤ 1.05) and the median RSS per app-server under it;
+* **throughput** (``bench_throughput.py``): turns/s with 1, 2, 4 workers (``--workers``), 50 sessions at
+  once (``--throughput-sessions``), ``--throughput-rounds`` rounds; failed turns (must be 0).
 
-Needs ``DATABASE_URL`` (PostgreSQL; a ``*_bench``
-database is created beside it and dropped after the run) and ``CELERY_BROKER_URL``. Run as ``python -m devtools.bench [--runs N] [--history-runs N]``.
+``--quick`` is a tiny run for tests. Key figures are ``name: value`` lines (``bench_figures.
+parse_figures`` reads them). Needs ``DATABASE_URL`` (PostgreSQL; a ``*_bench`` database is created
+beside it and dropped after the run) and ``CELERY_BROKER_URL``. Run as ``python -m devtools.bench
+[--runs N] [--history-runs N] [--memory-turns N] [--workers 1,2,4] [--quick]``.
 """
 from __future__ import annotations
 
@@ -33,19 +49,31 @@ import argparse
 import json
 import os
 import shutil
-import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools.bench_figures import chunk_figures, median_ms, phase_median, ratio, rollout_overhead
+from devtools.bench_figures import (
+    PHASES,
+    chunk_figures,
+    median_ms,
+    memory_growth,
+    phase_median,
+    phase_medians,
+    ratio,
+    rollout_overhead,
+)
 from devtools.bench_history import BIG, SMALL, HistoryBench
+from devtools.bench_memory import worker_memory
+from devtools.bench_stacks import BASELINE_ENV, WARM_ENV, Stack, StackClient, stack_environment, stop_processes
+from devtools.bench_throughput import run_throughput
 from devtools.databases import create_database, database_beside, drop_database
-from devtools.processes import free_port, stand_in_argv, wait_for_port_file
+from devtools.processes import stand_in_argv, wait_for_port_file
 
 BASE = Path(__file__).resolve().parent.parent
 
@@ -91,43 +119,6 @@ class Direct:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=10)
-
-
-class StackClient:
-    """The REST API as a client sees it, with the ``bench`` user's token."""
-
-    def __init__(self, api: str, token: str):
-        self.api = api
-        self.headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
-        self.session_id = f"bench-{int(time.time())}"
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        req = urllib.request.Request(self.api + path, method=method, headers=self.headers,
-                                     data=json.dumps(body).encode() if body is not None else None)
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read() or b"null")
-
-    def wait_up(self) -> None:
-        """Until gunicorn answers (at most about 20 s), then make the bench session."""
-        for _ in range(200):
-            try:
-                self.call("GET", "/sessions/")
-                break
-            except OSError:
-                time.sleep(0.1)
-        self.call("POST", "/sessions/", {"id": self.session_id})
-
-    def turn(self, text: str, *, session_id: str | None = None) -> tuple[float, dict[str, Any]]:
-        """POST a turn (to the bench session unless ``session_id``) and poll it every 5 ms until
-        terminal; ``(seconds, the turn)``; it must succeed."""
-        t0 = time.monotonic()
-        turn = self.call("POST", f"/sessions/{session_id or self.session_id}/turns/", {"input": text})
-        while turn["status"] not in ("succeeded", "failed", "cancelled"):
-            time.sleep(0.005)
-            turn = self.call("GET", f"/turns/{turn['id']}/")
-        elapsed = time.monotonic() - t0
-        assert turn["status"] == "succeeded", turn
-        return elapsed, turn
 
 
 def _environment(bench_db_url: str, broker: str, scratch: Path) -> dict[str, str]:
@@ -180,24 +171,6 @@ def _setup_django(env: dict[str, str]) -> str:
     return token.key
 
 
-def _spare_environment(env: dict[str, str]) -> dict[str, str]:
-    """The spare stack's: its own turn queue (its API sends there, its worker alone consumes it) and
-    two spare app-servers in the worker."""
-    return {**env, "HERMES_TURN_QUEUE": env["HERMES_TURN_QUEUE"] + "-spare", "HERMES_WARM_POOL": "2"}
-
-
-def _start_api_and_worker(env: dict[str, str], procs: list[subprocess.Popen[bytes]]) -> str:
-    """gunicorn (one worker) and a Celery turn worker (``-c 1``); returns the API's base URL."""
-    http_port = free_port()
-    procs.append(subprocess.Popen([str(BASE / ".venv/bin/gunicorn"), "project.wsgi", "--bind", f"127.0.0.1:{http_port}",
-                                   "--workers", "1", "--log-level", "warning"], cwd=BASE, env=env))
-    procs.append(subprocess.Popen([sys.executable, "-m", "celery", "-A", "project", "worker", "-Q", env["HERMES_TURN_QUEUE"],
-                                   "-c", "1", "--without-gossip", "--without-mingle", "--without-heartbeat",
-                                   "-l", "warning"], cwd=BASE, env=env, start_new_session=True,
-                                  stdout=subprocess.DEVNULL))
-    return f"http://127.0.0.1:{http_port}/api"
-
-
 def _direct_thread(argv: list[str], codex_env: dict[str, str], work: str) -> tuple[Direct, str]:
     """A fresh app-server with a new thread that has had one turn (so it has a rollout)."""
     d = Direct(argv, codex_env, work)
@@ -244,14 +217,28 @@ class FreshHome:
         return elapsed
 
 
-def _measure(client: StackClient, runs: int, work: str, history: HistoryBench | None, history_runs: int,
-             spare: StackClient) -> dict[str, Any]:
-    """``runs`` interleaved rounds of stack, spare stack, same work and warm — the first ``history_runs``
-    of them followed by a round of long-history turns; the seconds of each and the worker's phase timings."""
+@dataclass
+class Sessions:
+    """The measured sessions: ``baseline`` and ``warm`` (consecutive turns on each stack), and per round
+    a pair of cold ones — ``cold_warm[i]`` / ``cold_baseline[i]``, each given one (untimed) turn on the
+    baseline stack in its round before its timed turn on the warm / baseline stack."""
+
+    baseline: StackClient
+    warm: StackClient
+
+    def cold(self, kind: str, i: int) -> str:
+        return f"{self.baseline.session_id}-cold-{kind}-{i}"
+
+
+def _measure(s: Sessions, runs: int, work: str, history: HistoryBench | None, history_runs: int) -> dict[str, Any]:
+    """``runs`` interleaved rounds: baseline stack, warm stack (consecutive turns of one session each), a
+    cold turn on each stack, same work, fresh home, warm direct — the first ``history_runs`` of them
+    followed by a round of long-history turns. Seconds of each; the stack turns' records
+    (``StackClient.timed_turn``)."""
     from hermes_sessions.codex.launch import app_server_argv, app_server_env
 
-    client.turn("warm-up")  # starts the session's thread
-    spare.turn("warm-up")
+    s.baseline.turn("warm-up")  # starts the sessions' threads
+    s.warm.turn("warm-up")
     if history is not None:
         history.round(0, record=False)  # warm-up: every kind of turn once, on both sessions
     argv, codex_env = app_server_argv(), app_server_env()
@@ -260,15 +247,19 @@ def _measure(client: StackClient, runs: int, work: str, history: HistoryBench | 
     d.close()
     warm, warm_thread = _direct_thread(argv, codex_env, work)  # the warm app-server: kept loaded
     fresh = FreshHome(argv, codex_env, work, Path(work).parent / "fresh_home")
-    out: dict[str, Any] = {"stack": [], "same": [], "fresh": [], "warm": [], "phases": [], "argv": argv,
-                           "spare": [], "spare_phases": []}
+    out: dict[str, Any] = {"argv": argv, "same": [], "fresh": [], "warm": [],
+                           "baseline": [], "warm_stack": [], "cold_warm": [], "cold_baseline": []}
     for i in range(runs):
-        elapsed, turn = client.turn(f"bench {i}")
-        out["stack"].append(elapsed)
-        out["phases"].append(turn["timings"])
-        elapsed, turn = spare.turn(f"bench {i}")
-        out["spare"].append(elapsed)
-        out["spare_phases"].append(turn["timings"])
+        print(f"  round {i + 1}/{runs}", file=sys.stderr, flush=True)
+        out["baseline"].append(s.baseline.timed_turn(f"bench {i}"))
+        out["warm_stack"].append(s.warm.timed_turn(f"bench {i}"))
+        cold = {kind: s.cold(kind, i) for kind in ("warm", "baseline")}
+        for sid in cold.values():  # a stored thread whose last turn ran on the baseline stack
+            s.baseline.make_session(sid)
+            s.baseline.turn("before", session_id=sid)
+        order = (("warm", s.warm), ("baseline", s.baseline))
+        for kind, client in order if i % 2 == 0 else order[::-1]:
+            out[f"cold_{kind}"].append(client.timed_turn(f"bench {i}", session_id=cold[kind]))
         t0 = time.monotonic()
         d = Direct(argv, codex_env, work)
         d.initialize()
@@ -283,13 +274,25 @@ def _measure(client: StackClient, runs: int, work: str, history: HistoryBench | 
         if history is not None and i < history_runs:
             history.round(i)
     warm.close()
+    out["stack"] = [r["seconds"] for r in out["baseline"]]
+    out["phases"] = [r["turn"]["timings"] for r in out["baseline"]]
     return out
+
+
+def _seconds(records: list[dict[str, Any]]) -> list[float]:
+    return [r["seconds"] for r in records]
+
+
+def _count(records: list[dict[str, Any]], key: str) -> int:
+    """How many of the turns have ``timings[key] == 1`` (``warm``: a kept-loaded thread; ``spare``)."""
+    return sum(1 for r in records if (r["turn"].get("timings") or {}).get(key) == 1)
 
 
 def _print_results(runs: int, m: dict[str, Any]) -> None:
     s, a, w = median_ms(m["stack"]), median_ms(m["same"]), median_ms(m["warm"])
     print(f"runs: {runs} (interleaved; codex {_codex_version(m['argv'])}; model stand-in; PostgreSQL + Redis)")
-    print(f"median_stack_ms: {s}        (POST turn → GET shows succeeded; gunicorn, Celery worker, fresh app-server, resume)")
+    print(f"median_stack_ms: {s}        (baseline stack: POST turn → GET shows succeeded; gunicorn, Celery worker, "
+          "fresh app-server, resume; HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0)")
     print(f"median_same_work_ms: {a}    (direct script: spawn, initialize, thread/resume, turn, close)")
     print(f"median_warm_ms: {w}         (turn on an already-running app-server with the thread loaded)")
     f = median_ms(m["fresh"])
@@ -299,24 +302,186 @@ def _print_results(runs: int, m: dict[str, Any]) -> None:
         value = phase_median(m["phases"], key)
         if value is not None:
             print(f"  worker {key}: median {value}")
-    print(f"ratio_vs_same_work: {s / a:.2f}")
-    print(f"ratio_vs_warm: {s / w:.2f}")
+    print(f"ratio_vs_same_work: {s / a:.2f}   (baseline stack / same work)")
+    print(f"ratio_baseline_vs_warm: {s / w:.2f}   (baseline stack / warm direct; was ratio_vs_warm before the warm stack)")
     print(f"ratio_fresh_home_vs_same_work: {f / a:.2f}   (codex's own cost of starting on a cold home)")
-    _print_spare_figures(m)
 
 
-def _print_spare_figures(m: dict[str, Any]) -> None:
-    """The spare stack against today's cold stack turn, in the same run (README "Warm turns")."""
-    p = median_ms(m["spare"])
-    on_spare = sum(1 for t in m["spare_phases"] if t.get("spare") == 1)
-    print(f"median_spare_stack_ms: {p}   (a second stack whose worker keeps HERMES_WARM_POOL=2 spare app-servers; "
-          f"{on_spare}/{len(m['spare_phases'])} turns ran on a spare)")
-    for key in ("restore_ms", "initialize_ms", "thread_ms", "turn_ms", "codex_ms"):
-        value = phase_median(m["spare_phases"], key)
-        if value is not None:
-            print(f"  spare worker {key}: median {value}")
-    print(f"ratio_spare_vs_cold: {ratio(m['spare'], m['stack']):.2f}   (spare stack / stack; issue 9's target for a "
-          "cold session's turn ≤ 0.65)")
+def _print_warm_figures(m: dict[str, Any], warm_settings: dict[str, str]) -> None:
+    """The warm stack against the warm direct turn and against the baseline stack (README "Benchmark")."""
+    settings = " ".join(f"{k}={v}" for k, v in warm_settings.items())
+    ws, cw, cb = m["warm_stack"], m["cold_warm"], m["cold_baseline"]
+    print(f"median_warm_stack_ms: {median_ms(_seconds(ws))}   (warm stack, {settings}: one session's consecutive turns; "
+          f"{_count(ws, 'warm')}/{len(ws)} on a kept-loaded thread, {_count(ws, 'spare')}/{len(ws)} on a spare)")
+    print(f"ratio_vs_warm: {ratio(_seconds(ws), m['warm']):.2f}   (warm stack consecutive / warm direct; target ≤ 1.25)")
+    print(f"median_cold_warm_stack_ms: {median_ms(_seconds(cw))}   (warm stack, sessions whose one previous turn ran on "
+          f"the baseline stack; {_count(cw, 'spare')}/{len(cw)} on a spare, {_count(cw, 'warm')}/{len(cw)} warm)")
+    print(f"median_cold_baseline_stack_ms: {median_ms(_seconds(cb))}   (baseline stack, sessions made the same way)")
+    print(f"ratio_cold_vs_today: {ratio(_seconds(cw), _seconds(cb)):.2f}   (cold session: warm stack / baseline stack; "
+          "target ≤ 0.65)")
+    kinds = (("warm_consecutive", ws), ("cold_warm", cw), ("baseline", m["baseline"]))
+    medians = {name: phase_medians(records) for name, records in kinds}
+    print("where the time goes (medians, ms; bench_figures.turn_phases):")
+    print(f"  {'':18}" + "".join(f"{p.removesuffix('_ms'):>17}" for p in PHASES))
+    for name, _ in kinds:
+        print(f"  {name:18}" + "".join(f"{medians[name][p]:>17}" for p in PHASES))
+    for name in ("warm_consecutive", "cold_warm"):
+        for p in PHASES:
+            print(f"phase_{name}_{p}: {medians[name][p]}")
+
+
+def _memory_run(stack: Stack, client: StackClient, turns: int, warmup: int, sessions: int) -> dict[str, Any]:
+    """``turns`` consecutive turns round-robin over ``sessions`` new sessions on the stack's one worker,
+    a ``worker_memory`` sample after every ``max(1, turns // 100)``-th; progress every 50 turns."""
+    worker = stack.workers[0]
+    ids = [f"{client.session_id}-mem-{i}" for i in range(sessions)]
+    for sid in ids:
+        client.make_session(sid)
+    every = max(1, turns // 100)
+    samples: list[tuple[int, float]] = []
+    pss: list[tuple[int, float]] = []
+    app_servers: list[int] = []
+    counts: list[int] = []
+    warm_turns = failed = 0
+    t0 = time.monotonic()
+    for n in range(1, turns + 1):
+        try:
+            _, turn = client.turn(f"memory {n}", session_id=ids[n % sessions])
+            warm_turns += (turn.get("timings") or {}).get("warm") == 1
+        except (AssertionError, OSError) as exc:
+            failed += 1
+            print(f"  memory: turn {n} failed: {exc}", file=sys.stderr)
+        if n % every == 0 or n == turns:
+            sample = worker_memory(worker.pid)
+            samples.append((n, sample.worker_rss_kb))
+            pss.append((n, sample.worker_pss_kb))
+            app_servers += sample.app_servers_kb
+            counts.append(len(sample.app_servers_kb))
+        if n % 50 == 0:
+            print(f"  memory: {n}/{turns} turns, {time.monotonic() - t0:.0f} s, worker RSS {samples[-1][1] / 1024:.1f} MiB",
+                  file=sys.stderr, flush=True)
+    return {"turns": turns, "warmup": warmup, "samples": samples, "pss": pss, "app_servers_kb": app_servers,
+            "app_server_counts": counts, "warm": warm_turns, "failed": failed, "seconds": time.monotonic() - t0,
+            "sessions": sessions}
+
+
+def _print_memory_figures(mem: dict[str, Any]) -> None:
+    g = memory_growth(mem["samples"], mem["warmup"])
+    p = memory_growth(mem["pss"], mem["warmup"])
+    print(f"memory run: {mem['turns']} turns over {mem['sessions']} sessions on one warm-stack worker in "
+          f"{mem['seconds']:.0f} s; {mem['warm']} on a kept-loaded thread; {len(mem['samples'])} samples")
+    print(f"memory_failed: {mem['failed']}")
+    print(f"worker_rss_after_warmup_kb: {g['after_warmup_kb']:.0f}   (Celery main + pool child, VmRSS, after "
+          f"{mem['warmup']} turns)")
+    print(f"worker_rss_end_kb: {g['end_kb']:.0f}")
+    print(f"worker_memory_growth: {g['growth']:.3f}   (end / after warm-up; target ≤ 1.05)")
+    print(f"worker_pss_growth: {p['growth']:.3f}   (the same on Pss: {p['after_warmup_kb']:.0f} → {p['end_kb']:.0f} kB)")
+    if mem["app_servers_kb"]:
+        counts = sorted(mem["app_server_counts"])
+        print(f"app_server_rss_median_kb: {statistics.median(mem['app_servers_kb']):.0f}   (per app-server under the "
+              f"worker between turns, with its children; {counts[0]}–{counts[-1]} alive per sample)")
+    else:
+        print("app_server_rss_median_kb: none   (no app-server alive under the worker between turns)")
+
+
+def _print_throughput(results: list[Any], sessions: int, rounds: int, http_workers: int) -> None:
+    print(f"throughput: {sessions} sessions at once, {rounds} rounds per worker count (warm stack settings, "
+          f"one gunicorn of {http_workers} sync workers); turns/s over rounds 2+, round 1 (thread starts) apart")
+    for r in results:
+        f = r.figures()
+        print(f"throughput_w{r.workers}_turns_per_s: {f['turns_per_s']}   (round 1: {f['first_round_turns_per_s']}; "
+              f"{f['warm']}/{f['later_turns']} later turns on a kept-loaded thread)")
+        print(f"throughput_w{r.workers}_failed: {f['failed']}   (of {f['turns']})")
+
+
+def _worker_counts(text: str) -> list[int]:
+    return [int(n) for n in text.split(",") if n.strip()]
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m devtools.bench", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15, help="interleaved rounds of the latency figures")
+    parser.add_argument("--history-runs", type=int, default=9,
+                        help="rounds (of the first --runs) followed by the long-history turns; 0 skips them")
+    parser.add_argument("--warm-pool", type=int, default=1, help="HERMES_WARM_POOL of the warm stack")
+    parser.add_argument("--workers", type=_worker_counts, default=[1, 2, 4],
+                        help="worker counts of the throughput runs, comma-separated; empty skips them")
+    parser.add_argument("--throughput-sessions", type=int, default=50)
+    parser.add_argument("--throughput-rounds", type=int, default=3)
+    parser.add_argument("--memory-turns", type=int, default=1000, help="turns of the memory run; 0 skips it")
+    parser.add_argument("--memory-warmup", type=int, default=100,
+                        help="turns before the memory baseline (at most a third of --memory-turns)")
+    parser.add_argument("--memory-sessions", type=int, default=4)
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny run for tests: 2 rounds, no history, 1 and 2 workers × 4 sessions × 2 rounds, "
+                             "30 memory turns")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.history_runs, args.workers = 2, 0, [1, 2]
+        args.throughput_sessions, args.throughput_rounds, args.memory_turns = 4, 2, 30
+    args.memory_warmup = min(args.memory_warmup, args.memory_turns // 3)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its figures; exits with a message without PostgreSQL and a broker."""
+    args = _arguments(argv)
+    db_url = os.environ.get("DATABASE_URL", "")
+    broker = os.environ.get("CELERY_BROKER_URL", "")
+    if not db_url.startswith("postgres") or not broker:
+        sys.exit("make bench needs DATABASE_URL=postgres://… and CELERY_BROKER_URL (the Makefile sets them)")
+    started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="hermes-bench-"))
+    env = _environment(database_beside(db_url, "_bench"), broker, scratch)
+    procs: list[subprocess.Popen[bytes]] = []
+    warm_settings = {**WARM_ENV, "HERMES_WARM_POOL": str(args.warm_pool)}
+    stacks: list[Stack] = []
+    try:
+        _start_stand_in(env, scratch, procs)  # sets CODEX_STAND_IN_URL: before the stacks copy env
+        stacks += [Stack("baseline", stack_environment(env, "baseline", BASELINE_ENV)),
+                   Stack("warm", stack_environment(env, "warm", warm_settings)),
+                   Stack("tput", stack_environment(env, "tput", warm_settings), http_workers=4)]
+        baseline, warm_stack, tput = stacks
+        token = _setup_django(env)
+        for stack in (baseline, warm_stack):
+            stack.start_api()
+            stack.add_worker()
+        s = Sessions(baseline=StackClient(baseline.api, token), warm=StackClient(warm_stack.api, token))
+        s.warm.session_id += "-warm"
+        s.baseline.wait_up()
+        s.warm.wait_up()
+        history = HistoryBench(s.baseline) if args.history_runs > 0 else None
+        if history is not None:
+            t0 = time.monotonic()
+            history.create()
+            print(f"history_setup_s: {time.monotonic() - t0:.1f}   ({BIG:,} + {SMALL} messages by INSERT … SELECT generate_series)")
+        m = _measure(s, args.runs, env["CODEX_WORK_ROOT"], history, args.history_runs)
+        _print_results(args.runs, m)
+        _print_warm_figures(m, warm_settings)
+        _print_rollout_figures(m, _chunks(s.baseline.session_id))
+        if history is not None:
+            _print_history_figures(history)
+        sys.stdout.flush()
+        if args.memory_turns > 0:
+            _print_memory_figures(_memory_run(warm_stack, s.warm, args.memory_turns, args.memory_warmup,
+                                              args.memory_sessions))
+            sys.stdout.flush()
+        baseline.stop()
+        warm_stack.stop()
+        if args.workers:
+            tput.start_api()
+            client = StackClient(tput.api, token, session_id=s.baseline.session_id)
+            client.wait_up(make_session=False)
+            _print_throughput(run_throughput(tput, client, args.workers, args.throughput_sessions,
+                                             args.throughput_rounds), args.throughput_sessions, args.throughput_rounds, tput.http_workers)
+        print(f"bench_seconds: {time.monotonic() - started:.0f}")
+        return 0
+    finally:
+        for stack in stacks:
+            stack.stop()
+        stop_processes(procs)
+        shutil.rmtree(scratch, ignore_errors=True)
+        drop_database(env["DATABASE_URL"])  # a scratch database: nothing in it outlives the run
 
 
 def _print_rollout_figures(m: dict[str, Any], chunks: list[tuple[int, int, int]]) -> None:
@@ -355,59 +520,6 @@ def _chunks(session_id: str) -> list[tuple[int, int, int]]:
     thread = CodexBinding.objects.get(session_id=session_id, status=CodexBinding.Status.ACTIVE).thread_id
     rows = RolloutChunk.objects.filter(rollout__thread_id=thread).annotate(stored=Length("data"))
     return [(seq, size, stored) for seq, size, stored in rows.values_list("seq", "size", "stored")]
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in reversed(procs):
-        try:
-            os.killpg(p.pid, signal.SIGTERM) if p.pid == os.getpgid(p.pid) else p.terminate()
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print its medians; exits with a message without PostgreSQL and a broker."""
-    parser = argparse.ArgumentParser(prog="python -m devtools.bench", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--history-runs", type=int, default=9,
-                        help="rounds (of the first --runs) followed by the long-history turns; 0 skips them")
-    args = parser.parse_args(argv)
-
-    db_url = os.environ.get("DATABASE_URL", "")
-    broker = os.environ.get("CELERY_BROKER_URL", "")
-    if not db_url.startswith("postgres") or not broker:
-        sys.exit("make bench needs DATABASE_URL=postgres://… and CELERY_BROKER_URL (the Makefile sets them)")
-    scratch = Path(tempfile.mkdtemp(prefix="hermes-bench-"))
-    env = _environment(database_beside(db_url, "_bench"), broker, scratch)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        _start_stand_in(env, scratch, procs)
-        token = _setup_django(env)
-        client = StackClient(_start_api_and_worker(env, procs), token)
-        client.wait_up()
-        spare = StackClient(_start_api_and_worker(_spare_environment(env), procs), token)
-        spare.session_id += "-spare"
-        spare.wait_up()
-        history = HistoryBench(client) if args.history_runs > 0 else None
-        if history is not None:
-            t0 = time.monotonic()
-            history.create()
-            print(f"history_setup_s: {time.monotonic() - t0:.1f}   ({BIG:,} + {SMALL} messages by INSERT … SELECT generate_series)")
-        m = _measure(client, args.runs, env["CODEX_WORK_ROOT"], history, args.history_runs, spare)
-        _print_results(args.runs, m)
-        _print_rollout_figures(m, _chunks(client.session_id))
-        if history is not None:
-            _print_history_figures(history)
-        return 0
-    finally:
-        _stop(procs)
-        shutil.rmtree(scratch, ignore_errors=True)
-        drop_database(env["DATABASE_URL"])  # a scratch database: nothing in it outlives the run
 
 
 def _codex_version(argv: list[str]) -> str:

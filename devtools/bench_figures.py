@@ -1,8 +1,10 @@
 """The figures ``make bench`` prints, computed from what it measured (pure: no stack, no database)."""
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 # The worker timings (ms, ``Turn.timings``) that the rollout store adds to a turn: restore the session's
@@ -58,3 +60,107 @@ def chunk_figures(chunks: Iterable[tuple[int, int, int]]) -> dict[str, float]:
 def ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """median(numerator) / median(denominator), three decimals."""
     return round(statistics.median(numerator) / statistics.median(denominator), 3)
+
+
+# --------------------------------------------------------------------------------------- where a turn's time goes
+
+# The phases of a stack turn that ``turn_phases`` derives (all milliseconds).
+PHASES = ("http_ms", "queue_ms", "claim_restore_ms", "codex_ms", "finalize_ms", "total_ms")
+
+
+def epoch_seconds(value: str | float) -> float:
+    """An API timestamp (ISO 8601, ``Z`` or an offset) or epoch seconds, as epoch seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def turn_phases(record: Mapping[str, Any]) -> dict[str, float]:
+    """Where one stack turn's time went, in ms, from the client's wall-clock times and the turn as the
+    API returned it (the API, the worker and the bench share this machine's clock).
+
+    ``record``: ``post_start`` / ``post_end`` (epoch seconds around the ``POST``), ``seen`` (epoch
+    seconds when the client's poll saw the terminal status), ``turn`` (its ``created_at``,
+    ``started_at``, ``finished_at`` and ``timings``). Timings a turn lacks count 0 (a warm turn may have
+    no ``restore_ms``, a turn that stored nothing no ``store_ms``).
+
+    * ``http_ms``: the ``POST`` round trip (it also covers ``created_at``, so it overlaps ``queue_ms``);
+    * ``queue_ms``: ``created_at`` → ``started_at`` (broker, Celery, until the worker's claim stamps it);
+    * ``claim_restore_ms``: ``started_at`` → the app-server being asked for the turn (spawn onwards):
+      ``run_ms − codex_ms − store_ms + restore_ms`` — the claim transaction after ``started_at`` and the
+      restore, plus the finalize transaction's lock and transcript rows before the store (not separable
+      from Turn rows);
+    * ``codex_ms``: ``timings.codex_ms − restore_ms``: spawn or take an app-server, initialize, thread,
+      turn, close/keep, read the appended rollout;
+    * ``finalize_ms``: ``store_ms`` + ``finished_at`` → ``seen``: storing the rollout, the rest of the
+      finalize transaction and its commit, and the client's poll (every 5 ms) seeing it;
+    * ``total_ms``: ``post_start`` → ``seen``.
+
+    ``queue_ms + claim_restore_ms + codex_ms + finalize_ms`` = ``created_at`` → ``seen``."""
+    t = record["turn"]
+    timings = t.get("timings") or {}
+
+    def ms(key: str) -> float:
+        value = timings.get(key)
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    created, started, finished = (epoch_seconds(t[k]) for k in ("created_at", "started_at", "finished_at"))
+    seen = epoch_seconds(record["seen"])
+    run_ms = ms("run_ms") if "run_ms" in timings else (finished - started) * 1000
+    codex_total, restore, store = ms("codex_ms"), ms("restore_ms"), ms("store_ms")
+    out = {
+        "http_ms": (epoch_seconds(record["post_end"]) - epoch_seconds(record["post_start"])) * 1000,
+        "queue_ms": (started - created) * 1000,
+        "claim_restore_ms": run_ms - codex_total - store + restore,
+        "codex_ms": codex_total - restore,
+        "finalize_ms": store + (seen - finished) * 1000,
+        "total_ms": (seen - epoch_seconds(record["post_start"])) * 1000,
+    }
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def phase_medians(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The median of each of ``PHASES`` over the turns (``turn_phases`` of each), ms, one decimal."""
+    rows = [turn_phases(r) for r in records]
+    if not rows:
+        raise ValueError("no turns")
+    return {k: round(statistics.median(r[k] for r in rows), 1) for k in PHASES}
+
+
+# --------------------------------------------------------------------------------------- throughput and memory
+
+
+def throughput(turns: int, seconds: float) -> float:
+    """Turns per second, two decimals (``turns`` that ended in ``seconds`` of wall time)."""
+    if seconds <= 0:
+        raise ValueError("no time measured")
+    return round(turns / seconds, 2)
+
+
+def memory_growth(samples: Sequence[tuple[int, float]], warmup_turns: int, window: int = 5) -> dict[str, float]:
+    """The worker's memory over a long run from ``samples`` ``(turns done, kB)`` in any order:
+    ``after_warmup_kb`` = median of the first ``window`` samples taken at or after ``warmup_turns``,
+    ``end_kb`` = median of the last ``window`` samples, ``growth`` = end / after warm-up (three
+    decimals). Medians of a few samples, so one sample caught mid-allocation does not decide it.
+    Raises ``ValueError`` when no sample is at or after the warm-up."""
+    rows = sorted(samples)
+    after = [kb for n, kb in rows if n >= warmup_turns]
+    if not after:
+        raise ValueError(f"no sample at or after {warmup_turns} turns")
+    start = statistics.median(after[:window])
+    end = statistics.median(after[-window:])
+    return {"after_warmup_kb": round(start, 1), "end_kb": round(end, 1), "growth": round(end / start, 3)}
+
+
+def parse_figures(text: str) -> dict[str, float]:
+    """The ``name: value`` / ``name value`` lines of a bench's output whose value is a number (the rest
+    of the line is commentary), e.g. ``{"ratio_vs_warm": 1.21}``; a name seen twice keeps its last."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _FIGURE.match(line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+_FIGURE = re.compile(r"^([a-z][a-z0-9_]*):?\s+(-?\d+(?:\.\d+)?)(?:\s|$)")

@@ -1,9 +1,24 @@
 """``make bench``'s figures (pure) and its bulk history load (in the test database), without the stack."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
-from devtools.bench_figures import chunk_figures, median_ms, phase_median, ratio, rollout_overhead
+from devtools.bench_figures import (
+    PHASES,
+    chunk_figures,
+    epoch_seconds,
+    median_ms,
+    memory_growth,
+    parse_figures,
+    phase_median,
+    phase_medians,
+    ratio,
+    rollout_overhead,
+    throughput,
+    turn_phases,
+)
 from devtools.bench_history import seed_messages, small_row_chars
 from hermes_sessions.history_seed import OMITTED
 from hermes_sessions.models import Message, Session
@@ -67,3 +82,90 @@ def test_ten_small_rows_fill_the_seed_cap(settings):
     seed_messages(session.id, 10, user_chars=chars, assistant_chars=chars)
     seed = history_seed(session_id=session.id, exclude_turn_id=TurnFactory(session=session).id)
     assert len(seed) > settings.HERMES_HISTORY_SEED_MAX_CHARS * 0.9 and OMITTED in seed
+
+
+def _record(*, post=(100.0, 100.020), created="1970-01-01T00:01:40.010000Z", started=100.050, finished=100.400,
+            seen=100.430, timings=None):
+    """A bench turn record: epoch seconds on the client, ISO timestamps from the API (100 s = 00:01:40)."""
+    iso = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")  # noqa: E731
+    return {"post_start": post[0], "post_end": post[1], "seen": seen,
+            "turn": {"created_at": created, "started_at": iso(started), "finished_at": iso(finished),
+                     "timings": {"run_ms": 350.0, "codex_ms": 300.0, "restore_ms": 20.0, "store_ms": 5.0}
+                     if timings is None else timings}}
+
+
+def test_turn_phases_split_a_turn_from_post_to_seen():
+    p = turn_phases(_record())
+    assert p["http_ms"] == 20.0
+    assert p["queue_ms"] == 40.0  # created 100.010 → started 100.050
+    assert p["claim_restore_ms"] == 65.0  # run 350 − codex 300 − store 5 + restore 20
+    assert p["codex_ms"] == 280.0  # codex 300 − restore 20
+    assert p["finalize_ms"] == 35.0  # store 5 + finished 100.400 → seen 100.430
+    assert p["total_ms"] == 430.0
+    # the four server-side phases add up to created_at → seen
+    assert p["queue_ms"] + p["claim_restore_ms"] + p["codex_ms"] + p["finalize_ms"] == pytest.approx(420.0)
+
+
+def test_turn_phases_count_missing_timings_as_zero_and_derive_run_ms():
+    # a warm turn: no restore, nothing stored, no run_ms → finished − started
+    p = turn_phases(_record(timings={"codex_ms": 60.0, "warm": 1}, started=100.050, finished=100.150, seen=100.160))
+    assert p["claim_restore_ms"] == 40.0 and p["codex_ms"] == 60.0 and p["finalize_ms"] == 10.0
+
+
+def test_phase_medians_take_each_phase_on_its_own():
+    records = [_record(seen=100.430), _record(seen=100.440), _record(seen=100.530, post=(100.0, 100.100))]
+    m = phase_medians(records)
+    assert m["finalize_ms"] == 45.0 and m["total_ms"] == 440.0 and m["http_ms"] == 20.0
+    assert set(m) == set(PHASES)
+    with pytest.raises(ValueError):
+        phase_medians([])
+
+
+def test_epoch_seconds_reads_api_timestamps():
+    assert epoch_seconds("1970-01-01T00:01:40.500000Z") == 100.5
+    assert epoch_seconds("1970-01-01T01:01:40+01:00") == 100.0
+    assert epoch_seconds(7) == 7.0
+
+
+def test_throughput_is_turns_over_wall_seconds():
+    assert throughput(150, 60.0) == 2.5
+    assert throughput(50, 30.0) == 1.67
+    with pytest.raises(ValueError):
+        throughput(1, 0)
+
+
+def test_memory_growth_compares_the_end_with_just_after_the_warm_up():
+    samples = [(n, 100_000 + n) for n in range(10, 301, 10)]  # grows 1 kB a turn
+    g = memory_growth(samples, warmup_turns=100)
+    assert g["after_warmup_kb"] == 100_120.0  # median of the samples at 100, 110, …, 140
+    assert g["end_kb"] == 100_280.0  # median of 260 … 300
+    assert g["growth"] == pytest.approx(100_280 / 100_120, abs=1e-3)
+    flat = memory_growth([(n, 50_000) for n in range(0, 1001, 10)][::-1], warmup_turns=100)  # order does not matter
+    assert flat == {"after_warmup_kb": 50_000.0, "end_kb": 50_000.0, "growth": 1.0}
+    assert memory_growth([(100, 1000), (200, 1100)], warmup_turns=100, window=1)["growth"] == 1.1
+    with pytest.raises(ValueError):
+        memory_growth([(10, 1.0)], warmup_turns=100)
+
+
+def test_parse_figures_reads_name_value_lines_and_skips_prose():
+    text = """runs: 5 (interleaved; codex 0.171.0)
+ratio_vs_warm: 1.21   (warm stack consecutive / warm direct; target ≤ 1.25)
+worker_memory_growth 1.012
+throughput_w2_failed: 0   (of 150)
+  worker restore_ms: median 3.0
+where the time goes (medians, ms):
+app_server_rss_median_kb: none
+phase_cold_warm_queue_ms: -0.4
+"""
+    assert parse_figures(text) == {"runs": 5.0, "ratio_vs_warm": 1.21, "worker_memory_growth": 1.012,
+                                   "throughput_w2_failed": 0.0, "phase_cold_warm_queue_ms": -0.4}
+
+
+def test_worker_count_result_reports_later_rounds_and_failures():
+    from devtools.bench_throughput import Round, WorkerCountResult
+
+    r = WorkerCountResult(workers=2, rounds=[Round(50, 50.0, 0, 0), Round(50, 20.0, 1, 40), Round(50, 30.0, 0, 45)])
+    f = r.figures()
+    assert f["turns_per_s"] == 2.0 and f["first_round_turns_per_s"] == 1.0
+    assert f["failed"] == 1 and f["turns"] == 150 and f["warm"] == 85 and f["later_turns"] == 100
+    assert WorkerCountResult(1, [Round(10, 5.0, 0, 0)]).figures()["turns_per_s"] == 2.0  # one round: it is the figure

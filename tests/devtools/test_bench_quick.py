@@ -1,0 +1,35 @@
+"""``make bench --quick`` end to end (e2e: the real codex, PostgreSQL, Redis, gunicorn and Celery workers;
+about 3 minutes): every key figure is printed and parses, no turn failed, the worker tree was found."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devtools.bench_figures import parse_figures
+from devtools.databases import database_beside
+
+pytestmark = pytest.mark.e2e
+BASE = Path(__file__).resolve().parent.parent.parent
+
+
+@pytest.mark.timeout(900)
+def test_quick_bench_prints_every_figure():
+    env = {**os.environ, "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY", "bench-quick-test-only"),
+           "DATABASE_URL": database_beside(os.environ["DATABASE_URL"], "_quick")}  # → <name>_quick_bench
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # the bench runs on project.settings, not the test settings
+    result = subprocess.run([sys.executable, "-m", "devtools.bench", "--quick"], cwd=BASE, env=env,
+                            capture_output=True, text=True, timeout=880)
+    assert result.returncode == 0, result.stderr[-3000:]
+    f = parse_figures(result.stdout)
+    for name in ("ratio_vs_warm", "ratio_cold_vs_today", "ratio_vs_same_work", "ratio_rollout_overhead",
+                 "phase_warm_consecutive_queue_ms", "phase_cold_warm_codex_ms", "worker_memory_growth",
+                 "worker_rss_end_kb", "app_server_rss_median_kb", "throughput_w1_turns_per_s",
+                 "throughput_w2_turns_per_s"):
+        assert name in f, f"{name} missing from:\n{result.stdout}"
+    assert f["memory_failed"] == 0 and f["throughput_w1_failed"] == 0 and f["throughput_w2_failed"] == 0
+    assert f["worker_rss_end_kb"] > 10_000 and 0.5 < f["worker_memory_growth"] < 2
+    assert f["throughput_w1_turns_per_s"] > 0
