@@ -25,3 +25,34 @@ def test_redelivery_and_time_limits_outlast_the_longest_turn():
 def test_the_sweep_is_scheduled():
     schedule = app.conf.beat_schedule["sweep-turns"]
     assert schedule["task"] == sweep_turns.name and schedule["schedule"] <= settings.HERMES_LEASE_SECONDS
+
+
+def test_an_api_process_has_the_tasks_registered_before_its_first_dispatch():
+    """Found by make bench's throughput run (gunicorn gthread, 50 turns posted at once): threads of a
+    fresh API process raced on importing the tasks lazily, one got ``NotRegistered`` and its turn waited
+    for the sweep. ``django.setup()`` alone must register them, and concurrent first lookups succeed."""
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import sys, threading, django",
+        "django.setup()",
+        "assert 'hermes_sessions.tasks' in sys.modules, 'tasks not imported at setup'",
+        "from hermes_sessions.services import dispatch",
+        "errors = []",
+        "def look():",
+        "    try:",
+        "        dispatch._run_turn_task()",
+        "    except Exception as exc:",
+        "        errors.append(repr(exc))",
+        "threads = [threading.Thread(target=look) for _ in range(16)]",
+        "[t.start() for t in threads]",
+        "[t.join() for t in threads]",
+        "assert not errors, errors",
+        "print('ok')",
+    ])
+    env = {"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "project.settings", "DJANGO_SECRET_KEY": "x",
+           "DATABASE_URL": "postgres://127.0.0.1/none", "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
