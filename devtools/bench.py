@@ -235,7 +235,7 @@ def _measure(s: Sessions, runs: int, work: str, history: HistoryBench | None, hi
     cold turn on each stack, same work, fresh home, warm direct — the first ``history_runs`` of them
     followed by a round of long-history turns. Seconds of each; the stack turns' records
     (``StackClient.timed_turn``)."""
-    from hermes_sessions.codex.launch import app_server_argv, app_server_env
+    from hermes_sessions.codex.launch import app_server_argv, app_server_env, prepare_session_home
 
     s.baseline.turn("warm-up")  # starts the sessions' threads
     s.warm.turn("warm-up")
@@ -246,8 +246,14 @@ def _measure(s: Sessions, runs: int, work: str, history: HistoryBench | None, hi
     d, direct_thread = _direct_thread(argv, codex_env, work)  # the direct script's own thread
     d.close()
     warm, warm_thread = _direct_thread(argv, codex_env, work)  # the warm app-server: kept loaded
+    # The same, under the permission profile every session's codex runs with (read-only, the default
+    # sandbox; launch.app_server_argv + the home's config.toml, as a worker starts it): the same codex work
+    # as a stack turn, whose profile adds its own per-turn cost (README "Benchmark").
+    profiled_home = prepare_session_home("bench-direct-profile", sandbox="read-only", workdir=Path(work))
+    profiled, profiled_thread = _direct_thread(app_server_argv(sandbox="read-only", workdir=Path(work)),
+                                               app_server_env(profiled_home), work)
     fresh = FreshHome(argv, codex_env, work, Path(work).parent / "fresh_home")
-    out: dict[str, Any] = {"argv": argv, "same": [], "fresh": [], "warm": [],
+    out: dict[str, Any] = {"argv": argv, "same": [], "fresh": [], "warm": [], "warm_profile": [],
                            "baseline": [], "warm_stack": [], "cold_warm": [], "cold_baseline": []}
     for i in range(runs):
         print(f"  round {i + 1}/{runs}", file=sys.stderr, flush=True)
@@ -271,9 +277,13 @@ def _measure(s: Sessions, runs: int, work: str, history: HistoryBench | None, hi
         t0 = time.monotonic()
         warm.turn(warm_thread, f"bench {i}")
         out["warm"].append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        profiled.turn(profiled_thread, f"bench {i}")
+        out["warm_profile"].append(time.monotonic() - t0)
         if history is not None and i < history_runs:
             history.round(i)
     warm.close()
+    profiled.close()
     out["stack"] = [r["seconds"] for r in out["baseline"]]
     out["phases"] = [r["turn"]["timings"] for r in out["baseline"]]
     return out
@@ -313,7 +323,12 @@ def _print_warm_figures(m: dict[str, Any], warm_settings: dict[str, str]) -> Non
     ws, cw, cb = m["warm_stack"], m["cold_warm"], m["cold_baseline"]
     print(f"median_warm_stack_ms: {median_ms(_seconds(ws))}   (warm stack, {settings}: one session's consecutive turns; "
           f"{_count(ws, 'warm')}/{len(ws)} on a kept-loaded thread, {_count(ws, 'spare')}/{len(ws)} on a spare)")
-    print(f"ratio_vs_warm: {ratio(_seconds(ws), m['warm']):.2f}   (warm stack consecutive / warm direct; target ≤ 1.25)")
+    print(f"median_warm_profile_ms: {median_ms(m['warm_profile'])}   (warm direct turn under the session's permission "
+          "profile, read-only: the same codex work as a stack turn)")
+    print(f"ratio_vs_warm: {ratio(_seconds(ws), m['warm_profile']):.2f}   (warm stack consecutive / warm direct under "
+          "the same profile; target ≤ 1.25)")
+    print(f"ratio_vs_warm_unsandboxed: {ratio(_seconds(ws), m['warm']):.2f}   (the same against the warm direct turn "
+          "with no permission profile, median_warm_ms)")
     print(f"median_cold_warm_stack_ms: {median_ms(_seconds(cw))}   (warm stack, sessions whose one previous turn ran on "
           f"the baseline stack; {_count(cw, 'spare')}/{len(cw)} on a spare, {_count(cw, 'warm')}/{len(cw)} warm)")
     print(f"median_cold_baseline_stack_ms: {median_ms(_seconds(cb))}   (baseline stack, sessions made the same way)")
