@@ -117,3 +117,14 @@ def run_turn_now(django_capture_on_commit_callbacks):
 
     return run
 
+
+
+@pytest.fixture
+def redis_broker(tmp_path: Path):
+    """A private redis-server of the test's own (``devtools.faults.brokers.RedisBroker``), stopped after."""
+    from devtools.faults.brokers import RedisBroker
+
+    broker = RedisBroker(tmp_path, tmp_path)
+    broker.start({"PATH": "/usr/bin:/bin:/usr/sbin:/usr/local/bin"})
+    yield broker
+    broker.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,14 +15,6 @@ from kombu import Connection
 from devtools.faults.brokers import RedisBroker
 from project.broker import Consumer, RedisTransport, _close_containing_errors
 from project.celery import app
-
-
-@pytest.fixture
-def redis_broker(tmp_path: Path) -> Any:
-    broker = RedisBroker(tmp_path, tmp_path)
-    broker.start({"PATH": "/usr/bin:/bin:/usr/sbin:/usr/local/bin"})
-    yield broker
-    broker.stop()
 
 
 def _held_message(conn: Connection, queue: str) -> Any:

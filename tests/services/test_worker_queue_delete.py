@@ -4,23 +4,12 @@ binding left behind). On a private redis-server, with the app's Redis transport.
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kombu import Exchange, Queue
 
-from devtools.faults.brokers import RedisBroker
 from hermes_sessions.services import dispatch
 from project.celery import app
-
-
-@pytest.fixture
-def redis_broker(tmp_path: Path) -> Any:
-    broker = RedisBroker(tmp_path, tmp_path)
-    broker.start({"PATH": "/usr/bin:/bin:/usr/sbin:/usr/local/bin"})
-    yield broker
-    broker.stop()
 
 
 def _keys_naming(client: Any, queue: str) -> dict[str, list[bytes]]:
