@@ -16,7 +16,7 @@ The database side of ``codex/kept.py``. The pieces:
   shared queue ``HERMES_AFFINITY_DEADLINE`` seconds later (a Celery countdown): whichever delivery
   claims first runs it, the other finds it taken and does nothing (``turn_claim``). So a busy or dead
   holder delays a turn by the deadline at most, and a queue nobody consumes holds only duplicates.
-* **the sweep** (``workers_sweep``): a worker whose heartbeat is older than
+* **the sweep** (``recovery.workers_sweep``): a worker whose heartbeat is older than
   ``HERMES_WORKER_STALE_SECONDS`` is gone (kill -9, lost host): its sessions' ``WarmThread`` rows are
   deleted, the queued head turns of those sessions are sent again (to the shared queue), its queue is
   deleted from the broker and its row removed (``../shared/pitfalls.md``, routing table).
@@ -38,7 +38,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from ..codex.kept import Keeper, KeptThread
-from ..models import CodexRollout, Session, Turn, TurnWorker, WarmThread
+from ..models import CodexRollout, Session, TurnWorker, WarmThread
 
 logger = logging.getLogger(__name__)
 
@@ -199,46 +199,3 @@ def affinity_stop(closed: list[KeptThread]) -> None:
         worker_gone(queue=loop[1].queue)
     except Exception:  # noqa: BLE001 — the row goes stale and the sweep removes it
         logger.exception("affinity: could not remove worker %s's rows (%s kept threads closed)", loop[1].queue, len(closed))
-
-
-# --- the sweep ------------------------------------------------------------------------------------
-
-def workers_sweep() -> list[str]:
-    """Remove workers whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``: delete their
-    sessions' ``WarmThread`` rows, send those sessions' queued head turns again (shared queue), delete
-    their queue from the broker, delete their row. Returns the queues removed."""
-    from . import dispatch  # dispatch imports this module for routing
-
-    stale_before = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
-    removed = []
-    for queue in list(TurnWorker.objects.filter(heartbeat_at__lt=stale_before).values_list("queue", flat=True)[:100]):
-        with transaction.atomic():
-            # Re-checked under the row lock: a worker whose heartbeat came back meanwhile keeps everything.
-            if not TurnWorker.objects.select_for_update().filter(queue=queue, heartbeat_at__lt=stale_before).exists():
-                continue
-            sessions = list(WarmThread.objects.filter(queue=queue).values_list("session_id", flat=True))
-            warm_thread_forget(queue=queue)
-            heads = _queued_heads(sessions)
-            for turn_id in heads:
-                dispatch.turn_dispatch_on_commit(turn_id)
-            TurnWorker.objects.filter(queue=queue, heartbeat_at__lt=stale_before).delete()
-        purged = dispatch.queue_delete(queue)
-        logger.warning("sweep: worker queue %s has had no heartbeat since before %s: removed (%s warm sessions, "
-                       "%s queued turns sent again, %s messages dropped from its queue)",
-                       queue, stale_before, len(sessions), len(heads), purged)
-        removed.append(queue)
-    return removed
-
-
-def _queued_heads(session_ids: list[str]) -> list[uuid.UUID]:
-    """The oldest queued turn of each of ``session_ids`` that has no running turn."""
-    heads = []
-    for session_id in session_ids:
-        if Turn.objects.filter(session_id=session_id, status=Turn.Status.RUNNING).exists():
-            continue
-        first = Turn.objects.filter(session_id=session_id, status=Turn.Status.QUEUED).order_by("seq").values_list(
-            "pk", flat=True).first()
-        if first is not None:
-            heads.append(first)
-    return heads
-

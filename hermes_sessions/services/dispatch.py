@@ -63,7 +63,7 @@ def _route(turn_id: uuid.UUID | str) -> str:
 
 
 def queue_delete(queue: str) -> int:
-    """Delete ``queue`` from the broker (a dead worker's own queue, ``affinity.workers_sweep``);
+    """Delete ``queue`` from the broker (a dead worker's own queue, ``recovery.workers_sweep``);
     returns how many messages it held (0 when it did not exist). Every message in it was a
     duplicate (the shared queue got each turn too) or is re-sent by the sweep.
 

@@ -9,7 +9,7 @@
 * ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted.
 * A worker that kept threads loaded and whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``
   is removed: its routing rows, its own queue on the broker, and its sessions' queued turns are sent
-  again to the shared queue (``affinity.workers_sweep``).
+  again to the shared queue (``workers_sweep``).
 
 Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``.
 
@@ -30,7 +30,7 @@ from django.db.models import Exists, OuterRef
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from ..models import IdempotencyKey, Turn
+from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
 from . import affinity, dispatch, events
 from .locks import lock_session_and_turn
 from .turn_log import turn_ended_on_commit
@@ -75,7 +75,7 @@ def turns_sweep() -> SweepReport:
         report.redispatched += 1
         logger.warning("sweep: turn %s queued at its session's head since %s with no worker; sent again", turn_id, last_sent)
 
-    report.workers_removed = len(affinity.workers_sweep())
+    report.workers_removed = len(workers_sweep())
 
     ttl = now - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
     report.keys_deleted, _ = IdempotencyKey.objects.filter(created_at__lt=ttl).delete()
@@ -118,3 +118,44 @@ def _take_back(turn_id: uuid.UUID) -> str:
         dispatch.turn_dispatch_on_commit(turn.pk)
         logger.warning("sweep: turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
         return "requeued"
+
+
+# --- dead workers (session affinity, services/affinity.py) ---------------------------------------
+
+def workers_sweep() -> list[str]:
+    """Remove workers whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``: delete their
+    sessions' ``WarmThread`` rows, send those sessions' queued head turns again (shared queue), delete
+    their queue from the broker, delete their row. Returns the queues removed."""
+    stale_before = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
+    removed = []
+    for queue in list(TurnWorker.objects.filter(heartbeat_at__lt=stale_before).values_list("queue", flat=True)[:100]):
+        with transaction.atomic():
+            # Re-checked under the row lock: a worker whose heartbeat came back meanwhile keeps everything.
+            if not TurnWorker.objects.select_for_update().filter(queue=queue, heartbeat_at__lt=stale_before).exists():
+                continue
+            sessions = list(WarmThread.objects.filter(queue=queue).values_list("session_id", flat=True))
+            affinity.warm_thread_forget(queue=queue)
+            heads = _queued_heads(sessions)
+            for turn_id in heads:
+                dispatch.turn_dispatch_on_commit(turn_id)
+            TurnWorker.objects.filter(queue=queue, heartbeat_at__lt=stale_before).delete()
+        purged = dispatch.queue_delete(queue)
+        logger.warning("sweep: worker queue %s has had no heartbeat since before %s: removed (%s warm sessions, "
+                       "%s queued turns sent again, %s messages dropped from its queue)",
+                       queue, stale_before, len(sessions), len(heads), purged)
+        removed.append(queue)
+    return removed
+
+
+def _queued_heads(session_ids: list[str]) -> list[uuid.UUID]:
+    """The oldest queued turn of each of ``session_ids`` that has no running turn."""
+    heads = []
+    for session_id in session_ids:
+        if Turn.objects.filter(session_id=session_id, status=Turn.Status.RUNNING).exists():
+            continue
+        first = Turn.objects.filter(session_id=session_id, status=Turn.Status.QUEUED).order_by("seq").values_list(
+            "pk", flat=True).first()
+        if first is not None:
+            heads.append(first)
+    return heads
+
