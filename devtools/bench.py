@@ -4,12 +4,13 @@ path against today's cold one, where a turn's time goes, throughput and the work
 Everything runs in one go on this machine with the same model stand-in and the same pinned codex, on two
 stacks side by side (``bench_stacks.py``: each its own gunicorn, turn queue and one ``-c 1`` worker):
 
-* **baseline stack** (``HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0``, today's cold path):
+* **baseline stack** (``HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0 CODEX_PROJECT_DOCS=1``: the cold path
+  as it was before issue 9):
   ``POST /api/sessions/{id}/turns/`` on gunicorn → Redis → the worker → a fresh ``codex app-server`` that
   resumes the session's thread → PostgreSQL, until ``GET /api/turns/{id}/`` reports ``succeeded``
   (polled every 5 ms);
 * **warm stack** (``HERMES_WARM_IDLE_SECONDS=120 HERMES_WARM_POOL=1``, ``--warm-pool``): the same, with a
-  spare app-server kept ready and, once session affinity is in the worker, the thread kept loaded
+  spare app-server kept ready and the thread kept loaded (session affinity)
   between a session's turns;
 * **same work**: a minimal script spawns the app-server, ``initialize``, ``thread/resume``,
   ``turn/start`` → ``turn/completed``, closes it (what the worker must do for a restarted session);
@@ -302,7 +303,7 @@ def _print_results(runs: int, m: dict[str, Any]) -> None:
     s, a, w = median_ms(m["stack"]), median_ms(m["same"]), median_ms(m["warm"])
     print(f"runs: {runs} (interleaved; codex {_codex_version(m['argv'])}; model stand-in; PostgreSQL + Redis)")
     print(f"median_stack_ms: {s}        (baseline stack: POST turn → GET shows succeeded; gunicorn, Celery worker, "
-          "fresh app-server, resume; HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0)")
+          "fresh app-server, resume; HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0 CODEX_PROJECT_DOCS=1)")
     print(f"median_same_work_ms: {a}    (direct script: spawn, initialize, thread/resume, turn, close)")
     print(f"median_warm_ms: {w}         (turn on an already-running app-server with the thread loaded)")
     f = median_ms(m["fresh"])

@@ -3,11 +3,11 @@ environment that picks the worker's warm behaviour, and the REST client that tim
 
 Two kinds of stack run side by side in one bench (same database, broker, model stand-in and codex):
 
-* **baseline**: ``HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0`` — every turn spawns, initializes and
-  resumes its own app-server and closes it after the turn (the cold path);
-* **warm**: ``HERMES_WARM_IDLE_SECONDS=120 HERMES_WARM_POOL=1`` — the worker keeps a spare app-server
-  ready and, once session affinity is in the worker, keeps a session's thread loaded between its turns
-  (before that, ``HERMES_WARM_IDLE_SECONDS`` is read by nobody and the warm stack is a spare-pool stack).
+* **baseline**: ``HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0 CODEX_PROJECT_DOCS=1`` — the product
+  as it was before issue 9: every turn spawns, initializes and resumes its own app-server (with codex's
+  AGENTS.md lookups) and closes it after the turn (the cold path);
+* **warm**: ``HERMES_WARM_IDLE_SECONDS=120 HERMES_WARM_POOL=1`` (and no project docs, the default) — the
+  worker keeps a spare app-server ready and keeps a session's thread loaded between its turns.
 
 Each worker is one process, ``celery -A project worker -Q <queue>,celery -c 1 -n <unique>@%h``, as
 session affinity needs (it adds the worker's own queue ``<queue>.<node name>`` itself)."""
@@ -30,8 +30,8 @@ BASE = Path(__file__).resolve().parent.parent
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 # The two stacks' worker settings (see the module docstring).
-BASELINE_ENV = {"HERMES_WARM_IDLE_SECONDS": "0", "HERMES_WARM_POOL": "0"}
-WARM_ENV = {"HERMES_WARM_IDLE_SECONDS": "120", "HERMES_WARM_POOL": "1"}
+BASELINE_ENV = {"HERMES_WARM_IDLE_SECONDS": "0", "HERMES_WARM_POOL": "0", "CODEX_PROJECT_DOCS": "1"}
+WARM_ENV = {"HERMES_WARM_IDLE_SECONDS": "120", "HERMES_WARM_POOL": "1", "CODEX_PROJECT_DOCS": "0"}
 
 
 def stack_environment(env: dict[str, str], name: str, settings: dict[str, str]) -> dict[str, str]:

@@ -277,6 +277,9 @@ CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/sta
 CODEX_MAX_FRAME_BYTES = env_int("CODEX_MAX_FRAME_BYTES", 64 * 1024 * 1024)
 # JSON list replacing the start-up sandbox check command (hermes_sessions/codex/sandbox_check.py); tests only.
 CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")
+# Let codex read AGENTS.md project docs from a session's work dir (off: -c project_doc_max_bytes=0, which
+# saves a sandboxed helper process per looked-up path at every resume; docs/codex.md §11).
+CODEX_PROJECT_DOCS = env_bool("CODEX_PROJECT_DOCS", False)
 # Tail cap (characters) of the transcript a fresh thread is seeded with (hermes_sessions/history_seed.py).
 HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
 # Spare app-servers per worker process, spawned and initialized ahead of need (hermes_sessions/codex/warm.py);

@@ -285,9 +285,12 @@ def app_server_argv(*, sandbox: str | None = None, workdir: Path | None = None) 
     """The command that starts one app-server: ``settings.CODEX_APP_SERVER_COMMAND`` (a JSON list;
     the tests' scripted stand-in) or ``[<native codex>, "app-server"]``; with ``sandbox`` and
     ``workdir``, followed by ``permission_overrides`` (the session's permission profile); always followed
-    by ``NO_PROJECT_DOCS`` (no AGENTS.md lookups: they cost a sandboxed process each, docs/codex.md §11)."""
+    by ``NO_PROJECT_DOCS`` (no AGENTS.md lookups: they cost a sandboxed process each, docs/codex.md §11)
+    unless ``settings.CODEX_PROJECT_DOCS`` asks for codex's project docs (the behaviour before; the
+    bench's baseline stack)."""
     extra = permission_overrides(sandbox, workdir) if sandbox is not None and workdir is not None else []
-    extra = extra + NO_PROJECT_DOCS
+    if not settings.CODEX_PROJECT_DOCS:
+        extra = extra + NO_PROJECT_DOCS
     if settings.CODEX_APP_SERVER_COMMAND:
         argv = json.loads(settings.CODEX_APP_SERVER_COMMAND)
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):

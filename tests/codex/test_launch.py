@@ -89,3 +89,11 @@ def test_every_app_server_reads_no_project_docs(worker_env, settings, tmp_path):
         assert argv[argv.index("project_doc_max_bytes=0") - 1] == "-c"
     settings.CODEX_APP_SERVER_COMMAND = '["python", "stand_in.py"]'
     assert app_server_argv()[-2:] == NO_PROJECT_DOCS
+
+
+def test_project_docs_can_be_asked_for(settings):
+    """``CODEX_PROJECT_DOCS``: codex's own AGENTS.md lookup, as before ``NO_PROJECT_DOCS`` (the bench's baseline)."""
+    settings.CODEX_PROJECT_DOCS = True
+    assert "project_doc_max_bytes=0" not in app_server_argv()
+    settings.CODEX_PROJECT_DOCS = False
+    assert app_server_argv()[-2:] == NO_PROJECT_DOCS
