@@ -116,8 +116,9 @@ run: install
 # (session affinity, README "Warm turns"); for more turns at once run more workers, each its WORKER_NAME.
 WORKER_NAME ?= hermes@%h
 WORKER_CONCURRENCY ?= 1
+WORKER_BEAT ?= -B
 worker: install
-	$(VENV)/bin/celery -A project worker -B -Q $(or $(strip $(HERMES_TURN_QUEUE)),turns),celery -n '$(WORKER_NAME)' --concurrency $(WORKER_CONCURRENCY) --loglevel info
+	$(VENV)/bin/celery -A project worker $(WORKER_BEAT) -Q $(or $(strip $(HERMES_TURN_QUEUE)),turns),celery -n '$(WORKER_NAME)' --concurrency $(WORKER_CONCURRENCY) --loglevel info
 
 clean:
 	rm -rf var .pytest_cache

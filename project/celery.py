@@ -52,7 +52,7 @@ def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
     process holding a thread. Keeping off (``HERMES_WARM_IDLE_SECONDS=0``): no own queue either."""
     from django.conf import settings
 
-    from hermes_sessions.services.affinity import OWN_QUEUE_ENV, own_queue_name
+    from hermes_sessions.services.affinity import OWN_QUEUE_ENV, own_queue_name, own_queue_taken
 
     os.environ.pop(OWN_QUEUE_ENV, None)
     pool = str(getattr(instance, "pool_cls", "") or "")
@@ -67,6 +67,15 @@ def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
             getattr(instance, "concurrency", "?"), pool or "prefork")
         return
     queue = own_queue_name(sender)
+    try:
+        taken = own_queue_taken(queue)
+    except Exception:  # noqa: BLE001 — the database is down at start: take the queue (the sweep sorts out the rest)
+        taken = ""
+    if taken:
+        logging.getLogger("hermes_sessions.affinity").error(
+            "%s: this worker keeps no thread loaded (no own queue); give each worker its own node name "
+            "(-n, make worker WORKER_NAME=…)", taken)
+        return
     instance.app.amqp.queues.select_add(queue)  # type: ignore[attr-defined]
     os.environ[OWN_QUEUE_ENV] = queue
 

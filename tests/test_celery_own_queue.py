@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 from celery.concurrency import get_implementation
 
+from hermes_sessions.models import TurnWorker
+from hermes_sessions.services import affinity
 from hermes_sessions.services.affinity import OWN_QUEUE_ENV, own_queue_name
 from project.celery import _consume_own_queue
 
@@ -30,9 +32,11 @@ def worker(pool: str, concurrency: int) -> SimpleNamespace:
 
 
 @pytest.fixture(autouse=True)
-def keeping_on(settings, monkeypatch):
+def keeping_on(settings, monkeypatch, request):
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 120.0, 8
     monkeypatch.setenv(OWN_QUEUE_ENV, "left over from an earlier start")
+    if "django_db" not in request.keywords:
+        monkeypatch.setattr(affinity, "own_queue_taken", lambda queue: "")  # no live worker holds it
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo"])
@@ -57,3 +61,26 @@ def test_no_own_queue_when_keeping_is_off(settings, setting):
     w = worker("prefork", 1)
     _consume_own_queue(sender=NODE, instance=w)
     assert w.app.amqp.queues.added == [] and OWN_QUEUE_ENV not in os.environ
+
+
+@pytest.mark.django_db
+def test_a_second_worker_with_the_same_name_gets_no_own_queue(caplog):
+    """Found by a newcomer: ``make worker`` twice (both ``hermes@<host>``) shared one own queue, and a
+    session's turns alternated between the two, mostly cold. The second now runs without one, and says why."""
+    import datetime
+    import socket
+
+    from django.utils import timezone
+
+    queue = own_queue_name(NODE)
+    TurnWorker.objects.create(queue=queue, node=NODE, host=socket.gethostname(), pid=os.getpid(),
+                              heartbeat_at=timezone.now())
+    w = worker("prefork", 1)
+    _consume_own_queue(sender=NODE, instance=w)
+    assert w.app.amqp.queues.added == [] and OWN_QUEUE_ENV not in os.environ
+    assert "already consumed by live process" in caplog.text and "WORKER_NAME" in caplog.text
+    # Its heartbeat gone stale (that worker died): the name is free again.
+    TurnWorker.objects.filter(queue=queue).update(heartbeat_at=timezone.now() - datetime.timedelta(minutes=5))
+    w = worker("prefork", 1)
+    _consume_own_queue(sender=NODE, instance=w)
+    assert w.app.amqp.queues.added == [queue]

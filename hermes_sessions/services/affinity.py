@@ -56,6 +56,26 @@ def own_queue() -> str:
     return os.environ.get(OWN_QUEUE_ENV, "")
 
 
+def own_queue_taken(queue: str) -> str:
+    """Why a worker starting now may not consume ``queue`` (``""``: it may): another live worker already
+    does — its ``TurnWorker`` heartbeat is fresh and it runs on another host, or on this one as a live
+    process. Two workers with one node name (``make worker`` twice without ``WORKER_NAME``) would share the
+    queue, and a session's turns would alternate between them, mostly cold."""
+    fresh = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
+    row = TurnWorker.objects.filter(queue=queue, heartbeat_at__gt=fresh).values("host", "pid").first()
+    if row is None:
+        return ""
+    if row["host"] != socket.gethostname():
+        return f"worker queue {queue} is already consumed by a live worker on host {row['host']}"
+    try:
+        os.kill(row["pid"], 0)
+    except ProcessLookupError:
+        return ""
+    except PermissionError:
+        pass
+    return f"worker queue {queue} is already consumed by live process {row['pid']} on this host"
+
+
 def turn_route(turn_id: uuid.UUID | str) -> str:
     """The own queue to send turn ``turn_id`` to first, or ``""`` (shared queue only): its session's
     ``WarmThread`` window is open and that worker's heartbeat is fresher than
