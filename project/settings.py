@@ -319,6 +319,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {
         "hermes_sessions": {"handlers": ["console"], "level": HERMES_LOG_LEVEL},
+        # An unhandled error in a request (a 500) is logged with its traceback; Django's default sends it
+        # only to mail_admins when DEBUG is off, i.e. nowhere here.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
         **{name: {"filters": ["quiet_sweep"]} for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")},
     },
 }
