@@ -32,3 +32,17 @@ def test_it_refuses_what_it_cannot_do(user, scripted_codex, run_turn_now):
     call_command("forget_rollout", "sess-new")
     with pytest.raises(CommandError, match="has no stored rollout"):
         call_command("forget_rollout", "sess-new")
+
+
+def test_it_refuses_while_a_turn_runs(user, scripted_codex, run_turn_now):
+    """Found by an adversary: forgetting the rollout under a running turn fenced that turn's finalize (it
+    committed nothing, waited for its lease and ran its input a second time). Now refused, nothing deleted."""
+    session = services.session_create(owner=user, session_id="sess-busy")
+    t1 = run_turn_now(session=session, text="hello", user=user)
+    running = Turn.objects.create(session=session, seq=2, input="still running", status=Turn.Status.RUNNING)
+    with pytest.raises(CommandError, match="has a running turn"):
+        call_command("forget_rollout", "sess-busy")
+    assert CodexRollout.objects.filter(thread_id=t1.codex_thread_id).exists()
+    Turn.objects.filter(pk=running.pk).update(status=Turn.Status.SUCCEEDED)
+    call_command("forget_rollout", "sess-busy")
+    assert not CodexRollout.objects.filter(thread_id=t1.codex_thread_id).exists()
