@@ -36,11 +36,12 @@ def _fill_spares(**_: object) -> None:
     from hermes_sessions.codex.kept import keeper
     from hermes_sessions.codex.warm import spare_pool
     from hermes_sessions.services.affinity import affinity_start
+    from hermes_sessions.services.dispatch import turn_dispatch_on_commit
 
     spare_pool()
     k = keeper()
     if k is not None:
-        affinity_start(k)  # routable from its first kept thread on (a no-op without an own queue)
+        affinity_start(k, redispatch=turn_dispatch_on_commit)  # a no-op without an own queue
 
 
 @celeryd_after_setup.connect

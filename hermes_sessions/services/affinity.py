@@ -14,8 +14,9 @@ The database side of ``codex/kept.py``. The pieces:
 * **routing** (``turn_route``): a turn goes to the own queue of the worker named by its session's
   ``WarmThread`` while that row's window is open and that worker's heartbeat is fresh, *and* to the
   shared queue ``HERMES_AFFINITY_DEADLINE`` seconds later (a Celery countdown): whichever delivery
-  claims first runs it, the other finds it taken and does nothing (``turn_claim``). So a busy or dead
-  holder delays a turn by the deadline at most, and a queue nobody consumes holds only duplicates.
+  claims first runs it, the other finds it taken and does nothing (``turn_claim``), and a queue nobody
+  consumes holds only duplicates. A busy holder also hands off a turn it has not claimed by the deadline
+  (``AffinityLoop``, ``overdue_turns``): the countdown copy may sit reserved behind another worker's turn.
 * **the sweep** (``recovery.workers_sweep``): a worker whose heartbeat is older than
   ``HERMES_WORKER_STALE_SECONDS`` is gone (kill -9, lost host): its sessions' ``WarmThread`` rows are
   deleted, the queued head turns of those sessions are sent again (to the shared queue), its queue is
@@ -30,15 +31,17 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Exists, OuterRef
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..codex.kept import Keeper, KeptThread
-from ..models import CodexRollout, Session, TurnWorker, WarmThread
+from ..models import CodexRollout, Session, Turn, TurnWorker, WarmThread
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +134,21 @@ def taken_elsewhere(*, queue: str, held: list[tuple[str, str, int]]) -> dict[str
     return why
 
 
+def overdue_turns(*, queue: str) -> list[tuple[str, uuid.UUID]]:
+    """``(session id, turn id)`` of the queued head turns of the sessions whose ``WarmThread`` names
+    ``queue`` that were sent more than ``HERMES_AFFINITY_DEADLINE`` ago and that no worker has claimed
+    (no turn of the session running)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE)
+    sessions = WarmThread.objects.filter(queue=queue).values("session_id")
+    busy = Turn.objects.filter(session=OuterRef("session"), status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING),
+                               seq__lt=OuterRef("seq"))
+    running = Turn.objects.filter(session=OuterRef("session"), status=Turn.Status.RUNNING)
+    heads = (Turn.objects.filter(session_id__in=sessions, status=Turn.Status.QUEUED)
+             .annotate(sent=Coalesce("dispatched_at", "created_at")).filter(sent__lt=cutoff)
+             .exclude(Exists(busy)).exclude(Exists(running)))
+    return [(str(sid), tid) for sid, tid in heads.values_list("session_id", "pk")[:100]]
+
+
 def worker_heartbeat(*, queue: str, kept: int) -> None:
     """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now``."""
     node = queue[len(settings.HERMES_TURN_QUEUE) + 1:] if queue.startswith(f"{settings.HERMES_TURN_QUEUE}.") else queue
@@ -149,10 +167,16 @@ class AffinityLoop:
     """The thread of a worker process that keeps threads loaded: every
     ``HERMES_WORKER_HEARTBEAT_SECONDS`` it renews the ``TurnWorker`` heartbeat, closes copies idle past
     the window (or whose process died) and releases copies another worker took (``taken_elsewhere``),
-    deleting their ``WarmThread`` rows where they still name this worker. Own database connection."""
+    deleting their ``WarmThread`` rows where they still name this worker; and hands off the turns of its
+    sessions that it has not claimed within ``HERMES_AFFINITY_DEADLINE`` (``overdue_turns``: this process
+    is busy with another session's turn) — the copy is closed, the row deleted and the turn sent again with
+    ``redispatch`` (``dispatch.turn_dispatch_on_commit``, given by the caller: this module must not import
+    dispatch, which imports it), now to the shared queue. The deadline's countdown copy alone is not enough:
+    an idle worker may reserve it and then start a long turn before it is due (found by an adversary).
+    Own database connection."""
 
-    def __init__(self, keeper: Keeper, queue: str) -> None:
-        self.keeper, self.queue = keeper, queue
+    def __init__(self, keeper: Keeper, queue: str, redispatch: Callable[[uuid.UUID], None] | None = None) -> None:
+        self.keeper, self.queue, self.redispatch = keeper, queue, redispatch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hermes-affinity", daemon=True)
 
@@ -172,6 +196,13 @@ class AffinityLoop:
             self.keeper.release(session_id, reason=reason)
         if gone:
             warm_thread_forget(queue=self.queue, session_ids=[k.session_id for k in gone])
+        if self.redispatch is not None:
+            for session_id, turn_id in overdue_turns(queue=self.queue):
+                self.keeper.release(session_id, reason=f"its turn {turn_id} waited past HERMES_AFFINITY_DEADLINE "
+                                                       "for this busy worker: handed to any worker")
+                with transaction.atomic():
+                    warm_thread_forget(queue=self.queue, session_ids=[session_id])
+                    self.redispatch(turn_id)
         worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()))
 
     def _run(self) -> None:
@@ -192,15 +223,16 @@ _loop: tuple[int, AffinityLoop] | None = None
 _loop_lock = threading.Lock()
 
 
-def affinity_start(keeper: Keeper) -> AffinityLoop | None:
-    """Start this process's ``AffinityLoop`` once (after any fork); ``None`` without an own queue."""
+def affinity_start(keeper: Keeper, redispatch: Callable[[uuid.UUID], None] | None = None) -> AffinityLoop | None:
+    """Start this process's ``AffinityLoop`` once (after any fork); ``None`` without an own queue.
+    ``redispatch``: how to send a handed-off turn again (``dispatch.turn_dispatch_on_commit``)."""
     global _loop
     queue = own_queue()
     if not queue:
         return None
     with _loop_lock:
         if _loop is None or _loop[0] != os.getpid():
-            loop = AffinityLoop(keeper, queue)
+            loop = AffinityLoop(keeper, queue, redispatch)
             loop.start()  # its first round writes the heartbeat row at once (on its own connection)
             _loop = (os.getpid(), loop)
         return _loop[1]

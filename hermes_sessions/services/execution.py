@@ -55,6 +55,7 @@ from ..codex.warm import Spare, die_with_parent, spare_pool
 from ..history_seed import seeded_input
 from ..models import Turn
 from . import affinity
+from .dispatch import turn_dispatch_on_commit
 from .events import RETRYING, TurnEventWriter
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
@@ -554,7 +555,7 @@ class _Held:
         self.running = None  # the keeper owns it from here
         closed = k.keep(kept)
         try:
-            affinity.affinity_start(k)
+            affinity.affinity_start(k, redispatch=turn_dispatch_on_commit)
             if closed:
                 affinity.warm_thread_forget(queue=affinity.own_queue(), session_ids=[c.session_id for c in closed])
         except Exception:  # noqa: BLE001 — routing is a hint: a stale row only costs the affinity deadline

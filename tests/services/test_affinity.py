@@ -395,6 +395,36 @@ def test_a_tick_beats_releases_taken_copies_and_forgets_expired_ones(fresh_keepe
     assert timezone.now() - row.heartbeat_at < timedelta(seconds=5)
 
 
+def test_a_busy_holder_hands_off_a_turn_it_has_not_claimed_within_the_deadline(fresh_keeper, settings):
+    """Found by an adversary: with the holder busy, the deadline's countdown copy had been reserved by an idle
+    worker that then started a long turn before it was due, and the turn waited behind it. The holder's loop
+    now hands the overdue turn off: copy closed, routing row deleted, the turn sent again (shared queue)."""
+    queue = affinity.own_queue_name("w1@host")
+    late, fresh_one, claimed = SessionFactory(), SessionFactory(), SessionFactory()
+    threads = {s.pk: f"019a0000-0000-7000-8000-{n:012d}" for n, s in enumerate((late, fresh_one, claimed))}
+    copies = {}
+    for s in (late, fresh_one, claimed):
+        rollout_row(s, thread_id=threads[s.pk], generation=1)
+        copies[s.pk] = make_kept(s.pk, thread_id=threads[s.pk], generation=1)
+        fresh_keeper.keep(copies[s.pk])
+        warm_row(s, queue, generation=1, thread_id=threads[s.pk])
+    long_ago = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE + 5)
+    overdue = TurnFactory(session=late, seq=1, status=Turn.Status.QUEUED, dispatched_at=long_ago)
+    TurnFactory(session=fresh_one, seq=1, status=Turn.Status.QUEUED, dispatched_at=timezone.now())
+    TurnFactory(session=claimed, seq=1, status=Turn.Status.RUNNING)
+    TurnFactory(session=claimed, seq=2, status=Turn.Status.QUEUED, dispatched_at=long_ago)  # behind a running one
+    sent: list = []
+
+    affinity.AffinityLoop(fresh_keeper, queue, redispatch=sent.append).tick()
+
+    assert sent == [overdue.pk]
+    assert copies[late.pk].client.closes == 1
+    assert sorted(s for s, _, _ in fresh_keeper.held()) == sorted([fresh_one.pk, claimed.pk])
+    assert set(WarmThread.objects.values_list("session_id", flat=True)) == {fresh_one.pk, claimed.pk}
+    affinity.AffinityLoop(fresh_keeper, queue).tick()  # without redispatch (tests, old callers): no hand-off
+    assert sent == [overdue.pk]
+
+
 def test_a_clean_stop_forgets_the_workers_rows():
     queue = own("a")
     worker_row(queue)
@@ -455,7 +485,7 @@ def _held_running(tmp_path: Path) -> tuple[execution._Held, FakeClient]:
 
 def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_keeper, tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(affinity, "affinity_start", started.append)
+    monkeypatch.setattr(affinity, "affinity_start", lambda k, **_: started.append(k))
     queue = own("a")
     monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
     session = SessionFactory(owner=user)
@@ -477,7 +507,7 @@ def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_
 
 @pytest.mark.parametrize("case", ["failed", "not committed", "no rollout"])
 def test_settle_closes_the_app_server_otherwise(user, sent, fresh_keeper, tmp_path, monkeypatch, case):
-    monkeypatch.setattr(affinity, "affinity_start", lambda k: None)
+    monkeypatch.setattr(affinity, "affinity_start", lambda k, **_: None)
     session = SessionFactory(owner=user)
     held, client = _held_running(tmp_path)
     claim = _claimed(session, user, sent)
