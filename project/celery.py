@@ -96,8 +96,17 @@ def _close_spares(**_: object) -> None:
 
 @worker_shutdown.connect
 def _close_in_main_process(**kwargs: object) -> None:
-    """``-P solo`` runs turns in the main process, which gets no ``worker_process_shutdown``."""
+    """The worker's end (main process): ``-P solo`` runs turns here and gets no ``worker_process_shutdown``;
+    and the worker's own queue is deleted from the broker, bindings included — nobody consumes it any more
+    (its messages are duplicates of shared-queue ones, or the sweep sends their turns again). Not at a pool
+    process's end: the main process still consumes the queue when one child is replaced."""
+    from hermes_sessions.services.affinity import own_queue
+    from hermes_sessions.services.dispatch import queue_delete
+
+    queue = own_queue()
     _close_spares(**kwargs)
+    if queue:
+        queue_delete(queue)
 
 
 @after_setup_logger.connect

@@ -153,6 +153,30 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
     assert "changed" in workers.log("a") or "settings" in workers.log("a")
     assert not Notice.objects.exists()
 
+    # A clean stop (warm shutdown) leaves nothing of the worker behind: no app-server, no routing rows,
+    # and neither its own queue nor its bindings on the broker.
+    queue = workers.queue("a")
+    stop_workers([workers.procs["a"]])
+    assert workers.codex_of("a") == [] and not TurnWorker.objects.exists() and not WarmThread.objects.exists()
+    assert _broker_keys_naming(queue) == {}
+
+
+def _broker_keys_naming(queue: str) -> dict[str, list[bytes]]:
+    """Redis keys that are ``queue`` or binding tables with a member naming it."""
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    found: dict[str, list[bytes]] = {}
+    for key in client.scan_iter(match="*"):
+        name = key.decode()
+        if name == queue:
+            found[name] = [b"list"]
+        elif name.startswith("_kombu.binding") and client.type(key) == b"set":
+            members = [m for m in client.smembers(key) if queue.encode() in m]
+            if members:
+                found[name] = members
+    return found
+
 
 def test_a_dead_app_server_between_turns_runs_cold(user, workers, stand_in):
     workers.start("a")
