@@ -51,6 +51,7 @@ def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
     and names it in ``HERMES_OWN_QUEUE`` for its pool process (set before the pool forks). A worker with
     more pool processes gets no own queue and keeps no thread loaded: its queue could not reach the one
     process holding a thread. Keeping off (``HERMES_WARM_IDLE_SECONDS=0``): no own queue either."""
+    from django import db
     from django.conf import settings
 
     from hermes_sessions.services.affinity import OWN_QUEUE_ENV, own_queue_name, own_queue_taken
@@ -72,6 +73,9 @@ def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
         taken = own_queue_taken(queue)
     except Exception:  # noqa: BLE001 — the database is down at start: take the queue (the sweep sorts out the rest)
         taken = ""
+    finally:
+        if not db.connection.in_atomic_block:  # (a test's transaction)
+            db.connection.close()  # opened in the main process before the pool forks: children must not share it
     if taken:
         logging.getLogger("hermes_sessions.affinity").error(
             "%s: this worker keeps no thread loaded (no own queue); give each worker its own node name "

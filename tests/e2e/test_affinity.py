@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
 
 from devtools.processes import ancestors, codex_processes
 from hermes_sessions import services
 from hermes_sessions.models import CodexRollout, Notice, Turn, TurnWorker, WarmThread
 from project.celery import app as celery_app
+from tests.support.broker_keys import keys_naming
 
 from .conftest import stop_workers, wait_ready, worker_env
 from .test_seed_e2e import TURN_QUEUE, _database_url, _forget_queue
@@ -158,24 +160,7 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
     queue = workers.queue("a")
     stop_workers([workers.procs["a"]])
     assert workers.codex_of("a") == [] and not TurnWorker.objects.exists() and not WarmThread.objects.exists()
-    assert _broker_keys_naming(queue) == {}
-
-
-def _broker_keys_naming(queue: str) -> dict[str, list[bytes]]:
-    """Redis keys that are ``queue`` or binding tables with a member naming it."""
-    import redis
-
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    found: dict[str, list[bytes]] = {}
-    for key in client.scan_iter(match="*"):
-        name = key.decode()
-        if name == queue:
-            found[name] = [b"list"]
-        elif name.startswith("_kombu.binding") and client.type(key) == b"set":
-            members = [m for m in client.smembers(key) if queue.encode() in m]
-            if members:
-                found[name] = members
-    return found
+    assert keys_naming(redis.Redis.from_url(settings.CELERY_BROKER_URL), queue) == {}
 
 
 def test_a_dead_app_server_between_turns_runs_cold(user, workers, stand_in):

@@ -369,15 +369,22 @@ def test_deleting_a_queue_nobody_declared_removes_nothing(broker):
 
 # --- the affinity loop ------------------------------------------------------------------------------
 
+def _kept_sessions(keeper, sessions, *, generation: int):
+    """Each of ``sessions`` with a stored rollout at ``generation`` and a kept copy of it in ``keeper``;
+    returns ``({session id: thread id}, {session id: copy})``."""
+    threads = {s.pk: f"019a0000-0000-7000-8000-{n:012d}" for n, s in enumerate(sessions)}
+    copies = {}
+    for s in sessions:
+        rollout_row(s, thread_id=threads[s.pk], generation=generation)
+        copies[s.pk] = make_kept(s.pk, thread_id=threads[s.pk], generation=generation)
+        assert keeper.keep(copies[s.pk]) == []
+    return threads, copies
+
+
 def test_a_tick_beats_releases_taken_copies_and_forgets_expired_ones(fresh_keeper, settings):
     queue = affinity.own_queue_name("w1@host")
     keeps, taken, idle = SessionFactory(), SessionFactory(), SessionFactory()
-    threads = {s.pk: f"019a0000-0000-7000-8000-{n:012d}" for n, s in enumerate((keeps, taken, idle))}
-    copies = {}
-    for s in (keeps, taken, idle):
-        rollout_row(s, thread_id=threads[s.pk], generation=2)
-        copies[s.pk] = make_kept(s.pk, thread_id=threads[s.pk], generation=2)
-        assert fresh_keeper.keep(copies[s.pk]) == []
+    threads, copies = _kept_sessions(fresh_keeper, (keeps, taken, idle), generation=2)
     other = own("other")
     warm_row(keeps, queue, generation=2, thread_id=threads[keeps.pk])
     warm_row(taken, other, generation=2, thread_id=threads[taken.pk])
@@ -401,12 +408,8 @@ def test_a_busy_holder_hands_off_a_turn_it_has_not_claimed_within_the_deadline(f
     now hands the overdue turn off: copy closed, routing row deleted, the turn sent again (shared queue)."""
     queue = affinity.own_queue_name("w1@host")
     late, fresh_one, claimed = SessionFactory(), SessionFactory(), SessionFactory()
-    threads = {s.pk: f"019a0000-0000-7000-8000-{n:012d}" for n, s in enumerate((late, fresh_one, claimed))}
-    copies = {}
+    threads, copies = _kept_sessions(fresh_keeper, (late, fresh_one, claimed), generation=1)
     for s in (late, fresh_one, claimed):
-        rollout_row(s, thread_id=threads[s.pk], generation=1)
-        copies[s.pk] = make_kept(s.pk, thread_id=threads[s.pk], generation=1)
-        fresh_keeper.keep(copies[s.pk])
         warm_row(s, queue, generation=1, thread_id=threads[s.pk])
     long_ago = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE + 5)
     overdue = TurnFactory(session=late, seq=1, status=Turn.Status.QUEUED, dispatched_at=long_ago)

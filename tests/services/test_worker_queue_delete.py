@@ -4,26 +4,12 @@ binding left behind). On a private redis-server, with the app's Redis transport.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from kombu import Exchange, Queue
 
 from hermes_sessions.services import dispatch
 from project.celery import app
-
-
-def _keys_naming(client: Any, queue: str) -> dict[str, list[bytes]]:
-    """Every Redis key that is ``queue`` or a binding table with a member naming it."""
-    found: dict[str, list[bytes]] = {}
-    for key in client.keys("*"):
-        name = key.decode()
-        if name == queue:
-            found[name] = [b"list"]
-        elif name.startswith("_kombu.binding") and client.type(key) == b"set":
-            members = [m for m in client.smembers(key) if queue.encode() in m]
-            if members:
-                found[name] = members
-    return found
+from tests.support.broker_keys import keys_naming
 
 
 def test_a_dead_workers_queue_and_both_its_bindings_are_removed(redis_broker, monkeypatch):
@@ -36,11 +22,11 @@ def test_a_dead_workers_queue_and_both_its_bindings_are_removed(redis_broker, mo
         conn.Producer().publish({"turn": "t"}, exchange=queue, routing_key=queue, serializer="json")
     client = redis_broker._client()
     try:
-        assert set(_keys_naming(client, queue)) >= {queue, "_kombu.binding.celery", f"_kombu.binding.{queue}"}
+        assert set(keys_naming(client, queue)) >= {queue, "_kombu.binding.celery", f"_kombu.binding.{queue}"}
         monkeypatch.setattr(app.conf, "broker_write_url", redis_broker.url)  # queue_delete's connection
         assert dispatch.queue_delete(queue) == 1
-        assert _keys_naming(client, queue) == {}  # a purge alone left the bindings (and later turns routed there)
+        assert keys_naming(client, queue) == {}  # a purge alone left the bindings (and later turns routed there)
         assert dispatch.queue_delete(queue) == 0  # gone: nothing to do, no error
-        assert _keys_naming(client, queue) == {}
+        assert keys_naming(client, queue) == {}
     finally:
         client.close()
