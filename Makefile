@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo demo-admin test e2e bench bench-admin bench-streams faults stand-in lint services chromium migrate run worker clean codex-bump
+.PHONY: install demo demo-admin test e2e bench bench-warm bench-admin bench-streams faults stand-in lint services chromium migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,11 @@ codex-bump: $(VENV)/.installed services
 
 bench: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench $(BENCH_ARGS)
+
+# The warm path alone, quickly (~30 s): consecutive turns on the warm stack against the warm direct turn,
+# with the phase and timings medians (devtools/bench_warm.py; BENCH_WARM_ARGS="--turns 60 --spy 20").
+bench-warm: install services
+	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench_warm $(BENCH_WARM_ARGS)
 
 # Open event streams held by one ASGI worker while ordinary API requests are timed (README "Live streaming").
 bench-streams: install services

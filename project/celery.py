@@ -6,6 +6,8 @@ from celery import Celery
 from celery.signals import (
     after_setup_logger,
     celeryd_after_setup,
+    task_postrun,
+    task_prerun,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -26,6 +28,21 @@ def _check_codex_sandbox(**_: object) -> None:
     from hermes_sessions.codex.sandbox_check import check_at_worker_start
 
     check_at_worker_start()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(task: object = None, **_: object) -> None:
+    """Around each task, what Django does around each request (``request_started`` /
+    ``request_finished``): close a connection that is unusable (an error occurred and it fails its
+    health check, e.g. PostgreSQL restarted) or older than ``DATABASE_CONN_MAX_AGE``; keep the rest.
+    Replaces Celery's close-everything (``CELERY_DB_REUSE_MAX`` in settings). Not for an eager task: it
+    runs inside the caller's request, maybe inside its transaction."""
+    if getattr(getattr(task, "request", None), "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 @worker_process_init.connect
