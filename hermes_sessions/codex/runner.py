@@ -76,6 +76,11 @@ class TurnSpec:
     # The bound thread's rollout was restored from PostgreSQL into this app-server's CODEX_HOME: codex's
     # "no rollout found" then cannot mean the thread is gone, and fails the turn instead of rotating.
     rollout_restored: bool = False
+    # The bound thread is already loaded in this app-server, whose connection started or resumed it (a
+    # thread kept loaded since the session's last turn, ``codex/kept.py``): no ``thread/resume`` is sent —
+    # its answer (and permission profile, checked then) is that of the last one. Should codex have
+    # unloaded it meanwhile, ``turn/start`` answers ``thread not found`` and ``_start_turn`` resumes it.
+    thread_loaded: bool = False
     # Re-runs only: the fresh thread a lost worker started for this turn (not bound: I1).
     previous_thread_id: str | None = None
     # Called with a freshly started thread's id before turn/start, so a re-run can find it.
@@ -295,6 +300,9 @@ def _open_thread(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, firs
     """Resume the bound thread, or rotate, or (on a re-run) reuse the lost worker's fresh thread, or
     start one. Fills ``out.thread_action``/``thread_id``/``rotated_from``; returns the input text to
     send (seeded for a fresh thread) and whether the lost worker's thread was reused."""
+    if spec.thread_id and spec.thread_loaded and not spec.adopt_completed:
+        out.thread_action, out.thread_id = "resumed", spec.thread_id
+        return spec.text, False
     try:
         if spec.thread_id:
             _resume_bound(client, spec, out)

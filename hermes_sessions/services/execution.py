@@ -321,7 +321,7 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
             workdir.mkdir(parents=True, exist_ok=True)
             return _drive(claim, control, stream, kept.client, kept.version, workdir, kept.home, kept.base, t0,
                           restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, held=held,
-                          turns=kept.turns + 1)
+                          turns=kept.turns + 1, thread_loaded=True)
         finally:
             if not held.owns(kept.client):
                 kept.close()  # also when the turn failed: a former spare's home goes with it (idempotent)
@@ -405,10 +405,11 @@ def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) ->
 def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, client: AppServerClient, version: str,
            workdir: Path, home: Path, base: RolloutBase | None, t0: float, *, restore_ms: float,
            initialize_ms: float, spare: bool, release: Callable[[], None], held: _Held,
-           turns: int = 1) -> TurnOutcome:
+           turns: int = 1, thread_loaded: bool = False) -> TurnOutcome:
     """Drive the claim's turn on ``client`` (started), read what codex appended, and close it with
     ``release`` — unless the turn completed and ``held`` may keep the process: then it is left running
-    in ``held`` (``turns``: how many turns it has run, this one included)."""
+    in ``held`` (``turns``: how many turns it has run, this one included). ``thread_loaded``: the
+    claim's thread is loaded in ``client`` (a kept thread): ``turn/start`` without ``thread/resume``."""
     config = claim.config
     spec = TurnSpec(
         text=claim.input_text,
@@ -427,6 +428,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         adopt_completed=claim.attempt > 1,
         control=control,
         rollout_restored=base is not None,
+        thread_loaded=thread_loaded,
         previous_thread_id=claim.previous_thread_id,
         on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
         on_event=stream.add,
