@@ -59,6 +59,7 @@ class Stack:
     http_workers: int = 1
     http_threads: int = 1
     asgi: bool = False
+    pool: str = "prefork"  # the workers' Celery pool: prefork (-c 1) or solo
     api: str = ""
     gunicorn: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -85,7 +86,7 @@ class Stack:
         self.started_workers += 1
         node = f"bench-{self.name}-{self.started_workers}-{os.getpid()}@%h"
         proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "project", "worker",
-                                 "-Q", f"{self.env['HERMES_TURN_QUEUE']},celery", "-c", "1", "-n", node,
+                                 "-Q", f"{self.env['HERMES_TURN_QUEUE']},celery", "-P", self.pool, "-c", "1", "-n", node,
                                  "-l", "warning"], cwd=BASE, env=self.env, start_new_session=True,
                                 stdout=subprocess.DEVNULL)
         self.workers.append(proc)

@@ -39,7 +39,8 @@ def _children(pid: int) -> list[int]:
 def _spies(stack: Stack, seconds: int, py_spy: str, out_dir: Path) -> list[subprocess.Popen[bytes]]:
     """py-spy on the API's worker process and the Celery pool process, ``seconds`` long, raw format."""
     assert stack.gunicorn is not None
-    targets = {"api": _children(stack.gunicorn.pid)[0], "worker": _children(stack.workers[0].pid)[0]}
+    worker = stack.workers[0].pid if stack.pool == "solo" else _children(stack.workers[0].pid)[0]
+    targets = {"api": _children(stack.gunicorn.pid)[0], "worker": worker}
     out_dir.mkdir(parents=True, exist_ok=True)
     return [subprocess.Popen([py_spy, "record", "-p", str(pid), "-r", "500", "--idle", "-t", "-f", "raw",
                               "-o", str(out_dir / f"{name}.txt"), "-d", str(seconds)],
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--poll", action="store_true", help="wait by polling GET /api/turns/{id}/ every 5 ms")
     parser.add_argument("--wsgi", action="store_true", help="serve the API with gunicorn's sync workers (WSGI)")
+    parser.add_argument("--pool", default="prefork", choices=("prefork", "solo"), help="the worker's Celery pool")
     parser.add_argument("--spy", type=int, default=0, help="seconds of py-spy recording (0: none)")
     parser.add_argument("--py-spy", default="py-spy")
     parser.add_argument("--spy-dir", default="var/bench-warm")
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     watch = not args.poll
     try:
         _start_stand_in(env, scratch, procs)
-        stack = Stack("warm", stack_environment(env, "warm", WARM_ENV), asgi=not args.wsgi)
+        stack = Stack("warm", stack_environment(env, "warm", WARM_ENV), asgi=not args.wsgi, pool=args.pool)
         token = _setup_django(env)
         stack.start_api()
         stack.add_worker()
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             spy.wait()
         stack_ms = _median([r["seconds"] * 1000 for r in records])
         warm = sum(1 for r in records if (r["turn"].get("timings") or {}).get("warm") == 1)
-        print(f"turns: {args.turns} ({warm} warm; API {'WSGI' if args.wsgi else 'ASGI'}; client "
+        print(f"turns: {args.turns} ({warm} warm; API {'WSGI' if args.wsgi else 'ASGI'}; worker -P {args.pool}; client "
               f"{'polls' if args.poll else 'watches the event stream'})")
         print(f"median_warm_stack_ms: {stack_ms}")
         if direct_s:
