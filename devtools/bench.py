@@ -6,9 +6,10 @@ stacks side by side (``bench_stacks.py``: each its own gunicorn, turn queue and 
 
 * **baseline stack** (``HERMES_WARM_IDLE_SECONDS=0 HERMES_WARM_POOL=0 CODEX_PROJECT_DOCS=1``: the cold path
   as it was before issue 9):
-  ``POST /api/sessions/{id}/turns/`` on gunicorn → Redis → the worker → a fresh ``codex app-server`` that
-  resumes the session's thread → PostgreSQL, until ``GET /api/turns/{id}/`` reports ``succeeded``
-  (polled every 5 ms);
+  ``POST /api/sessions/{id}/turns/`` on gunicorn (ASGI, uvicorn workers, as ``make run``) → Redis → the
+  worker → a fresh ``codex app-server`` that resumes the session's thread → PostgreSQL, until the turn's
+  ``completed`` event arrives on the session's open event stream (``GET /api/sessions/{id}/events/``,
+  as a chat client waits; ``StackClient.timed_turn(watch=True)``);
 * **warm stack** (``HERMES_WARM_IDLE_SECONDS=120 HERMES_WARM_POOL=1``, ``--warm-pool``): the same, with a
   spare app-server kept ready and the thread kept loaded (session affinity)
   between a session's turns;
@@ -258,15 +259,16 @@ def _measure(s: Sessions, runs: int, work: str, history: HistoryBench | None, hi
                            "baseline": [], "warm_stack": [], "cold_warm": [], "cold_baseline": []}
     for i in range(runs):
         print(f"  round {i + 1}/{runs}", file=sys.stderr, flush=True)
-        out["baseline"].append(s.baseline.timed_turn(f"bench {i}"))
-        out["warm_stack"].append(s.warm.timed_turn(f"bench {i}"))
+        out["baseline"].append(s.baseline.timed_turn(f"bench {i}", watch=True))
+        out["warm_stack"].append(s.warm.timed_turn(f"bench {i}", watch=True))
         cold = {kind: s.cold(kind, i) for kind in ("warm", "baseline")}
         for sid in cold.values():  # a stored thread whose last turn ran on the baseline stack
             s.baseline.make_session(sid)
             s.baseline.turn("before", session_id=sid)
         order = (("warm", s.warm), ("baseline", s.baseline))
         for kind, client in order if i % 2 == 0 else order[::-1]:
-            out[f"cold_{kind}"].append(client.timed_turn(f"bench {i}", session_id=cold[kind]))
+            out[f"cold_{kind}"].append(client.timed_turn(f"bench {i}", session_id=cold[kind], watch=True))
+            client.unwatch(cold[kind])
         t0 = time.monotonic()
         d = Direct(argv, codex_env, work)
         d.initialize()
@@ -454,8 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     stacks: list[Stack] = []
     try:
         _start_stand_in(env, scratch, procs)  # sets CODEX_STAND_IN_URL: before the stacks copy env
-        stacks += [Stack("baseline", stack_environment(env, "baseline", BASELINE_ENV)),
-                   Stack("warm", stack_environment(env, "warm", warm_settings)),
+        stacks += [Stack("baseline", stack_environment(env, "baseline", BASELINE_ENV), asgi=True),
+                   Stack("warm", stack_environment(env, "warm", warm_settings), asgi=True),
                    Stack("tput", stack_environment(env, "tput", warm_settings), http_workers=4)]
         baseline, warm_stack, tput = stacks
         token = _setup_django(env)
@@ -482,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_memory_figures(_memory_run(warm_stack, s.warm, args.memory_turns, args.memory_warmup,
                                               args.memory_sessions))
             sys.stdout.flush()
+        s.baseline.close()  # the sessions' event streams
+        s.warm.close()
         baseline.stop()
         warm_stack.stop()
         if args.workers:

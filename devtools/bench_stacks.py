@@ -209,6 +209,12 @@ class StackClient:
             w = self._watches[session_id] = SessionWatch(self, session_id)
         return w
 
+    def unwatch(self, session_id: str) -> None:
+        """Close the session's event stream, if open."""
+        w = self._watches.pop(session_id, None)
+        if w is not None:
+            w.close()
+
     def close(self) -> None:
         for w in self._watches.values():
             w.close()
