@@ -121,13 +121,21 @@ def _close_in_main_process(**kwargs: object) -> None:
     and the worker's own queue is deleted from the broker, bindings included — nobody consumes it any more
     (its messages are duplicates of shared-queue ones, or the sweep sends their turns again). Not at a pool
     process's end: the main process still consumes the queue when one child is replaced."""
-    from hermes_sessions.services.affinity import own_queue
+    from hermes_sessions.services.affinity import own_queue, own_queue_taken
     from hermes_sessions.services.dispatch import queue_delete
 
     queue = own_queue()
     _close_spares(**kwargs)
-    if queue:
-        queue_delete(queue)
+    if not queue:
+        return
+    try:
+        taken = own_queue_taken(queue, pid=os.getpid())
+    except Exception:  # noqa: BLE001 — the database is down: delete it (a live namesake re-declares it at restart)
+        taken = ""
+    if taken:  # this worker's pool process yielded the queue to a live namesake (affinity.worker_heartbeat)
+        logging.getLogger("hermes_sessions.affinity").warning("not deleting %s at shutdown: %s", queue, taken)
+        return
+    queue_delete(queue)
 
 
 @after_setup_logger.connect

@@ -31,8 +31,9 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
@@ -59,17 +60,24 @@ def own_queue() -> str:
     return os.environ.get(OWN_QUEUE_ENV, "")
 
 
-def own_queue_taken(queue: str) -> str:
-    """Why a worker starting now may not consume ``queue`` (``""``: it may): another live worker already
-    does — its ``TurnWorker`` heartbeat is fresh and it runs on another host, or on this one as a live
-    process. Two workers with one node name (``make worker`` twice without ``WORKER_NAME``) would share the
-    queue, and a session's turns would alternate between them, mostly cold."""
+def own_queue_taken(queue: str, *, pid: int | None = None) -> str:
+    """Why this process may not consume (or keep threads for) ``queue`` (``""``: it may): another live
+    worker already does — its ``TurnWorker`` heartbeat is fresh and it runs on another host, or on this one
+    as a live process other than ``pid`` (this process, when it checks its own row). Two workers with one
+    node name (``make worker`` twice without ``WORKER_NAME``, or one started while a frozen one's row had
+    been swept) would share the queue, and a session's turns would alternate between them, mostly cold."""
     fresh = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
     row = TurnWorker.objects.filter(queue=queue, heartbeat_at__gt=fresh).values("host", "pid").first()
+    return _live_elsewhere(queue, row, pid)
+
+
+def _live_elsewhere(queue: str, row: Mapping[str, Any] | None, pid: int | None) -> str:
     if row is None:
         return ""
     if row["host"] != socket.gethostname():
         return f"worker queue {queue} is already consumed by a live worker on host {row['host']}"
+    if row["pid"] == pid:
+        return ""
     try:
         os.kill(row["pid"], 0)
     except ProcessLookupError:
@@ -149,18 +157,35 @@ def overdue_turns(*, queue: str) -> list[tuple[str, uuid.UUID]]:
     return [(str(sid), tid) for sid, tid in heads.values_list("session_id", "pk")[:100]]
 
 
-def worker_heartbeat(*, queue: str, kept: int) -> None:
-    """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now``."""
+def worker_heartbeat(*, queue: str, kept: int) -> str:
+    """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now``; returns ``""``. Refuses (writes
+    nothing, returns why) when the row is another live worker's (``own_queue_taken``): this process was
+    frozen (SIGSTOP, a stalled VM) long enough to be swept, and a worker started since with the same node
+    name took the queue — the row is that worker's, and this one must keep nothing (``AffinityLoop``)."""
     node = queue[len(settings.HERMES_TURN_QUEUE) + 1:] if queue.startswith(f"{settings.HERMES_TURN_QUEUE}.") else queue
-    TurnWorker.objects.update_or_create(queue=queue, defaults={
-        "node": node[:255], "host": socket.gethostname()[:255], "pid": os.getpid(),
-        "heartbeat_at": timezone.now(), "kept": kept})
+    with transaction.atomic():
+        fresh = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
+        row = (TurnWorker.objects.select_for_update().filter(queue=queue, heartbeat_at__gt=fresh)
+               .values("host", "pid").first())
+        why = _live_elsewhere(queue, row, os.getpid())
+        if why:
+            return why
+        TurnWorker.objects.update_or_create(queue=queue, defaults={
+            "node": node[:255], "host": socket.gethostname()[:255], "pid": os.getpid(),
+            "heartbeat_at": timezone.now(), "kept": kept})
+    return ""
 
 
 def worker_gone(*, queue: str) -> None:
-    """A worker stopping cleanly: forget its warm threads and its row (no turn is routed to it again)."""
-    warm_thread_forget(queue=queue)
-    TurnWorker.objects.filter(queue=queue).delete()
+    """A worker stopping cleanly: forget its warm threads and its row (no turn is routed to it again).
+    Only this process's row: a worker that yielded the queue to another (``worker_heartbeat``) leaves that
+    worker's row and warm threads alone."""
+    with transaction.atomic():
+        row = TurnWorker.objects.select_for_update().filter(queue=queue).values("host", "pid").first()
+        if row is not None and (row["host"], row["pid"]) != (socket.gethostname(), os.getpid()):
+            return
+        warm_thread_forget(queue=queue)
+        TurnWorker.objects.filter(queue=queue).delete()
 
 
 class AffinityLoop:
@@ -203,7 +228,20 @@ class AffinityLoop:
                 with transaction.atomic():
                     warm_thread_forget(queue=self.queue, session_ids=[session_id])
                     self.redispatch(turn_id)
-        worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()))
+        refused = worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()))
+        if refused:
+            self._yield(refused)
+
+    def _yield(self, why: str) -> None:
+        """Another live worker holds this queue's row (``worker_heartbeat``): close every copy kept here,
+        stop keeping (``own_queue`` is ``""`` in this process from now on: turns still delivered here run
+        cold; at its stop this worker deletes neither the queue nor the other worker's rows) and end the
+        loop."""
+        logger.error("affinity: %s — this process (pid %s) keeps no thread loaded from now on; give each worker "
+                     "its own node name (-n, make worker WORKER_NAME=…)", why, os.getpid())
+        os.environ.pop(OWN_QUEUE_ENV, None)
+        self.keeper.close_all()
+        self._stop.set()
 
     def _run(self) -> None:
         try:

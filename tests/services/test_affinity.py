@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import shutil
+import socket
+import subprocess
 import time
 import uuid
 from datetime import timedelta
@@ -44,8 +46,9 @@ def own(name: str) -> str:
     return affinity.own_queue_name(f"{name}-{uuid.uuid4().hex[:8]}@host")
 
 
-def worker_row(queue: str, *, age: float = 0.0) -> TurnWorker:
-    return TurnWorker.objects.create(queue=queue, node=queue, heartbeat_at=timezone.now() - timedelta(seconds=age))
+def worker_row(queue: str, *, age: float = 0.0, **fields) -> TurnWorker:
+    return TurnWorker.objects.create(queue=queue, node=queue, heartbeat_at=timezone.now() - timedelta(seconds=age),
+                                     **fields)
 
 
 def warm_row(session, queue: str, *, generation: int = 1, until_in: float = 60.0, thread_id: str = THREAD) -> WarmThread:
@@ -430,7 +433,7 @@ def test_a_busy_holder_hands_off_a_turn_it_has_not_claimed_within_the_deadline(f
 
 def test_a_clean_stop_forgets_the_workers_rows():
     queue = own("a")
-    worker_row(queue)
+    worker_row(queue, host=socket.gethostname(), pid=os.getpid())
     warm_row(SessionFactory(), queue)
     keeps = warm_row(SessionFactory(), own("b"))
     affinity.worker_gone(queue=queue)
@@ -607,3 +610,79 @@ def test_the_heartbeat_runs_from_start_to_a_clean_stop(fresh_keeper, settings, m
     finally:
         affinity.affinity_stop([])
     assert not TurnWorker.objects.filter(queue=queue).exists() and not WarmThread.objects.exists()
+
+
+# --- two processes with one node name --------------------------------------------------------------
+
+@pytest.fixture
+def live_namesake():
+    """Another live process on this host (the pid in a namesake worker's row)."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_heartbeat_refuses_a_row_a_live_namesake_holds_and_takes_over_a_dead_ones(live_namesake):
+    """Found by an adversary: a worker frozen (SIGSTOP) until the sweep removed it, and a namesake started
+    meanwhile, took its queue; after SIGCONT both wrote the one ``TurnWorker`` row in turn. The first live
+    holder keeps it now; the other is told why."""
+    queue = own("same")
+    worker_row(queue, host=socket.gethostname(), pid=live_namesake)
+    why = affinity.worker_heartbeat(queue=queue, kept=3)
+    assert f"live process {live_namesake}" in why
+    assert TurnWorker.objects.get(queue=queue).pid == live_namesake
+
+    TurnWorker.objects.filter(queue=queue).update(pid=_dead_pid())  # it died with its heartbeat still fresh
+    assert affinity.worker_heartbeat(queue=queue, kept=1) == ""
+    row = TurnWorker.objects.get(queue=queue)
+    assert (row.pid, row.kept, row.host) == (os.getpid(), 1, socket.gethostname())
+
+    other_host = own("elsewhere")
+    worker_row(other_host, host="another-host", pid=os.getpid())
+    assert "on host another-host" in affinity.worker_heartbeat(queue=other_host, kept=0)
+    TurnWorker.objects.filter(queue=other_host).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert affinity.worker_heartbeat(queue=other_host, kept=0) == ""  # a stale row is nobody's
+
+
+def test_a_loop_that_finds_a_live_namesake_closes_its_copies_and_stops_keeping(
+        fresh_keeper, live_namesake, monkeypatch, caplog):
+    queue = affinity.own_queue_name("frozen@host")
+    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    s = SessionFactory()
+    _, copies = _kept_sessions(fresh_keeper, [s], generation=1)
+    worker_row(queue, host=socket.gethostname(), pid=live_namesake)
+    theirs = warm_row(SessionFactory(), queue)
+    loop = affinity.AffinityLoop(fresh_keeper, queue)
+
+    loop.tick()
+
+    assert fresh_keeper.held() == [] and copies[s.pk].client.closes == 1
+    assert affinity.own_queue() == ""  # no more keeping in this process: _Held.may_keep is False
+    assert loop._stop.is_set()
+    assert TurnWorker.objects.get(queue=queue).pid == live_namesake
+    affinity.worker_gone(queue=queue)  # this process's clean stop leaves the namesake's rows alone
+    assert TurnWorker.objects.filter(queue=queue).exists() and WarmThread.objects.filter(pk=theirs.pk).exists()
+    assert any("keeps no thread loaded from now on" in r.getMessage() for r in caplog.records)
+
+
+def test_the_main_process_does_not_delete_a_queue_a_live_namesake_consumes(live_namesake, monkeypatch):
+    from project import celery as celery_module
+
+    queue = own("main")
+    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    deleted: list[str] = []
+    monkeypatch.setattr(dispatch, "queue_delete", deleted.append)
+    monkeypatch.setattr(celery_module, "_close_spares", lambda **_: None)
+    worker_row(queue, host=socket.gethostname(), pid=live_namesake)
+    celery_module._close_in_main_process()
+    assert deleted == []
+    TurnWorker.objects.filter(queue=queue).delete()  # its own row went at its pool's stop: the queue goes too
+    celery_module._close_in_main_process()
+    assert deleted == [queue]
