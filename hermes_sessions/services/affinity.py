@@ -146,8 +146,24 @@ def overdue_turns(*, queue: str) -> list[tuple[str, uuid.UUID]]:
     """``(session id, turn id)`` of the queued head turns of the sessions whose ``WarmThread`` names
     ``queue`` that were sent more than ``HERMES_AFFINITY_DEADLINE`` ago and that no worker has claimed
     (no turn of the session running)."""
+    return _overdue_heads(WarmThread.objects.filter(queue=queue).values("session_id"))
+
+
+def stalled_holder_turns() -> list[tuple[str, uuid.UUID]]:
+    """``(session id, turn id)``, as ``overdue_turns``, of the sessions whose ``WarmThread`` names a worker
+    whose heartbeat is older than two ``HERMES_WORKER_HEARTBEAT_SECONDS`` (or that has no row): frozen or
+    dead — a busy worker's loop thread still beats, and hands its own turns off (``overdue_turns``). Any
+    keeping worker's loop takes these (``AffinityLoop``): otherwise they would wait for the shared queue's
+    countdown copy, which a busy peer may hold reserved until its own long turn ends, or for the sweep
+    (``HERMES_WORKER_STALE_SECONDS`` + ``HERMES_SWEEP_SECONDS``, ≈ 20 s; adversary F2, session 4)."""
+    beating = TurnWorker.objects.filter(
+        queue=OuterRef("queue"),
+        heartbeat_at__gt=timezone.now() - timedelta(seconds=2 * settings.HERMES_WORKER_HEARTBEAT_SECONDS))
+    return _overdue_heads(WarmThread.objects.exclude(Exists(beating)).values("session_id"))
+
+
+def _overdue_heads(sessions: Any) -> list[tuple[str, uuid.UUID]]:
     cutoff = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE)
-    sessions = WarmThread.objects.filter(queue=queue).values("session_id")
     busy = Turn.objects.filter(session=OuterRef("session"), status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING),
                                seq__lt=OuterRef("seq"))
     running = Turn.objects.filter(session=OuterRef("session"), status=Turn.Status.RUNNING)
@@ -155,6 +171,23 @@ def overdue_turns(*, queue: str) -> list[tuple[str, uuid.UUID]]:
              .annotate(sent=Coalesce("dispatched_at", "created_at")).filter(sent__lt=cutoff)
              .exclude(Exists(busy)).exclude(Exists(running)))
     return [(str(sid), tid) for sid, tid in heads.values_list("session_id", "pk")[:100]]
+
+
+def hand_off(*, session_id: str, turn_id: uuid.UUID, queue: str | None, redispatch: Callable[[uuid.UUID], None]) -> bool:
+    """Delete the session's ``WarmThread`` row (only if it still names ``queue``; any queue when ``None``)
+    and send turn ``turn_id`` again with ``redispatch`` (after the commit: to the shared queue, the row
+    being gone), in one transaction; ``False`` when the row is gone or locked — another worker's loop is
+    handing it off, or a finalize is rewriting it."""
+    with transaction.atomic():
+        rows = WarmThread.objects.select_for_update(skip_locked=True).filter(session_id=session_id)
+        if queue is not None:
+            rows = rows.filter(queue=queue)
+        row = rows.values_list("queue", flat=True).first()
+        if row is None:
+            return False
+        WarmThread.objects.filter(session_id=session_id).delete()
+        redispatch(turn_id)
+    return True
 
 
 def worker_heartbeat(*, queue: str, kept: int) -> str:
@@ -194,7 +227,8 @@ class AffinityLoop:
     the window (or whose process died) and releases copies another worker took (``taken_elsewhere``),
     deleting their ``WarmThread`` rows where they still name this worker; and hands off the turns of its
     sessions that it has not claimed within ``HERMES_AFFINITY_DEADLINE`` (``overdue_turns``: this process
-    is busy with another session's turn) — the copy is closed, the row deleted and the turn sent again with
+    is busy with another session's turn), and those of any worker whose heartbeat stopped
+    (``stalled_holder_turns``: frozen or dead) — the copy is closed, the row deleted and the turn sent again with
     ``redispatch`` (``dispatch.turn_dispatch_on_commit``, given by the caller: this module must not import
     dispatch, which imports it), now to the shared queue. The deadline's countdown copy alone is not enough:
     an idle worker may reserve it and then start a long turn before it is due (found by an adversary).
@@ -225,9 +259,11 @@ class AffinityLoop:
             for session_id, turn_id in overdue_turns(queue=self.queue):
                 self.keeper.release(session_id, reason=f"its turn {turn_id} waited past HERMES_AFFINITY_DEADLINE "
                                                        "for this busy worker: handed to any worker")
-                with transaction.atomic():
-                    warm_thread_forget(queue=self.queue, session_ids=[session_id])
-                    self.redispatch(turn_id)
+                hand_off(session_id=session_id, turn_id=turn_id, queue=self.queue, redispatch=self.redispatch)
+            for session_id, turn_id in stalled_holder_turns():
+                if hand_off(session_id=session_id, turn_id=turn_id, queue=None, redispatch=self.redispatch):
+                    logger.warning("affinity: turn %s of session %s waited past HERMES_AFFINITY_DEADLINE for a worker "
+                                   "whose heartbeat stopped: handed to any worker", turn_id, session_id)
         refused = worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()))
         if refused:
             self._yield(refused)

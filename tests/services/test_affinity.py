@@ -686,3 +686,44 @@ def test_the_main_process_does_not_delete_a_queue_a_live_namesake_consumes(live_
     TurnWorker.objects.filter(queue=queue).delete()  # its own row went at its pool's stop: the queue goes too
     celery_module._close_in_main_process()
     assert deleted == [queue]
+
+
+# --- a frozen or dead holder ------------------------------------------------------------------------
+
+def test_any_loop_hands_off_the_overdue_turns_of_a_holder_whose_heartbeat_stopped(fresh_keeper, settings):
+    """Adversary F2 (session 4): the holder SIGSTOPped and every peer busy — the turn waited ≈ 19 s, for the
+    countdown copy held by a busy peer or the sweep. Another worker's loop now hands it off within a few
+    seconds: the routing row goes and the turn is sent again (to the shared queue) — once, however many
+    loops see it. A busy holder (its heartbeat still fresh) is left to hand off its own turns."""
+    frozen, busy, mine = own("frozen"), own("busy"), affinity.own_queue_name("me@host")
+    stale = 2 * settings.HERMES_WORKER_HEARTBEAT_SECONDS + 1
+    worker_row(frozen, age=stale)
+    worker_row(busy)
+    long_ago = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE + 1)
+    sessions = {}
+    for name, queue in (("frozen", frozen), ("busy", busy), ("rowless", own("gone"))):
+        s = SessionFactory()
+        warm_row(s, queue)
+        sessions[name] = (s, TurnFactory(session=s, seq=1, status=Turn.Status.QUEUED, dispatched_at=long_ago))
+    just_sent = SessionFactory()
+    warm_row(just_sent, frozen)
+    TurnFactory(session=just_sent, seq=1, status=Turn.Status.QUEUED, dispatched_at=timezone.now())
+    sent: list = []
+
+    affinity.AffinityLoop(fresh_keeper, mine, redispatch=sent.append).tick()
+    affinity.AffinityLoop(fresh_keeper, affinity.own_queue_name("peer@host"), redispatch=sent.append).tick()
+
+    assert sorted(sent) == sorted([sessions["frozen"][1].pk, sessions["rowless"][1].pk])
+    assert set(WarmThread.objects.values_list("session_id", flat=True)) == {sessions["busy"][0].pk, just_sent.pk}
+
+
+def test_a_hand_off_happens_once_and_only_for_the_queue_named():
+    s = SessionFactory()
+    warm_row(s, own("x"))
+    turn = TurnFactory(session=s, seq=1, status=Turn.Status.QUEUED)
+    sent: list = []
+    assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=own("not-this-one"), redispatch=sent.append) is False
+    assert sent == [] and WarmThread.objects.filter(session=s).exists()
+    assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=None, redispatch=sent.append) is True
+    assert sent == [turn.pk] and not WarmThread.objects.filter(session=s).exists()
+    assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=None, redispatch=sent.append) is False
