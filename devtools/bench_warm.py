@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         warm = sum(1 for r in records if (r["turn"].get("timings") or {}).get("warm") == 1)
         print(f"turns: {args.turns} ({warm} warm; API {'WSGI' if args.wsgi else 'ASGI'}; worker -P {args.pool}; client "
               f"{'polls' if args.poll else 'watches the event stream'})")
+        print(f"warm_turns: {warm}")
         print(f"median_warm_stack_ms: {stack_ms}")
         if direct_s:
             direct_ms = _median([d * 1000 for d in direct_s])

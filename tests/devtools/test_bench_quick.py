@@ -33,3 +33,19 @@ def test_quick_bench_prints_every_figure():
     assert f["memory_failed"] == 0 and f["throughput_w1_failed"] == 0 and f["throughput_w2_failed"] == 0
     assert f["worker_rss_end_kb"] > 10_000 and 0.5 < f["worker_memory_growth"] < 2
     assert f["throughput_w1_turns_per_s"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_bench_warm_runs_every_turn_on_the_kept_thread_and_prints_its_figures():
+    """``make bench-warm``: the API on ASGI, the client waiting on the session's event stream, one ``-c 1``
+    worker keeping the thread loaded — every timed turn ran warm, and the figures parse."""
+    env = {**os.environ, "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY", "bench-warm-test-only"),
+           "DATABASE_URL": database_beside(os.environ["DATABASE_URL"], "_quickwarm")}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    result = subprocess.run([sys.executable, "-m", "devtools.bench_warm", "--turns", "3"], cwd=BASE, env=env,
+                            capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    f = parse_figures(result.stdout)
+    assert f["warm_turns"] == 3, result.stdout
+    assert f["median_warm_stack_ms"] > 0 and f["ratio_vs_warm"] > 0
+    assert "phases (ms): http" in result.stdout and "timings (ms): " in result.stdout
