@@ -37,7 +37,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -194,18 +194,29 @@ def worker_heartbeat(*, queue: str, kept: int) -> str:
     """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now``; returns ``""``. Refuses (writes
     nothing, returns why) when the row is another live worker's (``own_queue_taken``): this process was
     frozen (SIGSTOP, a stalled VM) long enough to be swept, and a worker started since with the same node
-    name took the queue — the row is that worker's, and this one must keep nothing (``AffinityLoop``)."""
+    name took the queue — the row is that worker's, and this one must keep nothing (``AffinityLoop``).
+
+    Single statements, no transaction held across them: a process frozen between two of them holds no
+    row lock (a lock held by a frozen process would stall the sweep and its namesake's heartbeat)."""
+    host, pid = socket.gethostname()[:255], os.getpid()
     node = queue[len(settings.HERMES_TURN_QUEUE) + 1:] if queue.startswith(f"{settings.HERMES_TURN_QUEUE}.") else queue
-    with transaction.atomic():
-        fresh = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
-        row = (TurnWorker.objects.select_for_update().filter(queue=queue, heartbeat_at__gt=fresh)
-               .values("host", "pid").first())
-        why = _live_elsewhere(queue, row, os.getpid())
+    fields = {"node": node[:255], "host": host, "pid": pid, "kept": kept}
+    for _ in range(3):  # a namesake may insert or take the row between two statements
+        now = timezone.now()
+        stale = now - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
+        mine_or_stale = Q(host=host, pid=pid) | Q(heartbeat_at__lte=stale)
+        if TurnWorker.objects.filter(mine_or_stale, queue=queue).update(heartbeat_at=now, **fields):
+            return ""
+        row = TurnWorker.objects.filter(queue=queue).values("host", "pid").first()
+        if row is None:
+            TurnWorker.objects.bulk_create([TurnWorker(queue=queue, heartbeat_at=now, **fields)], ignore_conflicts=True)
+            continue  # inserted, or a namesake's insert won: the next round tells
+        why = _live_elsewhere(queue, row, pid)
         if why:
             return why
-        TurnWorker.objects.update_or_create(queue=queue, defaults={
-            "node": node[:255], "host": socket.gethostname()[:255], "pid": os.getpid(),
-            "heartbeat_at": timezone.now(), "kept": kept})
+        # A fresh row of a process that died on this host: take it over, if it still names that process.
+        if TurnWorker.objects.filter(queue=queue, host=row["host"], pid=row["pid"]).update(heartbeat_at=now, **fields):
+            return ""
     return ""
 
 

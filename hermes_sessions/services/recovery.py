@@ -131,7 +131,10 @@ def workers_sweep() -> list[str]:
     for queue in list(TurnWorker.objects.filter(heartbeat_at__lt=stale_before).values_list("queue", flat=True)[:100]):
         with transaction.atomic():
             # Re-checked under the row lock: a worker whose heartbeat came back meanwhile keeps everything.
-            if not TurnWorker.objects.select_for_update().filter(queue=queue, heartbeat_at__lt=stale_before).exists():
+            # skip_locked: a row another transaction holds is being written (a heartbeat, a clean stop) — and
+            # one held by a process frozen mid-transaction must not stall the whole sweep; next round.
+            if not TurnWorker.objects.select_for_update(skip_locked=True).filter(
+                    queue=queue, heartbeat_at__lt=stale_before).exists():
                 continue
             sessions = list(WarmThread.objects.filter(queue=queue).values_list("session_id", flat=True))
             affinity.warm_thread_forget(queue=queue)

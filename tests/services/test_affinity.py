@@ -19,6 +19,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 from django.conf import settings as django_settings
@@ -362,6 +363,24 @@ def test_the_sweep_removes_a_dead_worker_and_sends_its_sessions_queued_turns_aga
         assert services.turns_sweep().workers_removed == 0
     finally:
         forget_queue(broker, dead)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweep_passes_over_a_worker_row_another_transaction_holds(settings):
+    """Found by a helper reading the sweep: a worker frozen inside a transaction on its ``TurnWorker`` row
+    would have held the sweep (and with it lease recovery) forever. The sweep now skips a locked row for
+    that round; the heartbeat holds no lock across statements any more."""
+    settings.HERMES_WORKER_STALE_SECONDS = 10
+    frozen = own("frozen-mid-write")
+    worker_row(frozen, age=30)
+    db = django_settings.DATABASES["default"]
+    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]) as other:
+        other.execute("SELECT 1 FROM hermes_sessions_turnworker WHERE queue = %s FOR UPDATE", (frozen,))
+        started = time.monotonic()
+        assert services.turns_sweep().workers_removed == 0
+        assert time.monotonic() - started < 5
+    assert services.turns_sweep().workers_removed == 1  # released: the next round removes it
+    assert not TurnWorker.objects.filter(queue=frozen).exists()
 
 
 def test_deleting_a_queue_nobody_declared_removes_nothing(broker):
