@@ -247,6 +247,7 @@ class AffinityLoop:
 
     def __init__(self, keeper: Keeper, queue: str, redispatch: Callable[[uuid.UUID], None] | None = None) -> None:
         self.keeper, self.queue, self.redispatch = keeper, queue, redispatch
+        self.beaten = False  # a heartbeat of this loop's was written
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hermes-affinity", daemon=True)
 
@@ -275,9 +276,36 @@ class AffinityLoop:
                 if hand_off(session_id=session_id, turn_id=turn_id, queue=None, redispatch=self.redispatch):
                     logger.warning("affinity: turn %s of session %s waited past HERMES_AFFINITY_DEADLINE for a worker "
                                    "whose heartbeat stopped: handed to any worker", turn_id, session_id)
+        swept = self.beaten and not TurnWorker.objects.filter(queue=self.queue).exists()
         refused = worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()))
         if refused:
             self._yield(refused)
+            return
+        self.beaten = True
+        if swept:
+            self._consume_again()
+
+    def _consume_again(self) -> None:
+        """This worker's row was gone: it was swept while frozen or stalled past
+        ``HERMES_WORKER_STALE_SECONDS``, which deleted its own queue and both its bindings from the broker
+        (``dispatch.queue_delete``; on RabbitMQ the deletion also cancelled its consumer). Turns routed to
+        the queue would be dropped or never read, each waiting for its countdown copy. So: declare the
+        queue again in both forms (``dispatch.queue_declare``), and have this worker's main process stop
+        and start consuming it (Celery's remote control, ``cancel_consumer`` + ``add_consumer``, in that
+        order on the worker's control channel)."""
+        from celery import current_app
+
+        from .dispatch import queue_declare  # at call time: dispatch imports this module
+
+        node = self.queue[len(settings.HERMES_TURN_QUEUE) + 1:]
+        logger.warning("affinity: worker %s had been swept (its heartbeat stopped for longer than "
+                       "HERMES_WORKER_STALE_SECONDS); consuming its queue %s again", node, self.queue)
+        try:
+            queue_declare(self.queue)
+            current_app.control.cancel_consumer(self.queue, destination=[node], reply=False)
+            current_app.control.add_consumer(self.queue, destination=[node], reply=False)
+        except Exception:  # noqa: BLE001 — the broker is away: turns reach it by the countdown copy meanwhile
+            logger.exception("affinity: could not ask worker %s to consume %s again", node, self.queue)
 
     def _yield(self, why: str) -> None:
         """Another live worker holds this queue's row (``worker_heartbeat``): close every copy kept here,

@@ -95,6 +95,20 @@ def queue_delete(queue: str) -> int:
         return 0
 
 
+def queue_declare(queue: str) -> None:
+    """Declare ``queue`` in the broker in both forms ``queue_delete`` removes — bound to its own exchange
+    (as routing processes made it) and to the app's default exchange (as its worker did) — so that turns
+    routed to it are delivered again (``affinity.AffinityLoop``: a swept worker that came back). Raises
+    the broker's errors."""
+    from kombu import Exchange, Queue
+
+    with current_app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for form in (Queue(queue, Exchange(queue), routing_key=queue),
+                     Queue(queue, current_app.amqp.default_exchange, routing_key=queue)):
+            form(channel).declare()
+
+
 def session_dispatch_next_on_commit(session: Session) -> None:
     """Dispatch the session's oldest queued turn, if any, once the current transaction commits
     (call it where a turn of ``session`` ends, under the session lock)."""

@@ -746,3 +746,28 @@ def test_a_hand_off_happens_once_and_only_for_the_queue_named():
     assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=None, redispatch=sent.append) is True
     assert sent == [turn.pk] and not WarmThread.objects.filter(session=s).exists()
     assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=None, redispatch=sent.append) is False
+
+
+def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monkeypatch):
+    """Found by the faults helper: a worker frozen past HERMES_WORKER_STALE_SECONDS is swept — its row, its
+    queue and both bindings deleted (on RabbitMQ its consumer cancelled) — and, woken with no namesake
+    started meanwhile, wrote its heartbeat again while turns routed to its queue were dropped, each waiting
+    for its countdown copy. Its loop now declares the queue again and has its worker consume it anew."""
+    from celery import current_app
+
+    queue = affinity.own_queue_name("revived@host")
+    calls: list = []
+    monkeypatch.setattr(dispatch, "queue_declare", lambda q: calls.append(("declare", q)))
+    monkeypatch.setattr(current_app.control, "cancel_consumer", lambda q, **kw: calls.append(("cancel", q, kw)))
+    monkeypatch.setattr(current_app.control, "add_consumer", lambda q, **kw: calls.append(("add", q, kw)))
+    loop = affinity.AffinityLoop(fresh_keeper, queue)
+    loop.tick()
+    loop.tick()
+    assert calls == []  # its own row each time: nothing to do
+    TurnWorker.objects.filter(queue=queue).delete()  # the sweep, while it was frozen
+    loop.tick()
+    to_it = {"destination": ["revived@host"], "reply": False}
+    assert calls == [("declare", queue), ("cancel", queue, to_it), ("add", queue, to_it)]
+    assert TurnWorker.objects.get(queue=queue).pid == os.getpid()
+    loop.tick()
+    assert len(calls) == 3

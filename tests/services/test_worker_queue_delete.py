@@ -30,3 +30,24 @@ def test_a_dead_workers_queue_and_both_its_bindings_are_removed(redis_broker, mo
         assert keys_naming(client, queue) == {}
     finally:
         client.close()
+
+
+def test_a_deleted_queue_declared_again_has_both_its_bindings(redis_broker, monkeypatch):
+    """``dispatch.queue_declare`` (a swept worker that came back, ``affinity.AffinityLoop._consume_again``):
+    after ``queue_delete``, a turn published as the API publishes (the queue's own exchange) is delivered
+    to the queue again, and the worker's default-exchange binding is back too."""
+    queue = f"turns-test.w-{uuid.uuid4().hex[:6]}@host"
+    monkeypatch.setattr(app.conf, "broker_write_url", redis_broker.url)
+    client = redis_broker._client()
+    try:
+        dispatch.queue_declare(queue)
+        dispatch.queue_delete(queue)
+        assert keys_naming(client, queue) == {}
+        dispatch.queue_declare(queue)
+        with app.connection_for_write(redis_broker.url) as conn:
+            conn.Producer().publish({"turn": "t"}, exchange=queue, routing_key=queue, serializer="json")
+        assert client.llen(queue) == 1
+        assert queue.encode() in b"".join(client.smembers("_kombu.binding.celery"))
+        assert dispatch.queue_delete(queue) == 1
+    finally:
+        client.close()
