@@ -21,7 +21,9 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
                       (``--slow-seconds``); the held sessions' next turns are posted (the first copy to the
                       frozen holder's queue, the countdown copy reserved at once by the one idle worker),
                       and that worker then starts a long turn (``SLOW<--freeze-slow-seconds>``), so the
-                      countdown copies sit behind it (adversary F2, session 4). A keeping worker's loop must
+                      countdown copies sit behind it (adversary F2, session 4); a round starts with every
+                      worker idle, and notes when the set-up did not hold (first copies not in the holder's
+                      queue, the long turn started after the countdown copies were due). A keeping worker's loop must
                       hand the turns off (``affinity.stalled_holder_turns``): each claimed within
                       ``HERMES_AFFINITY_DEADLINE`` + 3 heartbeats + 3 s of its post, or 3 s after a turn slot
                       came free if that is later (a SLOW turn ended); succeeded, resumed cold, attempt 1.
@@ -519,6 +521,9 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
     """One round of freeze-warm-holder (see the module docstring); what it measured, or ``None`` when it
     could not set the fault up (noted)."""
     a, stack = sc.args, sc.stack
+    # Every worker idle first: the last round's long turn outlasts that round (with it still running, the
+    # worker meant to reserve the countdown copies was busy, and they waited in the broker instead).
+    _settled(sc, sc.rec.sessions, a.bound)
     for n, s in enumerate(sessions):  # one turn each: every session's thread is kept loaded by some worker
         sc.post(s, sc.text(first + n))
     _settled(sc, sessions, a.bound)
@@ -533,6 +538,9 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
     handed_before = _log_count(sc, _HANDED_OFF)
     seen = _freeze(sc, rnd, worker, pids, held, first)
     bounds, shorts = _check_frozen_turns(sc, rnd, worker, seen)
+    if seen["in_queue"] != len(held):  # routed to the shared queue only: the round did not set up F2
+        sc.rec.notes.append(f"round {rnd}: {seen['in_queue']} of {len(held)} first copies were in the frozen holder's "
+                            "own queue (its heartbeat went stale before the posts?): this round proves less")
     released = _check_released(sc, rnd, worker, held, seen["t_cont"])
     after = [sc.post(s, sc.text(first + 95 + n)) for n, s in enumerate(held)]
     _settled(sc, held, a.bound)
@@ -542,12 +550,20 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
                                      f"({(turn.error or '')[:160]})")
     posted_at = {p.turn_id: p.posted_at for p in sc.rec.posted if p.turn_id in _turn_ids(seen["posted"])}
     first_post = min(posted_at.values(), default=0.0)
+    long = [t for t in (_turn_of(sc, p) for p in seen["long"]) if t is not None and t.started_at]
+    long_at = long[0].started_at.timestamp() - first_post if long else float("inf")
+    if long_at > float(_setting("HERMES_AFFINITY_DEADLINE")):  # the countdown copies came due on an idle worker
+        sc.rec.notes.append(f"round {rnd}: the long SLOW turn was claimed {long_at:.1f} s after the held turns' post, "
+                            "after their countdown copies were due: this round proves less")
+    ran_on = _ended_on(sc, set(posted_at) | {str(t.pk) for t in shorts})
     return {
         "worker": worker.name, "held": len(held), "frozen_for": seen["frozen_for"], "released": released,
         "delays": [d for _, d, _ in bounds], "bounds": [b for _, _, b in bounds],
         "warm": _check_warm_only_after_own(sc, rnd, held),
         "peer_free": sorted(t.finished_at.timestamp() - first_post for t in shorts if t.finished_at),
         "handed_off": _log_count(sc, _HANDED_OFF) - handed_before, "in_queue": seen["in_queue"],
+        "long_at": long_at, "held_on": sorted(ran_on.get(i, "?") for i in posted_at),
+        "short_on": sorted(ran_on.get(str(t.pk), "?") for t in shorts),
         "handed_after": sorted(t - posted_at[i] for i, t in _handed_off_at(sc, list(posted_at)).items()),
     }
 
@@ -566,10 +582,11 @@ def scenario_freeze_warm_holder(sc: Scenario) -> None:
         closed = f"closed within {r['released']:.1f} s" if r["released"] is not None else "NOT closed"
         sc.rec.notes.append(
             f"freeze {n}: {r['worker']} frozen {r['frozen_for']:.1f} s keeping {r['held']} session(s); the other "
-            f"workers busy (SLOW turns freeing {', '.join(f'{f:.1f}' for f in r['peer_free'])} s after the post, one "
-            f"SLOW{a.freeze_slow_seconds:g}); {r['in_queue']} message(s) in its own queue while frozen; "
+            f"workers busy (SLOW turns on {', '.join(r['short_on'])} freeing "
+            f"{', '.join(f'{f:.1f}' for f in r['peer_free'])} s after the post, one SLOW{a.freeze_slow_seconds:g} "
+            f"claimed {r['long_at']:.1f} s after it); {r['in_queue']} message(s) in its own queue while frozen; "
             f"{r['handed_off']} hand-off log line(s), {handed} s after the post; the held turns claimed "
-            f"{', '.join(f'{d:.1f}' for d in r['delays'])} s after the post (bound "
+            f"{', '.join(f'{d:.1f}' for d in r['delays'])} s after the post, ran on {', '.join(r['held_on'])} (bound "
             f"{', '.join(f'{b:.1f}' for b in r['bounds'])} s: max(HERMES_AFFINITY_DEADLINE + 3 heartbeats + "
             f"{FREEZE_SLACK:g} = {limit:g}, a slot free + {FREEZE_SLACK:g})); after SIGCONT its copies were {closed}; "
             f"{r['warm']} later turn(s) ran warm, each on the worker that ran the session's previous turn")
