@@ -27,7 +27,7 @@ versions of the code in one run.
 The scenarios (``--scenarios``, comma-separated; all by default) are in :mod:`.scenarios`:
 ``kill-worker``, ``duplicate-delivery``, ``concurrent-posts``, ``broker-restart``; in
 :mod:`.rollout_scenarios` ``kill-during-rollout`` and ``db-down-during-restore``; and in
-:mod:`.warm_scenarios` ``warm-codex-dies`` and ``kill-warm-holder``. After each (every
+:mod:`.warm_scenarios` ``warm-codex-dies``, ``kill-warm-holder`` and ``freeze-warm-holder``. After each (every
 accepted turn terminal, bounded by ``--bound``) :mod:`.invariants` checks the database and the stack;
 ``tests/devtools/faults/`` plants defects and shows the checks report each. :mod:`.cli` prints one row
 per scenario and exits 0 only when every row is clean and no codex app-server outlived its worker

@@ -75,7 +75,11 @@ class Scenario:
                 self.rec.posted.append(Posted(data["id"], session_id, text, t0))
         return data
 
-    def text(self, i: int, slow: bool = False) -> str:
+    def text(self, i: int, slow: bool = False, slow_for: float | None = None) -> str:
+        """A unique input; ``slow``: its reply streams for ``--slow-seconds`` (the stand-in's ``SLOW``), or
+        for ``slow_for`` seconds (``SLOW<n>``)."""
+        if slow_for is not None:
+            return f"{self.tag} input {i} {uuid.uuid4().hex[:8]} SLOW{slow_for:g}"
         return f"{self.tag} input {i} {uuid.uuid4().hex[:8]}" + (" SLOW" if slow else "")
 
     def wait_terminal(self) -> None:

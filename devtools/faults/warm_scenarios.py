@@ -16,12 +16,31 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
                       turn fails (``already has an active writer`` or anything else), none of the killed
                       worker's app-servers survives it by more than 5 s (``PR_SET_PDEATHSIG``), and the
                       sweep removes its ``TurnWorker`` row, its ``WarmThread`` rows and its own queue.
+``freeze-warm-holder`` SIGSTOP (its process group and its app-servers) of the worker that holds the most
+                      sessions' threads loaded, while the others are busy: all but one with a SLOW turn
+                      (``--slow-seconds``); the held sessions' next turns are posted (the first copy to the
+                      frozen holder's queue, the countdown copy reserved at once by the one idle worker),
+                      and that worker then starts a long turn (``SLOW<--freeze-slow-seconds>``), so the
+                      countdown copies sit behind it (adversary F2, session 4); a round starts with every
+                      worker idle, and notes when the set-up did not hold (first copies not in the holder's
+                      queue, the long turn started after the countdown copies were due). A keeping worker's loop must
+                      hand the turns off (``affinity.stalled_holder_turns``): each claimed within
+                      ``HERMES_AFFINITY_DEADLINE`` + 3 heartbeats + 3 s of its post, or 3 s after a turn slot
+                      came free if that is later (a SLOW turn ended); succeeded, resumed cold, attempt 1.
+                      The sweeper is paused meanwhile: here it sweeps every 1 s with a 4 s stale limit and
+                      would free them ≈ 5 s after the freeze (by default 10 + 10 s), hiding the wait. Then
+                      SIGCONT: the holder keeps running and beating (no yield: nobody took its name), closes
+                      its kept copies within 5 s, and no later turn runs on a loaded copy unless the session's
+                      previous turn ended on that worker (worker logs); the held sessions' next turns succeed.
 
-Both rotate nothing (``Record.expect_no_rotation``: every thread's rollout is stored).
+All three rotate nothing (``Record.expect_no_rotation``: every thread's rollout is stored).
 """
 from __future__ import annotations
 
+import heapq
 import os
+import re
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -284,7 +303,297 @@ def scenario_kill_warm_holder(sc: Scenario) -> None:
         f"{_writer_lines(sc) - writer_before} worker log line(s) name 'already has an active writer'")
 
 
+# --------------------------------------------------------------------------------------- freeze-warm-holder
+
+#: Seconds of slack on the hand-off bound (a loaded 2-core machine: the API's commit, the broker, a claim).
+FREEZE_SLACK = 3.0
+_HANDED_OFF = "whose heartbeat stopped: handed to any worker"  # affinity.AffinityLoop.tick's log line
+_YIELDED = "keeps no thread loaded from now on"  # affinity.AffinityLoop._yield's log line
+
+
+def _signal_holder(worker: Proc, codex: list[int], sig: int) -> None:
+    """``sig`` to the worker's process group (MainProcess and pool process) and to each of its app-servers,
+    which lead process groups of their own (``codex/client.py``: ``start_new_session``)."""
+    if sig == signal.SIGCONT:  # its app-servers first: the worker wakes to running processes
+        _signal_groups(codex, sig)
+        worker.signal_group(sig)
+    else:
+        worker.signal_group(sig)
+        _signal_groups(codex, sig)
+
+
+def _signal_groups(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except OSError:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+def _turn_ids(posted: list[dict[str, Any] | None]) -> list[str]:
+    return [str(p["id"]) for p in posted if p]
+
+
+def _wait_claimed(ids: list[str], timeout: float) -> bool:
+    """Until every turn of ``ids`` was claimed (``started_at`` set), at most ``timeout`` seconds."""
+    from hermes_sessions.models import Turn
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if Turn.objects.filter(pk__in=ids, started_at__isnull=False).count() == len(ids):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _ended_on(sc: Scenario, turn_ids: set[str]) -> dict[str, str]:
+    """The turn worker (its log's name) whose ``turn … ended`` line names each of ``turn_ids``."""
+    found: dict[str, str] = {}
+    for path in sc.stack.logdir.glob("worker*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            m = re.search(r"turn ([0-9a-f-]{36}) ended status=", line)
+            if m and m.group(1) in turn_ids:
+                found[m.group(1)] = path.stem
+    return found
+
+
+def _handed_off_at(sc: Scenario, turn_ids: list[str]) -> dict[str, float]:
+    """When (epoch seconds, from the line's local time stamp) a worker's loop logged handing off each of
+    ``turn_ids`` from a holder whose heartbeat stopped."""
+    found: dict[str, float] = {}
+    for path in sc.stack.logdir.glob("worker*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): .*?turn ([0-9a-f-]{36}) ", line)
+            if m and _HANDED_OFF in line and m.group(3) in turn_ids:
+                at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+                found.setdefault(m.group(3), at)
+    return found
+
+
+def _log_count(sc: Scenario, text: str, names: list[str] | None = None) -> int:
+    return sum(p.read_text(errors="replace").count(text) for p in sc.stack.logdir.glob("worker*.log")
+               if names is None or p.stem in names)
+
+
+def _claim_bounds(sc: Scenario, held: list[Any], busy: list[Any]) -> list[tuple[Any, float, float]]:
+    """``(turn, post → claim delay, bound)`` of each held session's turn posted during the freeze, in claim
+    order. Bound: ``HERMES_AFFINITY_DEADLINE`` + 2 heartbeats (the holder's counts as stopped) + one more
+    (the next loop round of any keeping worker) + ``FREEZE_SLACK`` after the post — or, if later, the moment
+    a turn slot came free + ``FREEZE_SLACK``: every other worker was busy, so a turn can only be claimed once
+    one is; the slots free up as the busy turns end (``busy``: their rows) and then as each held turn claimed
+    before it ends (one slot each, in order)."""
+    from django.conf import settings
+
+    limit = (float(settings.HERMES_AFFINITY_DEADLINE) + 3 * float(settings.HERMES_WORKER_HEARTBEAT_SECONDS)
+             + FREEZE_SLACK)
+    posted_at = {p.turn_id: p.posted_at for p in sc.rec.posted}
+    free = sorted(t.finished_at.timestamp() if t.finished_at else float("inf") for t in busy)
+    out = []
+    for turn in sorted((t for t in held if t.started_at), key=lambda t: t.started_at):
+        at = posted_at[str(turn.pk)]
+        slot = heapq.heappop(free) if free else float("inf")
+        out.append((turn, turn.started_at.timestamp() - at, max(limit, slot + FREEZE_SLACK - at)))
+        heapq.heappush(free, turn.finished_at.timestamp() if turn.finished_at else float("inf"))
+    return out
+
+
+def _check_warm_only_after_own(sc: Scenario, rnd: int, sessions: list[str]) -> int:
+    """No turn of ``sessions`` ran on a loaded copy (``timings.warm``) unless the session's previous turn
+    ended on that same worker: a copy kept by the frozen holder must never serve a turn after the session's
+    thread moved on elsewhere. Returns the warm turns seen."""
+    from hermes_sessions.models import Turn
+
+    rows = list(Turn.objects.filter(session_id__in=sessions).order_by("session_id", "seq"))
+    where = _ended_on(sc, {str(t.pk) for t in rows})
+    warm = 0
+    for prev, turn in zip(rows, rows[1:], strict=False):
+        if prev.session_id != turn.session_id or not (turn.timings or {}).get("warm"):
+            continue
+        warm += 1
+        if where.get(str(turn.pk)) != where.get(str(prev.pk)):
+            sc.rec.violations.append(
+                f"round {rnd}: turn {turn.pk} of {turn.session_id} ran on a loaded copy on "
+                f"{where.get(str(turn.pk), '?')}, but the session's previous turn ended on {where.get(str(prev.pk), '?')}")
+    return warm
+
+
+def _check_released(sc: Scenario, rnd: int, worker: Proc, held: list[str], t0: float, timeout: float = 5.0) -> float | None:
+    """After SIGCONT (at ``t0``, monotonic): the woken holder keeps on running (MainProcess and pool process),
+    beats again without yielding, and closes its kept copies of ``held`` (their threads moved on to other
+    workers meanwhile) within ``timeout``; seconds it took (by 0.2 s polls), or ``None`` (a violation)."""
+    from hermes_sessions.models import TurnWorker
+
+    workdirs = {os.path.join(sc.stack.work_root, s) for s in held}
+    while True:
+        kept = [cp.pid for cp in sc.stack.codex_of(worker) if cp.cwd in workdirs]
+        if not kept:
+            break
+        if time.monotonic() - t0 > timeout:
+            sc.rec.violations.append(f"round {rnd}: {timeout:g} s after SIGCONT {worker.name} still runs app-server(s) "
+                                     f"{kept} for session(s) whose thread moved on to other workers")
+            break
+        time.sleep(0.2)
+    took = time.monotonic() - t0
+    queue = sc.stack.worker_queue(worker)
+    row = TurnWorker.objects.filter(queue=queue).values("pid", "heartbeat_at").first() if queue else None
+    fresh = row is not None and (time.time() - row["heartbeat_at"].timestamp()
+                                 < 4 * float(_setting("HERMES_WORKER_HEARTBEAT_SECONDS")) + 1)
+    if not worker.alive() or row is None or not pid_alive(row["pid"]) or not fresh:
+        sc.rec.violations.append(f"round {rnd}: after SIGCONT {worker.name} is not running and beating "
+                                 f"(alive {worker.alive()}, heartbeat row {row})")
+    if _log_count(sc, _YIELDED, [worker.name]):
+        sc.rec.violations.append(f"round {rnd}: {worker.name} yielded its queue after SIGCONT (no worker took its name)")
+    return None if kept else took
+
+
+def _setting(name: str) -> Any:
+    from django.conf import settings
+
+    return getattr(settings, name)
+
+
+def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[str], first: int) -> dict[str, Any]:
+    """SIGSTOP the holder (and pause the sweeper), make the other workers busy, post the held sessions'
+    next turns, wait until they are claimed and done, SIGCONT; what was posted and seen."""
+    a, stack = sc.args, sc.stack
+    peers = [w for w in stack.workers if w.alive() and w is not worker]
+    sweeper = stack.procs[2]
+    out: dict[str, Any] = {"short": [], "long": [], "posted": [], "frozen_for": 0.0, "in_queue": -1, "t_cont": 0.0}
+    own_queue = stack.worker_queue(worker)
+    try:
+        # The sweep (here every 1 s, stale after 4 s; by default 10 + 10 s) would free the held turns ≈ 5 s
+        # after the freeze and hide the wait: paused, as if it had not come yet.
+        sweeper.signal_group(signal.SIGSTOP)
+        _signal_holder(worker, pids, signal.SIGSTOP)
+        t_freeze = time.monotonic()
+        time.sleep(1.2)  # its broker poll (BRPOP, 1 s) ends: the frozen worker takes no message meant for others
+        # All but one of the others busy with a SLOW turn (they free up after --slow-seconds) …
+        out["short"] = [sc.post(sc.new_session(), sc.text(first + 50 + n, slow=True)) for n in range(len(peers) - 1)]
+        if not _wait_claimed(_turn_ids(out["short"]), 15):
+            sc.rec.notes.append(f"round {rnd}: the SLOW turns were not all claimed within 15 s")
+        # … the held sessions' next turns: the first copy to the frozen holder's queue (its heartbeat is still
+        # fresh), the countdown copy reserved at once by the one idle worker …
+        out["posted"] = [sc.post(s, sc.text(first + 60 + n)) for n, s in enumerate(held)]
+        # … which then starts a long turn: the countdown copies sit behind it (adversary F2).
+        out["long"] = [sc.post(sc.new_session(), sc.text(first + 90, slow_for=a.freeze_slow_seconds))]
+        if not _wait_claimed(_turn_ids(out["long"]), 10):
+            sc.rec.notes.append(f"round {rnd}: the long SLOW turn was not claimed within 10 s")
+        out["in_queue"] = stack.broker.queue_length(own_queue) if own_queue else -1
+        claimed = _wait_claimed(_turn_ids(out["posted"]), a.freeze_slow_seconds + 20)
+        _settled(sc, held, 30 if claimed else 1)
+        out["frozen_for"] = time.monotonic() - t_freeze
+    finally:
+        _signal_holder(worker, pids, signal.SIGCONT)
+        out["t_cont"] = time.monotonic()
+        # The holder beats again before the sweep resumes: a sweep now would remove the row of a live worker.
+        time.sleep(3 * float(_setting("HERMES_WORKER_HEARTBEAT_SECONDS")) + 0.5)
+        sweeper.signal_group(signal.SIGCONT)
+    return out
+
+
+def _check_frozen_turns(sc: Scenario, rnd: int, worker: Proc, seen: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """The held sessions' turns posted during the freeze: each succeeded cold at attempt 1, claimed within
+    its bound (``_claim_bounds``). Returns the bounds and the SLOW turns that kept the others busy."""
+    held_turns = [t for t in (_turn_of(sc, p) for p in seen["posted"]) if t is not None]
+    shorts = [t for t in (_turn_of(sc, p) for p in seen["short"]) if t is not None]
+    busy = shorts + [t for t in (_turn_of(sc, p) for p in seen["long"]) if t is not None]
+    for turn in held_turns:
+        _cold_resumed(sc, turn, f"round {rnd}: a session the frozen {worker.name} kept loaded")
+        if turn.attempt != 1:
+            sc.rec.violations.append(f"round {rnd}: turn {turn.pk} ran at attempt {turn.attempt} "
+                                     "(the frozen holder held no claim)")
+        if turn.started_at is None:
+            sc.rec.violations.append(f"round {rnd}: turn {turn.pk} of {turn.session_id} was never claimed while "
+                                     f"{worker.name} was frozen ({seen['frozen_for']:.1f} s)")
+    bounds = _claim_bounds(sc, held_turns, busy)
+    for turn, delay, bound in bounds:
+        if delay > bound:
+            sc.rec.violations.append(f"round {rnd}: turn {turn.pk} of {turn.session_id} was claimed {delay:.1f} s after "
+                                     f"its post, bound {bound:.1f} s ({worker.name} frozen, the others busy)")
+    return bounds, shorts
+
+
+def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> dict[str, Any] | None:
+    """One round of freeze-warm-holder (see the module docstring); what it measured, or ``None`` when it
+    could not set the fault up (noted)."""
+    a, stack = sc.args, sc.stack
+    # Every worker idle first: the last round's long turn outlasts that round (with it still running, the
+    # worker meant to reserve the countdown copies was busy, and they waited in the broker instead).
+    _settled(sc, sc.rec.sessions, a.bound)
+    for n, s in enumerate(sessions):  # one turn each: every session's thread is kept loaded by some worker
+        sc.post(s, sc.text(first + n))
+    _settled(sc, sessions, a.bound)
+    time.sleep(1.0)  # the keepers take their processes just after the finalize commits
+    found = _holder(sc, sessions)
+    if found is None or sum(w.alive() for w in stack.workers) < 3:
+        sc.rec.notes.append(f"round {rnd}: no holder, or fewer than 2 other workers (needs --workers ≥ 3); skipped")
+        return None
+    worker, _queue, held, pids = found
+    log(f"freeze-warm-holder round {rnd}: SIGSTOP {worker.name} (pid group {worker.pid}, app-servers {pids}) keeping "
+        f"{len(held)} session(s) loaded; the sweeper paused")
+    handed_before = _log_count(sc, _HANDED_OFF)
+    seen = _freeze(sc, rnd, worker, pids, held, first)
+    bounds, shorts = _check_frozen_turns(sc, rnd, worker, seen)
+    if seen["in_queue"] != len(held):  # routed to the shared queue only: the round did not set up F2
+        sc.rec.notes.append(f"round {rnd}: {seen['in_queue']} of {len(held)} first copies were in the frozen holder's "
+                            "own queue (its heartbeat went stale before the posts?): this round proves less")
+    released = _check_released(sc, rnd, worker, held, seen["t_cont"])
+    after = [sc.post(s, sc.text(first + 95 + n)) for n, s in enumerate(held)]
+    _settled(sc, held, a.bound)
+    for turn in (_turn_of(sc, p) for p in after):
+        if turn is not None and turn.status != "succeeded":
+            sc.rec.violations.append(f"round {rnd}: turn {turn.pk} after SIGCONT ended {turn.status} "
+                                     f"({(turn.error or '')[:160]})")
+    posted_at = {p.turn_id: p.posted_at for p in sc.rec.posted if p.turn_id in _turn_ids(seen["posted"])}
+    first_post = min(posted_at.values(), default=0.0)
+    long = [t for t in (_turn_of(sc, p) for p in seen["long"]) if t is not None and t.started_at]
+    long_at = long[0].started_at.timestamp() - first_post if long else float("inf")
+    if long_at > float(_setting("HERMES_AFFINITY_DEADLINE")):  # the countdown copies came due on an idle worker
+        sc.rec.notes.append(f"round {rnd}: the long SLOW turn was claimed {long_at:.1f} s after the held turns' post, "
+                            "after their countdown copies were due: this round proves less")
+    ran_on = _ended_on(sc, set(posted_at) | {str(t.pk) for t in shorts})
+    return {
+        "worker": worker.name, "held": len(held), "frozen_for": seen["frozen_for"], "released": released,
+        "delays": [d for _, d, _ in bounds], "bounds": [b for _, _, b in bounds],
+        "warm": _check_warm_only_after_own(sc, rnd, held),
+        "peer_free": sorted(t.finished_at.timestamp() - first_post for t in shorts if t.finished_at),
+        "handed_off": _log_count(sc, _HANDED_OFF) - handed_before, "in_queue": seen["in_queue"],
+        "long_at": long_at, "held_on": sorted(ran_on.get(i, "?") for i in posted_at),
+        "short_on": sorted(ran_on.get(str(t.pk), "?") for t in shorts),
+        "handed_after": sorted(t - posted_at[i] for i, t in _handed_off_at(sc, list(posted_at)).items()),
+    }
+
+
+def scenario_freeze_warm_holder(sc: Scenario) -> None:
+    a = sc.args
+    sc.rec.expect_no_rotation = True
+    sessions = [sc.new_session() for _ in range(a.holder_sessions)]
+    rounds = [r for r in (_freeze_round(sc, rnd, sessions, first=100 * rnd) for rnd in range(1, a.freeze_rounds + 1))
+              if r is not None]
+    sc.rec.runs = len(rounds)
+    limit = (float(_setting("HERMES_AFFINITY_DEADLINE")) + 3 * float(_setting("HERMES_WORKER_HEARTBEAT_SECONDS"))
+             + FREEZE_SLACK)
+    for n, r in enumerate(rounds, 1):
+        handed = ", ".join(f"{h:.1f}" for h in r["handed_after"]) or "-"
+        closed = f"closed within {r['released']:.1f} s" if r["released"] is not None else "NOT closed"
+        sc.rec.notes.append(
+            f"freeze {n}: {r['worker']} frozen {r['frozen_for']:.1f} s keeping {r['held']} session(s); the other "
+            f"workers busy (SLOW turns on {', '.join(r['short_on'])} freeing "
+            f"{', '.join(f'{f:.1f}' for f in r['peer_free'])} s after the post, one SLOW{a.freeze_slow_seconds:g} "
+            f"claimed {r['long_at']:.1f} s after it); {r['in_queue']} message(s) in its own queue while frozen; "
+            f"{r['handed_off']} hand-off log line(s), {handed} s after the post; the held turns claimed "
+            f"{', '.join(f'{d:.1f}' for d in r['delays'])} s after the post, ran on {', '.join(r['held_on'])} (bound "
+            f"{', '.join(f'{b:.1f}' for b in r['bounds'])} s: max(HERMES_AFFINITY_DEADLINE + 3 heartbeats + "
+            f"{FREEZE_SLACK:g} = {limit:g}, a slot free + {FREEZE_SLACK:g})); after SIGCONT its copies were {closed}; "
+            f"{r['warm']} later turn(s) ran warm, each on the worker that ran the session's previous turn")
+
+
 WARM_SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "warm-codex-dies": scenario_warm_codex_dies,
     "kill-warm-holder": scenario_kill_warm_holder,
+    "freeze-warm-holder": scenario_freeze_warm_holder,
 }

@@ -45,6 +45,7 @@ CURRENT_TURN_MARKER = "[CURRENT USER TURN]"
 
 #: ``FAIL<status>`` in the current user turn: answer the model call with that HTTP status.
 _FAIL_STATUS = re.compile(r"FAIL([1-5][0-9][0-9])")
+_SLOW_FOR = re.compile(r"SLOW([0-9]+(?:\.[0-9]+)?)")  # SLOW<seconds>: this reply takes that long
 #: What an OpenAI-like provider says with each status (``error.type`` / ``code``); others: server_error.
 _FAIL_BODIES = {
     400: ("invalid_request_error", None),
@@ -350,7 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             size = _CHUNK_CHARS
         chunks = [reply[i:i + size] for i in range(0, len(reply), size)] or [""]
-        delay = self._stand_in.slow_seconds / len(chunks) if slow else 0.0
+        slow_for = _SLOW_FOR.search(steer)
+        seconds = float(slow_for.group(1)) if slow_for else self._stand_in.slow_seconds
+        delay = seconds / len(chunks) if slow else 0.0
         for chunk in chunks:
             self._sse({"type": "response.output_text.delta", "item_id": msg_id, "output_index": 0,
                        "content_index": 0, "delta": chunk})
@@ -390,7 +393,8 @@ class ModelStandIn:
     history):
 
     * ``SLOW`` — the reply is cut into at least 20 deltas spread over ``slow_seconds`` seconds
-      (for interrupt tests); a client that disconnects midway is tolerated.
+      (for interrupt tests); a client that disconnects midway is tolerated. ``SLOW<n>`` (``SLOW15``,
+      ``SLOW2.5``): over ``n`` seconds instead, for this reply only.
     * ``RUNCMD <cmd>`` — the answer is a ``function_call`` to the shell tool the request offered
       (``exec_command`` with arguments ``{"cmd": "<cmd>"}`` in codex 0.169.0), then
       ``response.completed``. Codex runs the tool and POSTs again with a ``function_call_output``

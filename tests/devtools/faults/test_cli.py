@@ -8,8 +8,8 @@ from devtools.faults.cli import SCENARIOS, _row_clean, parse_args, print_table
 
 def test_all_scenarios_run_by_default_and_an_unknown_one_is_refused(capsys):
     assert parse_args([]).chosen == list(SCENARIOS)
-    assert list(SCENARIOS)[-4:] == ["kill-during-rollout", "db-down-during-restore", "warm-codex-dies",
-                                    "kill-warm-holder"]
+    assert list(SCENARIOS)[-5:] == ["kill-during-rollout", "db-down-during-restore", "warm-codex-dies",
+                                    "kill-warm-holder", "freeze-warm-holder"]
     assert parse_args(["--scenarios", "concurrent-posts, broker-restart"]).chosen == ["concurrent-posts", "broker-restart"]
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--scenarios", "kill-worker,nap"])
@@ -39,6 +39,7 @@ def test_workers_run_one_turn_at_a_time_by_default_so_warm_processes_are_in_play
     assert (args.workers, args.concurrency) == (4, 1)  # -c 1: an own queue and threads kept loaded
     assert (args.warm_sessions, args.warm_rounds, args.holder_sessions, args.holder_rounds) == (4, 4, 6, 2)
     assert args.holder_sessions > args.workers  # pigeonhole: one worker keeps several sessions loaded
+    assert (args.freeze_rounds, args.freeze_slow_seconds) == (2, 15.0)
     assert parse_args(["--workers", "2", "--concurrency", "2"]).concurrency == 2  # the options stay
 
 

@@ -253,6 +253,18 @@ def test_slow_spreads_deltas_and_survives_a_disconnect(model):
     assert status == 200 and b"echo: still alive" in raw
 
 
+def test_slow_with_seconds_takes_that_long_for_this_reply_only(model):
+    """``SLOW<n>``: ``n`` seconds instead of ``slow_seconds`` (1.0 in the fixture) — make faults'
+    freeze-warm-holder keeps some workers busy longer than others."""
+    start = time.monotonic()
+    _, _, raw = post_responses(model, codex_like_body(msg("user", "busy SLOW2.5")))
+    assert 2.3 <= time.monotonic() - start < 6
+    assert b"echo: busy SLOW2.5" in raw
+    start = time.monotonic()
+    post_responses(model, codex_like_body(msg("user", "SLOW")))
+    assert 0.8 <= time.monotonic() - start < 2.3  # the next plain SLOW: slow_seconds again
+
+
 def test_requests_endpoint_log_file_and_reset(model, tmp_path):
     post_responses(model, codex_like_body(msg("user", "one")))
     post_responses(model, codex_like_body(msg("user", "one"), msg("assistant", "echo: one"), msg("user", "two")))
