@@ -33,7 +33,7 @@ from django.utils import timezone
 from .. import policy
 from ..codex.runner import TurnOutcome
 from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history_seed
-from ..models import CodexBinding, CodexRollout, Message, Notice, Session, Turn
+from ..models import CodexBinding, CodexRollout, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from . import affinity, bindings, dispatch, events, rollouts
 from .errors import InvalidInput, SessionBusy
@@ -448,9 +448,10 @@ def _commit_turn_once(
             t0 = time.monotonic()
             rollouts.rollout_store(session=session, delta=result.rollout, codex_version=result.codex_version)
             result.timings["store_ms"] = round((time.monotonic() - t0) * 1000, 1)  # compress + chunk + header
-        if result.rotated_from:
-            bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
-                                    reason=result.rotation_reason)
+        notice = ""
+        if result.rotated_from and bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
+                                                           reason=result.rotation_reason):
+            notice = bindings.NOTICE_THREAD_ROTATED
         if bind:
             bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,
                                      resumed=result.thread_action == Turn.ThreadAction.RESUMED)
@@ -460,22 +461,24 @@ def _commit_turn_once(
             session=session, queue=warm_queue if kept else "", thread_id=result.thread_id or "",
             generation=(delta.base.generation + 1 if delta is not None and delta.base and delta.base.generation else 1))
         _finish(turn, result, status=status, error=error)
-        _finish_events(turn, result)
+        _finish_events(turn, result, notice=notice)
         dispatch.session_dispatch_next_on_commit(session)
         return turn
 
 
-def _finish_events(turn: Turn, result: TurnOutcome) -> None:
+def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "") -> None:
     """The stream's last events of a turn, in its finalize transaction (``docs/contract.md`` §8):
-    the thread action (with the rotation notice), the usage, the terminal state."""
+    the thread action (with ``notice``, the rotation notice this transaction recorded), the usage, the
+    terminal state — one insert, one NOTIFY."""
+    items: list[tuple[str, dict[str, Any] | None]] = []
     if result.thread_action or result.rotated_from:
-        notice = Notice.objects.filter(turn=turn).values_list("text", flat=True).first()
-        events.event_append(turn=turn, kind=events.THREAD, data={
+        items.append((events.THREAD, {
             "action": turn.thread_action, "thread_id": turn.codex_thread_id,
-            "rotated_from": result.rotated_from or "", "notice": notice or ""})
+            "rotated_from": result.rotated_from or "", "notice": notice}))
     if turn.usage:
-        events.event_append(turn=turn, kind=events.USAGE, data=turn.usage)
-    events.event_terminal(turn=turn)
+        items.append((events.USAGE, turn.usage))
+    items.append(events.terminal_item(turn))
+    events.event_append_many(turn=turn, items=items)
 
 
 def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:
@@ -550,5 +553,9 @@ def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None
     turn.timings = clean_json(timings)
     turn.claim_token = None
     turn.lease_expires_at = None
-    turn.save()
+    row_update(turn, _FINISH_FIELDS)
     turn_ended_on_commit(turn)
+
+
+_FINISH_FIELDS = ("status", "thread_action", "codex_thread_id", "codex_turn_id", "codex_methods", "final_text", "error",
+                  "usage", "finished_at", "timings", "claim_token", "lease_expires_at")
