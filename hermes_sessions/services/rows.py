@@ -27,7 +27,7 @@ def instance_from_row(model: type[M], values: Sequence[Any]) -> M:
     fields = model._meta.concrete_fields
     converted = []
     for f, value in zip(fields, values, strict=True):
-        col = f.get_col(model._meta.db_table)
+        col = f.cached_col
         for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
             value = convert(value, col, connection)
         converted.append(value)
