@@ -109,8 +109,11 @@ def warm_thread_record(*, session: Session, queue: str, thread_id: str, generati
         WarmThread.objects.filter(session=session).delete()
         return
     until = timezone.now() + timedelta(seconds=settings.HERMES_WARM_IDLE_SECONDS)
-    WarmThread.objects.update_or_create(session=session, defaults={
-        "queue": queue, "thread_id": thread_id, "generation": generation, "until": until})
+    # One upsert (INSERT … ON CONFLICT DO UPDATE): update_or_create took a savepoint, a SELECT … FOR UPDATE
+    # and an UPDATE, four round trips of the finalize.
+    WarmThread.objects.bulk_create(
+        [WarmThread(session=session, queue=queue, thread_id=thread_id, generation=generation, until=until)],
+        update_conflicts=True, unique_fields=["session"], update_fields=["queue", "thread_id", "generation", "until"])
 
 
 def warm_thread_forget(*, queue: str, session_ids: list[str] | None = None) -> int:

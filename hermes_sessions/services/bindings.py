@@ -35,11 +35,12 @@ def _require_transaction() -> None:
         raise TransactionManagementError("binding writes of a turn run inside its finalize transaction")
 
 
-def binding_rotate(*, session: Session, turn: Turn, thread_id: str, reason: str) -> None:
+def binding_rotate(*, session: Session, turn: Turn, thread_id: str, reason: str) -> bool:
     """End the session's active binding to ``thread_id`` — codex answered ``no rollout found`` for
     it during ``turn`` — and record the one rotation notice (``docs/contract.md`` §3); no notice when
     that binding was no longer active (an operator ended it meanwhile and got a notice of their own). ``reason`` is codex's
-    error text. Inside the turn's finalize transaction, under the session lock."""
+    error text. Inside the turn's finalize transaction, under the session lock. Returns whether it
+    ended the binding (and so recorded the notice)."""
     _require_transaction()
     ended_reason = clean_text(f"codex could not resume the thread: {reason}", max_chars=MAX_REASON_CHARS)
     ended = CodexBinding.objects.filter(
@@ -47,6 +48,7 @@ def binding_rotate(*, session: Session, turn: Turn, thread_id: str, reason: str)
     ).update(status=CodexBinding.Status.ENDED, ended_at=timezone.now(), ended_reason=ended_reason, ended_by_turn=turn)
     if ended:  # an operator who ended it while the turn ran has already said so in a notice of their own
         Notice.objects.create(session=session, turn=turn, kind=Notice.Kind.LIFECYCLE, text=NOTICE_THREAD_ROTATED)
+    return bool(ended)
 
 
 def binding_publish(*, session: Session, turn: Turn, thread_id: str, resumed: bool) -> None:

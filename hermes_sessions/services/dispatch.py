@@ -112,9 +112,9 @@ def queue_declare(queue: str) -> None:
 def session_dispatch_next_on_commit(session: Session) -> None:
     """Dispatch the session's oldest queued turn, if any, once the current transaction commits
     (call it where a turn of ``session`` ends, under the session lock)."""
-    nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").first()
+    nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").values_list("pk", flat=True).first()
     if nxt is not None:
-        turn_dispatch_on_commit(nxt.id)
+        turn_dispatch_on_commit(nxt)
 
 
 def _run_turn_task() -> Task:

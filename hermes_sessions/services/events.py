@@ -21,7 +21,8 @@ for that row). The transaction also sends
 ``NOTIFY hermes_turn_events, '<session id> <turn id> <last id>'`` — ids only (NOTIFY payloads are
 limited to 8,000 bytes, ``../shared/pitfalls.md``); PostgreSQL delivers it at commit, and listeners
 read the rows from the table. Nothing depends on the notification arriving: streams re-read on their
-heartbeat tick.
+heartbeat tick. On PostgreSQL the lock, the claim check, the insert and the NOTIFY are one statement
+(``_events_sql``), in that order; elsewhere (the SQLite demo) the ORM takes the same steps.
 """
 from __future__ import annotations
 
@@ -29,12 +30,16 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
-from ..models import Turn, TurnEvent
+from ..models import Session, Turn, TurnEvent
 from ..sanitize import clean_json, clean_text
 from .locks import lock_session_and_turn, lock_session_for_events
 
@@ -57,35 +62,51 @@ DELTA_FLUSH_SECONDS = 0.05
 DELTA_FLUSH_CHARS = 16_000
 
 
-def _lock_and_notify(session_id: str, turn_id: uuid.UUID | str, last_id: int | None) -> None:
-    """NOTIFY the listeners (ids only); delivered when the caller's transaction commits."""
-    if connection.vendor != "postgresql" or last_id is None:
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, f"{session_id} {turn_id} {last_id}"])
-
-
 def _session_lock(session_id: str) -> bool:
-    """The session's event lock, the only one (``locks.lock_session_for_events``, §8)."""
+    """The session's event lock, the only one (``locks.lock_session_for_events``, §8). On PostgreSQL
+    ``_events_sql`` takes the same lock (CTE ``l``) inside its statement."""
     return lock_session_for_events(session_id)
 
 
 def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None) -> TurnEvent:
     """Append one event of ``turn`` (at its current ``attempt``) inside the caller's transaction
     (raises ``TransactionManagementError`` outside one) and notify the listeners at commit.
-    ``data`` is the event's JSON payload (cleaned of NUL bytes and lone surrogates)."""
-    _session_lock(turn.session_id)
-    event = TurnEvent.objects.create(session_id=turn.session_id, turn=turn, attempt=turn.attempt, kind=kind,
-                                     data=clean_json(data or {}))
-    _lock_and_notify(turn.session_id, turn.pk, event.pk)
+    ``data`` is the event's JSON payload (cleaned of NUL bytes and lone surrogates). One statement on
+    PostgreSQL: the session's event lock, the insert and the NOTIFY (``_insert_events``)."""
+    (event,) = event_append_many(turn=turn, items=[(kind, data)])
     return event
+
+
+def event_append_many(*, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]]) -> list[TurnEvent]:
+    """``event_append`` of several events of ``turn`` at once, ids in the order of ``items`` (one
+    insert and one NOTIFY: the finalize's ``thread``, ``usage`` and terminal events)."""
+    if not connection.in_atomic_block:
+        raise TransactionManagementError("event_append runs inside the transaction of the change it reports")
+    rows = [(kind, clean_json(data or {})) for kind, data in items]
+    now = timezone.now()
+    ids = _insert_events(turn.session_id, turn.pk, turn.attempt, rows, now=now)
+    if ids is None:  # no such session (the caller holds its turn: it cannot happen)
+        raise IntegrityError(f"session {turn.session_id} of turn {turn.pk} does not exist; no event written")
+    made = []
+    for pk, (kind, data) in zip(ids, rows, strict=True):
+        event = TurnEvent(id=pk, session_id=turn.session_id, turn=turn, attempt=turn.attempt, kind=kind, data=data,
+                          created_at=now)
+        event._state.adding, event._state.db = False, connection.alias
+        made.append(event)
+    return made
 
 
 def event_terminal(*, turn: Turn) -> TurnEvent:
     """The terminal event of a finished ``turn`` (``completed`` | ``failed`` | ``cancelled``) with its
     status, error and final text; inside the transaction that ends it."""
-    return event_append(turn=turn, kind=TERMINAL_KIND[Turn.Status(turn.status)],
-                        data={"status": turn.status, "error": turn.error, "final_text": turn.final_text})
+    kind, data = terminal_item(turn)
+    return event_append(turn=turn, kind=kind, data=data)
+
+
+def terminal_item(turn: Turn) -> tuple[str, dict[str, Any]]:
+    """``(kind, data)`` of ``turn``'s terminal event (``event_terminal``), for ``event_append_many``."""
+    return TERMINAL_KIND[Turn.Status(turn.status)], {"status": turn.status, "error": turn.error,
+                                                     "final_text": turn.final_text}
 
 
 def event_terminal_ensure(*, turn_id: uuid.UUID | str) -> TurnEvent | None:
@@ -172,17 +193,67 @@ class TurnEventWriter:
     def _insert(self, batch: list[tuple[str, dict[str, Any]]]) -> int | None:
         """One durable transaction: the session's event lock (the session row, first: the order of
         ``lock_session_and_turn``, I3), the claim check (turn row share lock: a claim or finalize in
-        progress is waited for), the rows, one NOTIFY. ``None``: claim not held (§8)."""
+        progress is waited for), the rows, one NOTIFY — one statement on PostgreSQL
+        (``_insert_events``). ``None``: claim not held (§8)."""
         with transaction.atomic(durable=True):
-            if not _session_lock(self.session_id) or not _claim_held(self.turn_id, self.token):
-                return None
-            rows = TurnEvent.objects.bulk_create([
-                TurnEvent(session_id=self.session_id, turn_id=self.turn_id, attempt=self.attempt, kind=kind,
-                          data=clean_json(_clean_data(data)))
-                for kind, data in batch
-            ])
-            _lock_and_notify(self.session_id, self.turn_id, rows[-1].pk if rows else None)
-            return len(rows)
+            ids = _insert_events(self.session_id, self.turn_id, self.attempt,
+                                 [(kind, clean_json(_clean_data(data))) for kind, data in batch],
+                                 now=timezone.now(), token=self.token)
+            return None if ids is None else len(ids)
+
+
+def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows: list[tuple[str, Any]], *,
+                   now: datetime, token: uuid.UUID | None = None) -> list[int] | None:
+    """Insert ``rows`` (``(kind, cleaned data)``) as events of the turn, in order, inside the caller's
+    transaction, under the session's event lock (``locks.lock_session_for_events``), and NOTIFY their
+    last id. With ``token``: only while that claim holds the running turn (``_claim_held``). Returns the
+    new ids, or ``None`` when nothing was written (claim not held, or no such session)."""
+    if not rows:
+        return []
+    if connection.vendor != "postgresql":
+        if not _session_lock(session_id) or (token is not None and not _claim_held(turn_id, token)):
+            return None
+        made = TurnEvent.objects.bulk_create([
+            TurnEvent(session_id=session_id, turn_id=turn_id, attempt=attempt, kind=kind, data=data, created_at=now)
+            for kind, data in rows])
+        return [e.pk for e in made]
+    json_field = TurnEvent._meta.get_field("data")
+    params: dict[str, Any] = {"session": session_id, "turn": turn_id, "attempt": attempt, "now": now,
+                              "token": token, "running": Turn.Status.RUNNING, "channel": CHANNEL,
+                              "prefix": f"{session_id} {turn_id} "}
+    values = []
+    for i, (kind, data) in enumerate(rows):
+        params[f"k{i}"], params[f"d{i}"] = kind, json_field.get_db_prep_value(data, connection)
+        values.append(f"({i}, %(k{i})s, %(d{i})s::jsonb)")
+    with connection.cursor() as cursor:
+        cursor.execute(_events_sql(claimed=token is not None).replace("{values}", ", ".join(values)), params)
+        found = cursor.fetchone()
+    return None if found is None else list(found[0])
+
+
+def _events_sql(*, claimed: bool) -> str:
+    """The event write as one statement (raw SQL: one round trip where the ORM needs four — the lock,
+    the claim check, the insert, the NOTIFY — and compiles each). Its order is the one of the ORM path:
+    CTE ``l`` locks the session row (``FOR NO KEY UPDATE``, ``locks.lock_session_for_events``; a no-op
+    for a caller that holds it ``FOR UPDATE``); ``c`` reads the turn through ``l`` — with ``claimed``, it
+    checks the claim token under ``FOR SHARE`` of the turn row (``_claim_held``), which its ``LockRows``
+    takes only after ``l`` has given its locked row: session row, then turn row (I3). The insert draws
+    its ids (in ``ord`` order) from rows that exist only once both locks are held: ids in commit order
+    (§8). ``HAVING``: no row (nothing written) sends no NOTIFY."""
+    q = connection.ops.quote_name
+    sessions, turns, events_table = (q(m._meta.db_table) for m in (Session, Turn, TurnEvent))
+    check = f" AND t.{q('claim_token')} = %(token)s AND t.{q('status')} = %(running)s FOR SHARE OF t" if claimed else ""
+    return (
+        f"WITH l AS (SELECT {q('id')} FROM {sessions} WHERE {q('id')} = %(session)s FOR NO KEY UPDATE), "
+        f"c AS (SELECT t.{q('id')} FROM {turns} t JOIN l ON t.{q('session_id')} = l.{q('id')} "
+        f"WHERE t.{q('id')} = %(turn)s{check}), "
+        "v (ord, kind, data) AS (VALUES {values}), "
+        f"e AS (INSERT INTO {events_table} ({q('session_id')}, {q('turn_id')}, {q('attempt')}, {q('kind')}, "
+        f"{q('data')}, {q('created_at')}) SELECT %(session)s, c.{q('id')}, %(attempt)s, v.kind, v.data, %(now)s "
+        f"FROM c CROSS JOIN v ORDER BY v.ord RETURNING {q('id')}) "
+        f"SELECT array_agg({q('id')} ORDER BY {q('id')}), pg_notify(%(channel)s, %(prefix)s || max({q('id')})) "
+        "FROM e HAVING count(*) > 0"
+    )
 
 
 def _clean_data(data: dict[str, Any]) -> dict[str, Any]:
@@ -191,7 +262,7 @@ def _clean_data(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _claim_held(turn_id: uuid.UUID, token: uuid.UUID) -> bool:
+def _claim_held(turn_id: uuid.UUID | str, token: uuid.UUID) -> bool:
     """Whether ``token`` still holds the running turn, read under ``FOR SHARE`` of the turn row: it
     conflicts with the ``FOR UPDATE`` that claim, requeue, finalize and the sweep take, so a write
     either happens before a take-back commits or sees it (and is dropped)."""

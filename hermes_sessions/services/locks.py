@@ -17,6 +17,7 @@ from django.db import connection
 from django.db.transaction import TransactionManagementError
 
 from ..models import Session, Turn
+from .rows import columns, instance_from_row
 
 
 def _require_transaction(what: str) -> None:
@@ -52,11 +53,45 @@ def lock_session_for_events(session_id: str) -> bool:
 def lock_session_and_turn(turn_id: uuid.UUID | str) -> tuple[Session, Turn] | None:
     """Lock the turn's session row, then the turn row (``SELECT … FOR UPDATE``), and return both,
     freshly read; ``None`` when the turn does not exist. Raises ``TransactionManagementError``
-    outside ``transaction.atomic``, and Django's ``ValidationError`` for an id that is not a UUID."""
+    outside ``transaction.atomic``, and Django's ``ValidationError`` for an id that is not a UUID.
+    One statement on PostgreSQL (``_lock_sql``)."""
     _require_transaction("lock_session_and_turn")
-    found = Turn.objects.filter(pk=turn_id).only("session_id").first()
-    if found is None:
+    pk = Turn._meta.pk.to_python(turn_id)  # ValidationError for an id that is not a UUID
+    if connection.vendor != "postgresql":
+        session_id = next(iter(Turn.objects.filter(pk=pk).order_by().values_list("session_id", flat=True)[:1]), None)
+        if session_id is None:
+            return None
+        session = Session.objects.select_for_update().get(pk=session_id)
+        return session, Turn.objects.select_for_update().get(pk=pk)
+    with connection.cursor() as cursor:
+        cursor.execute(_lock_sql(), {"turn": pk})
+        row = cursor.fetchone()
+    if row is None:
         return None
-    session = Session.objects.select_for_update().get(pk=found.session_id)
-    turn = Turn.objects.select_for_update().get(pk=turn_id)
-    return session, turn
+    split = len(Session._meta.concrete_fields)
+    return instance_from_row(Session, row[:split]), instance_from_row(Turn, row[split:])
+
+
+def _lock_sql() -> str:
+    """Both rows in one round trip, the session's locked first. Raw SQL: the ORM cannot order the locks
+    of one statement (``select_related(...).select_for_update(of=...)`` locks the rows of a join in the
+    order PostgreSQL's executor picks), and ``Turn`` ordering by ``session`` made the old first lookup a
+    join with an ``ORDER BY`` on the session table. Here the session row is locked inside the
+    ``MATERIALIZED`` CTE, whose rows the join must read before the top ``LockRows`` node can lock the
+    turn row: session, then turn, whatever the join order. Under READ COMMITTED each ``FOR UPDATE``
+    returns the row's latest committed version (a claim or finalize committed while this one waited is
+    seen)."""
+    global _LOCK_SQL
+    if _LOCK_SQL is None:
+        q = connection.ops.quote_name
+        sessions, turns = q(Session._meta.db_table), q(Turn._meta.db_table)
+        _LOCK_SQL = (
+            f"WITH s AS MATERIALIZED (SELECT * FROM {sessions} WHERE {q('id')} = "
+            f"(SELECT {q('session_id')} FROM {turns} WHERE {q('id')} = %(turn)s) FOR UPDATE) "
+            f"SELECT {columns(Session, 's')}, {columns(Turn, 't')} FROM s JOIN {turns} t ON t.{q('session_id')} = s.{q('id')} "
+            f"WHERE t.{q('id')} = %(turn)s FOR UPDATE OF t"
+        )
+    return _LOCK_SQL
+
+
+_LOCK_SQL: str | None = None

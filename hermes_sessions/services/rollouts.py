@@ -21,6 +21,7 @@ import hashlib
 import logging
 import zlib
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -157,6 +158,10 @@ def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str =
         )
         _insert_chunk(row, seq=1, offset=0, data=delta.data)
         return
+    if connection.vendor == "postgresql":
+        if not _store_fenced(delta, codex_version=codex_version):
+            raise RolloutFenced(f"rollout of thread {delta.thread_id} moved on from generation {base.generation}")
+        return
     moved = CodexRollout.objects.filter(
         thread_id=delta.thread_id, generation=base.generation, length=base.length, sha256=base.sha256
     ).update(length=delta.length, sha256=delta.sha256, generation=base.generation + 1, relpath=delta.relpath,
@@ -165,6 +170,36 @@ def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str =
         raise RolloutFenced(f"rollout of thread {delta.thread_id} moved on from generation {base.generation}")
     row = CodexRollout.objects.only("pk").get(thread_id=delta.thread_id)
     _insert_chunk(row, seq=base.generation + 1, offset=delta.offset, data=delta.data)
+
+
+def _store_fenced(delta: RolloutDelta, *, codex_version: str) -> bool:
+    """``rollout_store``'s fenced header update and its chunk as one statement (PostgreSQL: the chunk is
+    inserted from the ``UPDATE … RETURNING id`` of the header, so a fenced-out update inserts nothing);
+    ``False``: fenced out. Raw SQL: the ORM's ``update()`` returns no id, which cost a third query."""
+    base = delta.base
+    assert base is not None
+    q = connection.ops.quote_name
+    params: dict[str, Any] = {
+        "length": delta.length, "sha256": delta.sha256, "next": base.generation + 1, "relpath": delta.relpath,
+        "version": codex_version[:64], "now": timezone.now(), "thread": delta.thread_id,
+        "generation": base.generation, "base_length": base.length, "base_sha256": base.sha256}
+    update = (f"UPDATE {q(CodexRollout._meta.db_table)} SET {q('length')} = %(length)s, {q('sha256')} = %(sha256)s, "
+              f"{q('generation')} = %(next)s, {q('relpath')} = %(relpath)s, {q('codex_version')} = %(version)s, "
+              f"{q('updated_at')} = %(now)s WHERE {q('thread_id')} = %(thread)s AND {q('generation')} = %(generation)s "
+              f"AND {q('length')} = %(base_length)s AND {q('sha256')} = %(base_sha256)s RETURNING {q('id')}")
+    if delta.data:
+        stored, compression = _encode(delta.data)
+        params.update(seq=base.generation + 1, offset=delta.offset, size=len(delta.data), compression=compression,
+                      data=stored, chunk_sha256=hashlib.sha256(delta.data).hexdigest())
+        sql = (f"WITH u AS ({update}) INSERT INTO {q(RolloutChunk._meta.db_table)} ({q('rollout_id')}, {q('seq')}, "
+               f"{q('offset')}, {q('size')}, {q('compression')}, {q('data')}, {q('sha256')}, {q('created_at')}) "
+               f"SELECT u.{q('id')}, %(seq)s, %(offset)s, %(size)s, %(compression)s, %(data)s, %(chunk_sha256)s, %(now)s "
+               f"FROM u RETURNING {q('rollout_id')}")
+    else:
+        sql = update
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
 
 
 def rollout_forget(*, thread_id: str) -> int:

@@ -26,18 +26,19 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from .. import policy
 from ..codex.runner import TurnOutcome
 from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history_seed
-from ..models import CodexBinding, Message, Notice, Session, Turn
+from ..models import CodexBinding, CodexRollout, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from . import affinity, bindings, dispatch, events, rollouts
 from .errors import InvalidInput, SessionBusy
 from .locks import lock_session_and_turn
+from .rows import row_update, row_update_sql, rows_insert_sql, touch
 from .turn_log import turn_ended_on_commit
 from .users import require_user
 
@@ -140,14 +141,27 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
             logger.warning("turn %s does not exist; nothing to run", turn_id)
             return None
         session, turn = locked
-        if turn.status != Turn.Status.QUEUED or not _runnable(session, turn):
+        if turn.status != Turn.Status.QUEUED:
             return None
-        return _start_claim(session, turn)
+        reads = _runnable(session, turn)
+        if reads is None:
+            return None
+        return _start_claim(session, turn, reads)
 
 
-def _runnable(session: Session, turn: Turn) -> bool:
-    """Whether the queued ``turn`` may run now (caller holds the locks). A turn cancelled while its
-    worker was lost ends ``cancelled`` here instead (not run again)."""
+@dataclass(frozen=True)
+class _ClaimReads:
+    """What a claim reads under its locks besides the two rows: the active binding's thread, its stored
+    rollout's generation, and whether the turn's user row exists (written by an earlier claim)."""
+
+    thread_id: str | None
+    rollout_generation: int | None
+    user_row: bool
+
+
+def _runnable(session: Session, turn: Turn) -> _ClaimReads | None:
+    """What the claim needs if the queued ``turn`` may run now, else ``None`` (caller holds the locks).
+    A turn cancelled while its worker was lost ends ``cancelled`` here instead (not run again)."""
     if turn.cancel_requested_at is not None:
         turn.status, turn.finished_at = Turn.Status.CANCELLED, timezone.now()
         turn.error = turn.error or "cancelled; not run again after its worker was lost"
@@ -155,13 +169,54 @@ def _runnable(session: Session, turn: Turn) -> bool:
         turn_ended_on_commit(turn)
         events.event_terminal(turn=turn)
         dispatch.session_dispatch_next_on_commit(session)
-        return False
-    # One query: no turn of the session running, none queued before this one.
-    return not Turn.objects.filter(session=session).exclude(pk=turn.pk).filter(
-        Q(status=Turn.Status.RUNNING) | Q(status=Turn.Status.QUEUED, seq__lt=turn.seq)).exists()
+        return None
+    if connection.vendor != "postgresql":
+        # No turn of the session running, none queued before this one.
+        if Turn.objects.filter(session=session).exclude(pk=turn.pk).filter(
+                Q(status=Turn.Status.RUNNING) | Q(status=Turn.Status.QUEUED, seq__lt=turn.seq)).exists():
+            return None
+        binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
+        stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
+        return _ClaimReads(thread_id=binding.thread_id if binding else None,
+                           rollout_generation=stored.generation if stored is not None else None,
+                           user_row=Message.objects.filter(turn=turn, role=Message.Role.USER).exists())
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_reads_sql(), {
+            "session": session.pk, "turn": turn.pk, "seq": turn.seq, "running": Turn.Status.RUNNING,
+            "queued": Turn.Status.QUEUED, "active": CodexBinding.Status.ACTIVE, "user": Message.Role.USER,
+            "reclaim": turn.attempt > 0})
+        row = cursor.fetchone()
+    assert row is not None
+    blocked, thread_id, generation, user_row = row
+    if blocked:
+        return None
+    return _ClaimReads(thread_id=thread_id, rollout_generation=generation, user_row=bool(user_row))
 
 
-def _start_claim(session: Session, turn: Turn) -> TurnClaim:
+def _claim_reads_sql() -> str:
+    """The claim's reads as one statement, after its locks (so it sees what committed before them —
+    never folded into the locking statement, whose snapshot predates its lock waits): a turn of the
+    session running or queued before this one (``blocked``), the active binding's thread (at most one:
+    a partial unique constraint), the generation of that thread's stored rollout (``rollout_state``;
+    ``lower`` as ``rollout_state`` lower-cases codex's ASCII UUIDs) and, on a re-claim, the user row.
+    Raw SQL: the ORM would compile four queries per turn."""
+    q = connection.ops.quote_name
+    turns, bindings_t, rollouts_t, messages = (
+        q(m._meta.db_table) for m in (Turn, CodexBinding, CodexRollout, Message))
+    return (
+        f"SELECT EXISTS (SELECT 1 FROM {turns} o WHERE o.{q('session_id')} = %(session)s "
+        f"AND o.{q('id')} <> %(turn)s AND (o.{q('status')} = %(running)s "
+        f"OR (o.{q('status')} = %(queued)s AND o.{q('seq')} < %(seq)s))), "
+        f"b.{q('thread_id')}, "
+        f"(SELECT r.{q('generation')} FROM {rollouts_t} r WHERE r.{q('thread_id')} = lower(b.{q('thread_id')})), "
+        f"CASE WHEN %(reclaim)s THEN EXISTS (SELECT 1 FROM {messages} m WHERE m.{q('turn_id')} = %(turn)s "
+        f"AND m.{q('role')} = %(user)s) ELSE false END "
+        f"FROM (SELECT 1) one LEFT JOIN {bindings_t} b ON b.{q('session_id')} = %(session)s "
+        f"AND b.{q('status')} = %(active)s"
+    )
+
+
+def _start_claim(session: Session, turn: Turn, reads: _ClaimReads) -> TurnClaim:
     token = uuid.uuid4()
     previous_thread_id = turn.codex_thread_id or None  # only set here by turn_note_thread of a lost attempt
     turn.status = Turn.Status.RUNNING
@@ -169,21 +224,22 @@ def _start_claim(session: Session, turn: Turn) -> TurnClaim:
     turn.attempt += 1
     turn.claim_token = token
     turn.lease_expires_at = _lease_deadline()
-    turn.save(update_fields=["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
     # attempt > 1: what earlier attempts streamed is superseded (docs/contract.md §8).
     events.event_append(turn=turn, kind=events.RUNNING, data={})
+    claimed = row_update_sql(turn, ["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
     # The user's row is written at the first claim; a re-claim (attempt > 1) finds it already there.
-    if turn.attempt == 1 or not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():
-        _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}])
-    binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
-    stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
+    if turn.attempt == 1 or not reads.user_row:
+        _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}], also=claimed)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(*claimed)
     return TurnClaim(
         turn_id=turn.id,
         session_id=session.id,
         token=token,
         input_text=turn.input,
-        thread_id=binding.thread_id if binding else None,
-        rollout_generation=stored.generation if stored is not None else None,
+        thread_id=reads.thread_id,
+        rollout_generation=reads.rollout_generation,
         config=policy.effective_config(session.model_config),
         attempt=turn.attempt,
         previous_thread_id=previous_thread_id,
@@ -392,9 +448,10 @@ def _commit_turn_once(
             t0 = time.monotonic()
             rollouts.rollout_store(session=session, delta=result.rollout, codex_version=result.codex_version)
             result.timings["store_ms"] = round((time.monotonic() - t0) * 1000, 1)  # compress + chunk + header
-        if result.rotated_from:
-            bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
-                                    reason=result.rotation_reason)
+        notice = ""
+        if result.rotated_from and bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
+                                                           reason=result.rotation_reason):
+            notice = bindings.NOTICE_THREAD_ROTATED
         if bind:
             bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,
                                      resumed=result.thread_action == Turn.ThreadAction.RESUMED)
@@ -404,22 +461,24 @@ def _commit_turn_once(
             session=session, queue=warm_queue if kept else "", thread_id=result.thread_id or "",
             generation=(delta.base.generation + 1 if delta is not None and delta.base and delta.base.generation else 1))
         _finish(turn, result, status=status, error=error)
-        _finish_events(turn, result)
+        _finish_events(turn, result, notice=notice)
         dispatch.session_dispatch_next_on_commit(session)
         return turn
 
 
-def _finish_events(turn: Turn, result: TurnOutcome) -> None:
+def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "") -> None:
     """The stream's last events of a turn, in its finalize transaction (``docs/contract.md`` §8):
-    the thread action (with the rotation notice), the usage, the terminal state."""
+    the thread action (with ``notice``, the rotation notice this transaction recorded), the usage, the
+    terminal state — one insert, one NOTIFY."""
+    items: list[tuple[str, dict[str, Any] | None]] = []
     if result.thread_action or result.rotated_from:
-        notice = Notice.objects.filter(turn=turn).values_list("text", flat=True).first()
-        events.event_append(turn=turn, kind=events.THREAD, data={
+        items.append((events.THREAD, {
             "action": turn.thread_action, "thread_id": turn.codex_thread_id,
-            "rotated_from": result.rotated_from or "", "notice": notice or ""})
+            "rotated_from": result.rotated_from or "", "notice": notice}))
     if turn.usage:
-        events.event_append(turn=turn, kind=events.USAGE, data=turn.usage)
-    events.event_terminal(turn=turn)
+        items.append((events.USAGE, turn.usage))
+    items.append(events.terminal_item(turn))
+    events.event_append_many(turn=turn, items=items)
 
 
 def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:
@@ -433,8 +492,11 @@ def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] 
     return locked
 
 
-def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]]) -> None:
-    """Append transcript rows with the session's next sequence numbers (caller holds the session lock)."""
+def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]], *,
+                     also: tuple[str, list[Any]] | None = None) -> None:
+    """Append transcript rows with the session's next sequence numbers (caller holds the session lock).
+    ``also``: another single-row write of the caller's transaction (``rows.row_update_sql``), sent with
+    them (the claim's turn update)."""
     new = []
     for row in rows:
         session.last_message_seq += 1
@@ -451,9 +513,28 @@ def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]
                 codex_item_id=clean_text(row.get("codex_item_id"), max_chars=255),
             )
         )
-    if new:
-        Message.objects.bulk_create(new)
-        session.save(update_fields=["last_message_seq", "updated_at"])
+    if not new or connection.vendor != "postgresql":
+        if also is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(*also)
+        if new:
+            Message.objects.bulk_create(new)
+            touch(session, "updated_at")
+            row_update(session, ["last_message_seq", "updated_at"])
+        return
+    # One statement (data-modifying CTEs, PostgreSQL only): ``also``, the session's counter, the rows.
+    touch(session, "updated_at")
+    for message in new:
+        message.created_at = session.updated_at
+    update, update_params = row_update_sql(session, ["last_message_seq", "updated_at"])
+    insert, insert_params = rows_insert_sql(new, _MESSAGE_FIELDS)
+    head, head_params = ("", []) if also is None else (f"a AS ({also[0]}), ", also[1])
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {head}s AS ({update}) {insert}", [*head_params, *update_params, *insert_params])
+
+
+_MESSAGE_FIELDS = ("session", "seq", "turn", "role", "content", "tool_calls", "tool_call_id", "reasoning",
+                   "codex_item_id", "created_at")
 
 
 def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None:
@@ -472,5 +553,9 @@ def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None
     turn.timings = clean_json(timings)
     turn.claim_token = None
     turn.lease_expires_at = None
-    turn.save()
+    row_update(turn, _FINISH_FIELDS)
     turn_ended_on_commit(turn)
+
+
+_FINISH_FIELDS = ("status", "thread_action", "codex_thread_id", "codex_turn_id", "codex_methods", "final_text", "error",
+                  "usage", "finished_at", "timings", "claim_token", "lease_expires_at")

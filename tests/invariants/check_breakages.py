@@ -73,8 +73,8 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "failed-rotation-keeps-dead-binding", "I1", "hermes_sessions/services/turns.py",
-        "        if result.rotated_from:\n",
-        "        if result.rotated_from and bind:\n",
+        "        if result.rotated_from and bindings.binding_rotate(",
+        "        if result.rotated_from and bind and bindings.binding_rotate(",
         (T + "test_i1_durable_before_bound.py::test_a_failed_turn_after_codex_proved_the_thread_gone_ends_the_dead_binding_once",),
     ),
     # --- I2 exactly once -------------------------------------------------------------------------
@@ -92,19 +92,19 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "fence-stream-events", "I2", "hermes_sessions/services/events.py",
-        "            if not _claim_held(self.turn_id, self.token):\n",
-        "            if False:\n",
+        "    check = f\" AND t.",
+        "    check = \"\" if True else f\" AND t.",
         ("tests/services/test_turn_events.py::test_a_fenced_out_worker_appends_no_event",),
     ),
     Breakage(
         "claim-a-running-turn", "I2", "hermes_sessions/services/turns.py",
-        "        if turn.status != Turn.Status.QUEUED or not _runnable(session, turn):\n",
-        "        if turn.status not in (Turn.Status.QUEUED, Turn.Status.RUNNING) or not _runnable(session, turn):\n",
+        "        if turn.status != Turn.Status.QUEUED:\n            return None\n        reads = _runnable(",
+        "        if turn.status not in (Turn.Status.QUEUED, Turn.Status.RUNNING):\n            return None\n        reads = _runnable(",
         (T + "test_i2_exactly_once.py::test_a_second_claim_of_a_running_turn_is_refused",),
     ),
     Breakage(
         "user-row-per-claim", "I2", "hermes_sessions/services/turns.py",
-        "    if not Message.objects.filter(turn=turn, role=Message.Role.USER).exists():\n",
+        "    if turn.attempt == 1 or not reads.user_row:\n",
         "    if True:\n",
         (T + "test_i2_exactly_once.py::test_a_reclaimed_turn_keeps_one_user_row",),
     ),
@@ -131,20 +131,20 @@ BREAKAGES: list[Breakage] = [
     # --- I3 one turn at a time -------------------------------------------------------------------
     Breakage(
         "session-row-not-locked", "I3", "hermes_sessions/services/locks.py",
-        "    session = Session.objects.select_for_update().get(pk=found.session_id)\n",
-        "    session = Session.objects.get(pk=found.session_id)\n",
+        "WHERE {q('id')} = %(turn)s) FOR UPDATE) \"",
+        "WHERE {q('id')} = %(turn)s)) \"",
         (T + "test_i3_one_turn_at_a_time.py::test_the_claim_lock_holds_the_session_row",),
     ),
     Breakage(
         "claim-beside-a-running-turn", "I3", "hermes_sessions/services/turns.py",
-        "    if siblings.filter(status=Turn.Status.RUNNING).exists():\n",
-        "    if False:\n",
+        "AND (o.{q('status')} = %(running)s \"",
+        "AND (o.{q('status')} = 'no such status' \"",
         (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_second_turn_while_one_runs",),
     ),
     Breakage(
         "claim-out-of-order", "I3", "hermes_sessions/services/turns.py",
-        "    return not siblings.filter(status=Turn.Status.QUEUED, seq__lt=turn.seq).exists()\n",
-        "    return True\n",
+        "OR (o.{q('status')} = %(queued)s AND ",
+        "OR (false AND ",
         (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_later_turn_while_an_earlier_one_is_queued",),
     ),
     Breakage(

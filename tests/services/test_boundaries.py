@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.transaction import TransactionManagementError
 
 from hermes_sessions import services
-from hermes_sessions.services import bindings, dispatch
+from hermes_sessions.services import bindings, dispatch, events
 from hermes_sessions.services.locks import advisory_xact_lock, lock_session_and_turn, lock_session_for_events
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,10 +100,15 @@ def test_the_session_event_lock_is_taken_in_one_place_before_the_turn_row():
     assert _calls(events_tree, "advisory_xact_lock") == []
     session_lock = next(node for node in ast.walk(events_tree) if isinstance(node, ast.FunctionDef) and node.name == "_session_lock")
     assert len(_calls(session_lock, "lock_session_for_events")) == 1
-    insert = next(node for node in ast.walk(events_tree) if isinstance(node, ast.FunctionDef) and node.name == "_insert")
+    insert = next(node for node in ast.walk(events_tree) if isinstance(node, ast.FunctionDef) and node.name == "_insert_events")
     first_lock = min(call.col_offset + 1000 * call.lineno for call in _calls(insert, "_session_lock"))
     first_check = min(call.col_offset + 1000 * call.lineno for call in _calls(insert, "_claim_held"))
     assert first_lock < first_check
+    # PostgreSQL's one statement: CTE l locks the session row; the claim check's share lock of the turn
+    # row (CTE c) reads through l, so its LockRows runs after l has locked (tests/services/test_event_lock_order.py).
+    sql = events._events_sql(claimed=True)
+    assert sql.index("FOR NO KEY UPDATE") < sql.index("FOR SHARE OF t") and "JOIN l ON" in sql
+    assert "FOR SHARE" not in events._events_sql(claimed=False)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -62,11 +62,11 @@ def test_results_the_database_refuses_fail_the_turn_with_the_reason(user, script
     scripted_codex.script({"turn/start": [{"turn_items": [{"type": "agentMessage", "id": "m1", "text": "hi"}]}]})
     real_append = turns._append_messages
 
-    def refuse_assistant_rows(session, turn, rows):  # a constraint PostgreSQL enforces, forced here
+    def refuse_assistant_rows(session, turn, rows, **kwargs):  # a constraint PostgreSQL enforces, forced here
         rows = list(rows)
         if any(r["role"] == "assistant" for r in rows):
             Message.objects.create(session=session, seq=session.last_message_seq, turn=turn, role="assistant")
-        real_append(session, turn, rows)
+        real_append(session, turn, rows, **kwargs)
 
     monkeypatch.setattr(turns, "_append_messages", refuse_assistant_rows)
     turn = run_turn_now(session=session, text="hello", user=user)

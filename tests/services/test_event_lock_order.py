@@ -4,17 +4,18 @@ lock and the session's advisory lock and then waited (its insert's foreign-key c
 row that a post or cancel held ``FOR UPDATE`` while waiting for the turn row or the advisory lock:
 PostgreSQL's ``deadlock detected`` — POST turn / cancel answered 500, or the batch was lost.
 
-Each test interleaves two real connections in the order that deadlocked: the batch reaches its insert
-holding its locks, the API write starts and blocks on a lock, then the batch goes on."""
+Each test interleaves two real connections in the order that deadlocked: the batch has taken its locks
+and written its rows (on PostgreSQL one statement, ``events._events_sql``) and has not committed yet
+(its foreign-key checks run at commit), the API write starts and blocks on a lock, then the batch goes on."""
 import threading
 import time
 from unittest import mock
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from hermes_sessions import services
-from hermes_sessions.models import Turn, TurnEvent
+from hermes_sessions.models import Session, Turn, TurnEvent
 from hermes_sessions.services import events
 from hermes_sessions.services.events import TurnEventWriter
 from tests.support.dispatch import hold_dispatches
@@ -41,12 +42,13 @@ def _interleave(user, monkeypatch, api_write):
     claim = services.turn_claim(turn_id=turn.id)
     writer = TurnEventWriter(turn_id=turn.id, session_id=session.id, token=claim.token, attempt=claim.attempt)
     at_insert, go, errors = threading.Event(), threading.Event(), []
-    real_bulk_create = TurnEvent.objects.bulk_create
+    real_insert = events._insert_events
 
-    def paused_bulk_create(*args, **kwargs):  # the batch holds its locks here
+    def paused_insert(*args, **kwargs):  # the batch holds its locks here, before its commit
+        written = real_insert(*args, **kwargs)
         at_insert.set()
         go.wait(10)
-        return real_bulk_create(*args, **kwargs)
+        return written
 
     def run(target):
         try:
@@ -56,7 +58,7 @@ def _interleave(user, monkeypatch, api_write):
         finally:
             connection.close()
 
-    with mock.patch.object(TurnEvent.objects, "bulk_create", paused_bulk_create):
+    with mock.patch.object(events, "_insert_events", paused_insert):
         worker = threading.Thread(target=run, args=(lambda: writer.add(events.DELTA, {"item_id": "m", "text": "hel"}),))
         worker.start()
         assert at_insert.wait(10)
@@ -85,3 +87,43 @@ def test_a_post_during_an_event_batch_does_not_deadlock(user, monkeypatch):
         session=session, input_text="next", user=user))
     kinds = list(TurnEvent.objects.filter(session=session).order_by("id").values_list("kind", flat=True))
     assert kinds == ["queued", "running", "delta", "queued"]  # ids in commit order (§8)
+
+
+def test_a_batch_waiting_for_the_session_row_holds_no_lock_of_the_turn_row(user, monkeypatch):
+    """The other interleaving: the API holds the session row first; the batch must wait for it before it
+    touches the turn row, so the API can still lock the turn row (a batch that took the turn's share lock
+    first would make this a deadlock, or the API's lock wait time out)."""
+    hold_dispatches(monkeypatch)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text="a long streaming turn", user=user)
+    claim = services.turn_claim(turn_id=turn.id)
+    writer = TurnEventWriter(turn_id=turn.id, session_id=session.id, token=claim.token, attempt=claim.attempt)
+    errors = []
+
+    def batch():
+        try:
+            writer.add(events.DELTA, {"item_id": "m", "text": "hel"})
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=batch)
+    with transaction.atomic():
+        Session.objects.select_for_update().get(pk=session.pk)
+        worker.start()
+        waiting, deadline = False, time.monotonic() + 5
+        while not waiting and time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_stat_clear_snapshot()")  # a fresh pg_stat_activity inside this transaction
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+                waiting = bool(cursor.fetchone()[0])
+            time.sleep(0.02)
+        assert waiting
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '2s'")
+        Turn.objects.select_for_update().get(pk=turn.pk)  # not held by the waiting batch
+    worker.join(20)
+    assert not worker.is_alive() and errors == []
+    assert writer.written == 1 and not writer.fenced

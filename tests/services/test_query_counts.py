@@ -1,0 +1,142 @@
+"""The round trips of a warm turn's database work, pinned: the claim, one stream-event batch and the
+finalize (``turn_claim``, ``TurnEventWriter``, ``turn_finalize``). Each statement costs a round trip
+plus its Python on a CPU that codex shares (``make bench-warm``); a change that adds one fails here and
+must say why. Counts include ``BEGIN`` and ``COMMIT`` (Django records both). Also pinned: what those
+statements write, and the NOTIFY each transaction sends (``docs/contract.md`` §8)."""
+import hashlib
+
+import psycopg
+import pytest
+from django.db import connection
+
+from hermes_sessions import services
+from hermes_sessions.codex.rollout_files import RolloutDelta
+from hermes_sessions.codex.runner import TurnOutcome
+from hermes_sessions.models import CodexBinding, CodexRollout, Message, Session, Turn, TurnEvent, WarmThread
+from hermes_sessions.services import events, rollouts
+from hermes_sessions.services.events import TurnEventWriter
+from tests.support.dispatch import hold_dispatches
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+THREAD = "019a0000-0000-7000-8000-0000000000aa"
+STORED = b'{"type":"session_meta"}\n'
+
+#: BEGIN; lock session + turn (one statement); the reads (runnable, binding, rollout generation);
+#: the ``running`` event (session event lock + insert + NOTIFY); turn update + user row + session
+#: counter; COMMIT. Was 14.
+CLAIM_QUERIES = 6
+#: BEGIN; session event lock + claim check + insert + NOTIFY; COMMIT. Was 6.
+BATCH_QUERIES = 3
+#: BEGIN; lock; rows + session counter; rollout header + chunk; active binding; WarmThread upsert; turn
+#: update; thread + usage + completed events with one NOTIFY; the session's next queued turn; COMMIT. Was 27.
+FINALIZE_QUERIES = 10
+
+
+@pytest.fixture
+def warm_session(user, monkeypatch):
+    """A session bound to a thread whose rollout PostgreSQL holds (the warm path's state)."""
+    hold_dispatches(monkeypatch)
+    session = services.session_create(owner=user)
+    CodexBinding.objects.create(session=session, thread_id=THREAD)
+    CodexRollout.objects.create(thread_id=THREAD, session=session, relpath="sessions/r.jsonl", length=len(STORED),
+                                sha256=hashlib.sha256(STORED).hexdigest(), generation=3)
+    return session
+
+
+@pytest.fixture
+def listener():
+    """A LISTEN connection on the events channel; call it to get the payloads received so far."""
+    settings = connection.settings_dict
+    conn = psycopg.connect(dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"] or None,
+                           host=settings["HOST"] or None, port=settings["PORT"] or None, autocommit=True)
+    conn.execute(f"LISTEN {events.CHANNEL}")
+
+    def received(count):
+        return [n.payload for n in conn.notifies(timeout=5, stop_after=count)]
+
+    yield received
+    conn.close()
+
+
+def _outcome(session, turn_no):
+    base = rollouts.rollout_state(thread_id=THREAD)
+    appended = f'{{"turn":{turn_no}}}\n'.encode()
+    whole = STORED + appended
+    delta = RolloutDelta(thread_id=THREAD, relpath="sessions/r.jsonl", offset=len(STORED), data=appended,
+                         length=len(whole), sha256=hashlib.sha256(whole).hexdigest(), base=base)
+    return TurnOutcome(thread_action="resumed", thread_id=THREAD, codex_turn_id="codex-turn-1", status="completed",
+                       messages=[{"role": "assistant", "content": "echo: hi", "codex_item_id": "msg_1"}],
+                       final_text="echo: hi", usage={"total_tokens": 7}, methods=["thread/resume"], rollout=delta,
+                       codex_version="0.1")
+
+
+def test_a_warm_turn_claims_streams_and_finalizes_in_few_round_trips(
+        warm_session, user, listener, django_assert_num_queries):
+    session = warm_session
+    turn = services.turn_enqueue(session=session, input_text="hi", user=user)
+    queued_id = TurnEvent.objects.get(turn=turn).pk
+    assert listener(1) == [f"{session.pk} {turn.pk} {queued_id}"]
+
+    with django_assert_num_queries(CLAIM_QUERIES):
+        claim = services.turn_claim(turn_id=turn.id)
+    assert claim is not None and claim.thread_id == THREAD and claim.rollout_generation == 3 and claim.attempt == 1
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.RUNNING and turn.claim_token == claim.token and turn.lease_expires_at
+    assert list(Message.objects.filter(turn=turn).values_list("seq", "role", "content")) == [(1, "user", "hi")]
+    assert Session.objects.get(pk=session.pk).last_message_seq == 1
+
+    writer = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
+                             attempt=claim.attempt)
+    writer.add(events.DELTA, {"item_id": "msg_1", "text": "echo"})  # the first delta after a pause: at once
+    writer._buffer.append((events.DELTA, {"item_id": "msg_1", "text": ": hi"}))  # buffered (within the window)
+    with django_assert_num_queries(BATCH_QUERIES):
+        writer.add(events.ITEM, {"item_id": "msg_1", "item_type": "agentMessage", "messages": []})
+    assert writer.written == 3 and not writer.fenced
+
+    outcome = _outcome(session, 1)
+    with django_assert_num_queries(FINALIZE_QUERIES):
+        done = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome,
+                                      warm_queue="turns.worker-a")
+    assert done is not None and done.status == Turn.Status.SUCCEEDED
+    done.refresh_from_db()
+    assert (done.claim_token, done.final_text, done.usage, done.codex_methods) == (
+        None, "echo: hi", {"total_tokens": 7}, ["thread/resume"])
+    assert done.timings["run_ms"] >= 0 and done.finished_at is not None
+    assert list(Message.objects.filter(session=session).order_by("seq").values_list("seq", "role")) == [
+        (1, "user"), (2, "assistant")]
+    assert CodexRollout.objects.get(thread_id=THREAD).generation == 4
+    assert list(CodexRollout.objects.get(thread_id=THREAD).chunks.values_list("seq", "offset")) == [(4, len(STORED))]
+    warm = WarmThread.objects.get(session=session)
+    assert (warm.queue, warm.thread_id, warm.generation) == ("turns.worker-a", THREAD, 4)
+
+    rows = list(TurnEvent.objects.filter(turn=turn).order_by("id").values_list("id", "kind", "attempt", "data"))
+    assert [kind for _, kind, _, _ in rows] == [
+        "queued", "running", "delta", "delta", "item", "thread", "usage", "completed"]
+    assert [attempt for _, _, attempt, _ in rows] == [0, 1, 1, 1, 1, 1, 1, 1]
+    assert rows[-3][3] == {"action": "resumed", "thread_id": THREAD, "rotated_from": "", "notice": ""}
+    assert rows[-2][3] == {"total_tokens": 7}
+    assert rows[-1][3] == {"status": "succeeded", "error": "", "final_text": "echo: hi"}
+    # One NOTIFY per transaction, naming its last event: claim, the two batches, the finalize.
+    ids = {kind: pk for pk, kind, _, _ in rows}
+    assert listener(4) == [f"{session.pk} {turn.pk} {pk}" for pk in (
+        ids["running"], rows[2][0], ids["item"], ids["completed"])]
+
+
+def test_a_second_warm_claim_finds_the_stored_generation_and_a_busy_one_writes_nothing(
+        warm_session, user, django_assert_num_queries):
+    session = warm_session
+    first = services.turn_enqueue(session=session, input_text="one", user=user)
+    second = services.turn_enqueue(session=session, input_text="two", user=user)
+    claim = services.turn_claim(turn_id=first.id)
+    # The session is busy: the lock, the reads, and nothing written.
+    with django_assert_num_queries(4):
+        assert services.turn_claim(turn_id=second.id) is None
+    assert Turn.objects.get(pk=second.pk).status == Turn.Status.QUEUED
+    services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session, 1))
+    with django_assert_num_queries(CLAIM_QUERIES):
+        again = services.turn_claim(turn_id=second.id)
+    assert again is not None and again.rollout_generation == 4 and again.thread_id == THREAD
+    # A turn already running: the lock alone.
+    with django_assert_num_queries(3):
+        assert services.turn_claim(turn_id=second.id) is None
