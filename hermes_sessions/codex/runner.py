@@ -90,6 +90,9 @@ class TurnSpec:
     # ("item", {"item_id", "item_type", "messages"}) per completed item that projects into transcript
     # rows (the rows as in TurnOutcome.messages). It must not raise; the services write the rows.
     on_event: Callable[[str, dict[str, Any]], None] | None = None
+    # Called on the reading thread between notifications (and at least every POLL_SECONDS); returns the
+    # seconds until it wants to be called again, or None (the event writer's deadline, services/events.py).
+    on_tick: Callable[[], float | None] | None = None
 
 
 class TurnControl:
@@ -137,6 +140,9 @@ class TurnOutcome:
     # turn (services/rollouts.py); None when the thread has no rollout (it ran no turn).
     rollout: RolloutDelta | None = None
     codex_version: str = ""  # from initialize's userAgent
+    # Streamed events (``(kind, data)``, codex's order) not yet written when the turn ended; the service
+    # that commits the turn writes them in the same transaction, before its last events.
+    stream_tail: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 class TurnRunError(CodexError):
@@ -514,7 +520,11 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
                     f"turn/completed did not arrive within {spec.turn_timeout:g} s; "
                     + ("the turn was interrupted" if stopped else "turn/interrupt got no answer either; the app-server was stopped")
                 )
-            note = client.next_notification(timeout=min(left, POLL_SECONDS))
+            wait = min(left, POLL_SECONDS)
+            if spec.on_tick is not None:
+                due = spec.on_tick()
+                wait = min(wait, due) if due is not None else wait
+            note = client.next_notification(timeout=max(wait, 0.0))
             if note is not None and reader.add(note):
                 return
     finally:

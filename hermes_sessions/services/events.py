@@ -55,8 +55,11 @@ TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 #: A turn's terminal status → its terminal event.
 TERMINAL_KIND = {Turn.Status.SUCCEEDED: COMPLETED, Turn.Status.FAILED: FAILED, Turn.Status.CANCELLED: CANCELLED}
 
-#: Deltas arriving within this many seconds of the last write are batched into the next one: the
-#: first delta after a pause is written at once, a burst costs one transaction per window.
+#: A streamed delta or item is written at most this many seconds after codex sent it, with everything
+#: else that arrived meanwhile (one transaction per window); what is still buffered when the turn ends
+#: commits in the turn's finalize transaction instead, before its last events (``take_pending``). A short
+#: turn thus costs no stream transaction at all: on this 2-core machine each one, with the API's read
+#: and send that its NOTIFY wakes, took ~10 ms from codex's own turn (``make bench-warm``).
 DELTA_FLUSH_SECONDS = 0.05
 #: A batch is written once it holds this many characters, whatever the window.
 DELTA_FLUSH_CHARS = 16_000
@@ -136,14 +139,17 @@ def event_terminal_ensure(*, turn_id: uuid.UUID | str) -> TurnEvent | None:
 
 class TurnEventWriter:
     """The worker's writer of one claimed turn's streamed events (codex's deltas and completed items,
-    the retry notes), fenced by the claim ``token``. Thread-safe; used as ``TurnSpec.on_event``.
+    the retry notes), fenced by the claim ``token``. Thread-safe; ``add`` is ``TurnSpec.on_event`` and
+    ``tick`` its ``on_tick`` (``codex/runner.py``: called on the reading thread between notifications).
 
-    ``add(kind, data)`` buffers a ``delta`` (written once ``DELTA_FLUSH_SECONDS`` have passed since
-    the last write, or ``DELTA_FLUSH_CHARS`` are buffered) and writes anything else at once, after the
-    buffered deltas. ``flush()`` writes what is buffered; the execution service calls it before it
-    commits the turn, so the stream's order is the order codex sent. A lost claim (``fenced``) drops
-    everything from then on; a database error is logged and the batch kept for the next write: the
-    stream is a view, the turn never fails for it."""
+    ``add(kind, data)`` buffers a ``delta`` or ``item``: ``tick`` writes the buffer once the oldest of it
+    is ``DELTA_FLUSH_SECONDS`` old (or at once past ``DELTA_FLUSH_CHARS``); anything else (a retry note)
+    is written at once, after the buffered events. At the end of a turn that reached ``turn/completed``
+    the execution service takes what is still buffered (``take_pending``) into the finalize transaction,
+    which writes it before the turn's last events; on every other end it calls ``flush()``, which writes
+    it now. So the stream's order is the order codex sent. A lost claim (``fenced``) drops everything from
+    then on; a database error is logged and the batch kept for the next write: the stream is a view, the
+    turn never fails for it."""
 
     def __init__(self, *, turn_id: uuid.UUID, session_id: str, token: uuid.UUID, attempt: int) -> None:
         self.turn_id, self.session_id, self.token, self.attempt = turn_id, session_id, token, attempt
@@ -151,7 +157,7 @@ class TurnEventWriter:
         self.written = 0  # events committed (for tests and timings)
         self._buffer: list[tuple[str, dict[str, Any]]] = []
         self._chars = 0
-        self._last_write = 0.0
+        self._due = 0.0  # monotonic time by which the buffer is to be written (0: empty)
         self._lock = threading.Lock()
 
     def add(self, kind: str, data: dict[str, Any]) -> None:
@@ -160,20 +166,39 @@ class TurnEventWriter:
             if self.fenced:
                 return
             self._buffer.append((kind, data))
-            if kind == DELTA:
+            if kind in (DELTA, ITEM):
                 self._chars += len(str(data.get("text") or ""))
-                due = time.monotonic() - self._last_write >= DELTA_FLUSH_SECONDS or self._chars >= DELTA_FLUSH_CHARS
-                if not due:
+                self._due = self._due or time.monotonic() + DELTA_FLUSH_SECONDS
+                if self._chars < DELTA_FLUSH_CHARS:
                     return
             self._write()
 
     __call__ = add
+
+    def tick(self) -> float | None:
+        """Write the buffer if it is due; seconds until it will be (``None``: nothing buffered)."""
+        with self._lock:
+            if not self._buffer or self.fenced:
+                return None
+            left = self._due - time.monotonic()
+            if left > 0:
+                return left
+            self._write()
+            return None if not self._buffer else DELTA_FLUSH_SECONDS  # a failed write is tried again
 
     def flush(self) -> None:
         """Write whatever is buffered (one transaction)."""
         with self._lock:
             if self._buffer and not self.fenced:
                 self._write()
+
+    def take_pending(self) -> list[tuple[str, dict[str, Any]]]:
+        """What is buffered and not written — ``(kind, data)`` in codex's order, ``data`` cleaned as a write
+        cleans it — handed to the caller (the finalize transaction writes it); the buffer is emptied."""
+        with self._lock:
+            batch = [] if self.fenced else [(kind, _clean_data(data)) for kind, data in self._buffer]
+            self._buffer, self._chars, self._due = [], 0, 0.0
+            return batch
 
     def _write(self) -> None:
         batch = self._buffer
@@ -183,7 +208,7 @@ class TurnEventWriter:
             logger.warning("turn %s: %s stream event(s) not written yet", self.turn_id, len(batch), exc_info=True)
             connection.close()  # the next write opens a fresh connection
             return
-        self._buffer, self._chars, self._last_write = [], 0, time.monotonic()
+        self._buffer, self._chars, self._due = [], 0, 0.0
         if written is None:
             self.fenced = True
             logger.info("turn %s: claim %s no longer held; stream events dropped", self.turn_id, self.token)

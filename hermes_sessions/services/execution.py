@@ -206,7 +206,8 @@ def _commit(budget: RetryPolicy, write: Callable[..., T], **kwargs: object) -> T
             if write is turn_fail and (not isinstance(outcome, TurnOutcome) or not outcome.messages):
                 raise  # nothing left to leave out
             logger.exception("turn %s: the database refused the turn's results", kwargs.get("turn_id"))
-            bare = replace(outcome, messages=[], final_text="") if isinstance(outcome, TurnOutcome) else None
+            bare = (replace(outcome, messages=[], final_text="", stream_tail=[])
+                    if isinstance(outcome, TurnOutcome) else None)
             return _commit(budget, turn_fail, turn_id=kwargs["turn_id"], token=kwargs["token"], result=bare,
                            reason=f"the database refused this turn's results ({type(exc).__name__}: {exc}); "
                                   "none of its items was stored")
@@ -432,10 +433,12 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         previous_thread_id=claim.previous_thread_id,
         on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
         on_event=stream.add,
+        on_tick=stream.tick,
     )
-    keep = False
+    keep = completed = False
     try:
         outcome = drive_turn(client, spec)
+        completed = True
         keep = held.may_keep and outcome.status == "completed" and client.alive()
     except TurnRunError as exc:
         exc.outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
@@ -454,7 +457,11 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         # turn/completed (§7, checked below: it ends with a whole line).
         if not keep:
             client.close()  # the home stays until the rollout is read (``release`` removes a spare's)
-        stream.flush()  # the streamed deltas and items commit before the turn's last events
+        if not completed:
+            stream.flush()  # the streamed deltas and items commit before the turn's end is written
+    # What codex streamed and the writer has not written yet commits in the finalize transaction,
+    # before the turn's last events (a short turn costs no stream transaction of its own).
+    outcome.stream_tail = stream.take_pending()
     outcome.timings.update(claim.timings, initialize_ms=initialize_ms, restore_ms=restore_ms)
     if spare:
         outcome.timings["spare"] = 1  # the app-server came from the warm pool (initialize_ms: ~0)

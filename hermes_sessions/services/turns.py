@@ -469,8 +469,9 @@ def _commit_turn_once(
 def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "") -> None:
     """The stream's last events of a turn, in its finalize transaction (``docs/contract.md`` §8):
     the thread action (with ``notice``, the rotation notice this transaction recorded), the usage, the
-    terminal state — one insert, one NOTIFY."""
-    items: list[tuple[str, dict[str, Any] | None]] = []
+    terminal state — one insert, one NOTIFY; before them, what the worker's stream writer still held
+    (``result.stream_tail``: the turn's last deltas and items, in codex's order)."""
+    items: list[tuple[str, dict[str, Any] | None]] = list(result.stream_tail)
     if result.thread_action or result.rotated_from:
         items.append((events.THREAD, {
             "action": turn.thread_action, "thread_id": turn.codex_thread_id,

@@ -144,6 +144,7 @@ def test_live_events_are_woken_by_notify_not_by_polling(server, token, claimed):
     writer = writer_for(claimed)
     started = time.monotonic()
     writer.add(events.DELTA, {"item_id": "m1", "text": "live"})
+    writer.flush()  # the runner's tick writes it within DELTA_FLUSH_SECONDS
     event = stream.read()
     elapsed = time.monotonic() - started
     assert event is not None and event.data["text"] == "live"
@@ -157,6 +158,7 @@ def test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap(serv
     stream = open_stream(server.port, path, token)
     writer = writer_for(claimed)
     writer.add(events.DELTA, {"item_id": "m1", "text": "one "})
+    writer.flush()
     seen = stream.read_until(lambda e: e.event == "delta")
     assert stream.read() is None  # the heartbeat
     assert sum(line.startswith("id:") for line in stream.raw) == len(stream.events)  # none on heartbeats
@@ -220,6 +222,7 @@ def test_sigterm_with_a_stream_open_then_resume_with_no_gap_or_duplicate(tmp_pat
     try:
         stream = open_stream(first.port, path, token)
         writer.add(events.DELTA, {"item_id": "m1", "text": "before "})
+        writer.flush()
         seen = stream.read_until(lambda e: e.event == "delta")
         took = first.terminate()
         assert took < 5, f"shutdown waited {took:.1f} s on the open stream"

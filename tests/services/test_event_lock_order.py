@@ -59,7 +59,8 @@ def _interleave(user, monkeypatch, api_write):
             connection.close()
 
     with mock.patch.object(events, "_insert_events", paused_insert):
-        worker = threading.Thread(target=run, args=(lambda: writer.add(events.DELTA, {"item_id": "m", "text": "hel"}),))
+        worker = threading.Thread(target=run, args=(lambda: (writer.add(events.DELTA, {"item_id": "m", "text": "hel"}),
+                                                             writer.flush()),))
         worker.start()
         assert at_insert.wait(10)
         api = threading.Thread(target=run, args=(lambda: api_write(session, turn),))
@@ -103,6 +104,7 @@ def test_a_batch_waiting_for_the_session_row_holds_no_lock_of_the_turn_row(user,
     def batch():
         try:
             writer.add(events.DELTA, {"item_id": "m", "text": "hel"})
+            writer.flush()
         except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
             errors.append(exc)
         finally:

@@ -4,6 +4,7 @@ plus its Python on a CPU that codex shares (``make bench-warm``); a change that 
 must say why. Counts include ``BEGIN`` and ``COMMIT`` (Django records both). Also pinned: what those
 statements write, and the NOTIFY each transaction sends (``docs/contract.md`` §8)."""
 import hashlib
+import time
 
 import psycopg
 import pytest
@@ -88,13 +89,18 @@ def test_a_warm_turn_claims_streams_and_finalizes_in_few_round_trips(
 
     writer = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                              attempt=claim.attempt)
-    writer.add(events.DELTA, {"item_id": "msg_1", "text": "echo"})  # the first delta after a pause: at once
-    writer._buffer.append((events.DELTA, {"item_id": "msg_1", "text": ": hi"}))  # buffered (within the window)
-    with django_assert_num_queries(BATCH_QUERIES):
+    # A short turn: what codex streams is buffered (written within DELTA_FLUSH_SECONDS by the runner's tick)
+    # and, when turn/completed comes first, commits with the finalize — no transaction of its own.
+    with django_assert_num_queries(0):
+        writer.add(events.DELTA, {"item_id": "msg_1", "text": "echo"})
+        writer.add(events.DELTA, {"item_id": "msg_1", "text": ": hi"})
         writer.add(events.ITEM, {"item_id": "msg_1", "item_type": "agentMessage", "messages": []})
-    assert writer.written == 3 and not writer.fenced
+        assert 0 < writer.tick() <= events.DELTA_FLUSH_SECONDS
+    assert writer.written == 0
 
     outcome = _outcome(session, 1)
+    outcome.stream_tail = writer.take_pending()
+    assert [kind for kind, _ in outcome.stream_tail] == ["delta", "delta", "item"]
     with django_assert_num_queries(FINALIZE_QUERIES):
         done = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome,
                                       warm_queue="turns.worker-a")
@@ -117,10 +123,27 @@ def test_a_warm_turn_claims_streams_and_finalizes_in_few_round_trips(
     assert rows[-3][3] == {"action": "resumed", "thread_id": THREAD, "rotated_from": "", "notice": ""}
     assert rows[-2][3] == {"total_tokens": 7}
     assert rows[-1][3] == {"status": "succeeded", "error": "", "final_text": "echo: hi"}
-    # One NOTIFY per transaction, naming its last event: claim, the two batches, the finalize.
+    # One NOTIFY per transaction, naming its last event: the claim, the finalize.
     ids = {kind: pk for pk, kind, _, _ in rows}
-    assert listener(4) == [f"{session.pk} {turn.pk} {pk}" for pk in (
-        ids["running"], rows[2][0], ids["item"], ids["completed"])]
+    assert listener(2) == [f"{session.pk} {turn.pk} {pk}" for pk in (ids["running"], ids["completed"])]
+
+
+def test_a_long_turns_stream_is_written_in_batches_as_it_comes(warm_session, user, django_assert_num_queries):
+    """What codex streams during a longer turn is written once the oldest buffered event is
+    DELTA_FLUSH_SECONDS old (the runner's tick between notifications): one transaction per batch."""
+    turn = services.turn_enqueue(session=warm_session, input_text="hi", user=user)
+    claim = services.turn_claim(turn_id=turn.id)
+    writer = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
+                             attempt=claim.attempt)
+    assert writer.tick() is None  # nothing buffered
+    writer.add(events.DELTA, {"item_id": "msg_1", "text": "echo"})
+    writer.add(events.DELTA, {"item_id": "msg_1", "text": ": hi"})
+    time.sleep(events.DELTA_FLUSH_SECONDS)
+    with django_assert_num_queries(BATCH_QUERIES):
+        assert writer.tick() is None
+    assert writer.written == 2 and writer.take_pending() == []
+    writer.add(events.RETRYING, {"reason": "x"})  # not codex's stream: at once
+    assert writer.written == 3
 
 
 def test_a_second_warm_claim_finds_the_stored_generation_and_a_busy_one_writes_nothing(

@@ -81,6 +81,7 @@ def test_a_fenced_out_worker_appends_no_event(user, monkeypatch):
     old = services.turn_claim(turn_id=turn.id)
     writer = TurnEventWriter(turn_id=turn.id, session_id=session.id, token=old.token, attempt=old.attempt)
     writer.add(events.DELTA, {"item_id": "a", "text": "from the first worker"})
+    writer.flush()
     assert writer.written == 1
     # The sweep takes the turn back (lease expired) and another worker claims it.
     Turn.objects.filter(pk=turn.pk).update(lease_expires_at="2000-01-01T00:00:00Z")
@@ -90,7 +91,9 @@ def test_a_fenced_out_worker_appends_no_event(user, monkeypatch):
     time.sleep(events.DELTA_FLUSH_SECONDS)
     writer.add(events.DELTA, {"item_id": "a", "text": "late"})
     writer.add(events.ITEM, {"item_id": "a", "item_type": "agentMessage", "messages": []})
+    writer.flush()
     assert writer.fenced and writer.written == 1
+    assert writer.take_pending() == []  # nothing for a finalize either
     texts = list(TurnEvent.objects.filter(turn=turn, kind="delta").values_list("data__text", flat=True))
     assert texts == ["from the first worker"]
     assert kinds(turn) == ["queued", "running", "delta", "retrying", "running"]
