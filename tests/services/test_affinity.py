@@ -62,7 +62,7 @@ def rollout_row(session, *, thread_id: str = THREAD, generation: int = 1) -> Cod
 def sent(monkeypatch) -> list[str]:
     """Turn ids passed to ``dispatch.turn_dispatch_on_commit`` (nothing is sent)."""
     calls: list[str] = []
-    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id: calls.append(str(turn_id)))
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id, **_: calls.append(str(turn_id)))
     return calls
 
 
