@@ -75,10 +75,36 @@ def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None) -
     (raises ``TransactionManagementError`` outside one) and notify the listeners at commit.
     ``data`` is the event's JSON payload (cleaned of NUL bytes and lone surrogates)."""
     _session_lock(turn.session_id)
-    event = TurnEvent.objects.create(session_id=turn.session_id, turn=turn, attempt=turn.attempt, kind=kind,
-                                     data=clean_json(data or {}))
-    _lock_and_notify(turn.session_id, turn.pk, event.pk)
+    return event_append_session_locked(turn=turn, kind=kind, data=data)
+
+
+def event_append_session_locked(*, turn: Turn, kind: str, data: dict[str, Any] | None = None) -> TurnEvent:
+    """``event_append`` for a caller that has taken the session's row lock itself in this transaction,
+    before any turn row (``turn_enqueue``: the UPDATE of the session that draws the turn's seq, FOR NO
+    KEY UPDATE), so the event lock would be a no-op re-lock — a round trip saved. Anyone else: call
+    ``event_append``."""
+    event = TurnEvent(session_id=turn.session_id, turn=turn, attempt=turn.attempt, kind=kind, data=clean_json(data or {}))
+    if connection.vendor != "postgresql":
+        event.save(force_insert=True)
+        return event
+    _insert_and_notify(event)
     return event
+
+
+def _insert_and_notify(event: TurnEvent) -> None:
+    """INSERT ``event`` and send its NOTIFY (``_lock_and_notify``'s payload: ids only) in one statement,
+    one round trip instead of two; sets ``event.pk``. PostgreSQL only."""
+    meta = TurnEvent._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    values = [f.get_db_prep_save(f.pre_save(event, True), connection) for f in fields]  # pre_save: created_at
+    quote = connection.ops.quote_name
+    sql = (f"WITH e AS (INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+           f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING id) "
+           "SELECT e.id, pg_notify(%s, %s || e.id::text) FROM e")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, CHANNEL, f"{event.session_id} {event.turn_id} "])
+        event.pk = cursor.fetchone()[0]
+    event._state.adding, event._state.db = False, connection.alias
 
 
 def event_terminal(*, turn: Turn) -> TurnEvent:

@@ -101,7 +101,7 @@ def turn_enqueue(
         # Stamped as sent now, in the row: the task goes out right after this transaction commits.
         turn = Turn.objects.create(session=session, seq=seq, input=text, created_by=created_by,
                                    dispatched_at=timezone.now())
-        events.event_append(turn=turn, kind=events.QUEUED, data={"seq": turn.seq})
+        events.event_append_session_locked(turn=turn, kind=events.QUEUED, data={"seq": turn.seq})  # locked above
         dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=route or "")
     return turn
 
