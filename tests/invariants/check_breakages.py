@@ -231,13 +231,14 @@ BREAKAGES: list[Breakage] = [
         "session-owned-unscoped", "I7", "hermes_sessions/selectors.py",
         "    return Session.objects.get(pk=session_id, owner_id=user.pk)\n",
         "    return Session.objects.get(pk=session_id)\n",
-        (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",),
+        (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",
+         T + "test_i7_isolation.py::test_the_plain_session_lookups_find_only_the_owners_session"),
     ),
     Breakage(
         "session-stream-unscoped", "I7", "hermes_sessions/selectors.py",
         "Session.objects.filter(pk=session_id, owner_id=user.pk).exists()\n",
         "Session.objects.filter(pk=session_id).exists()\n",
-        ("tests/api/test_event_streams.py::test_errors_are_the_apis_json",),
+        (T + "test_i7_isolation.py::test_the_plain_session_lookups_find_only_the_owners_session",),
     ),
     Breakage(
         "turn-get-unscoped", "I7", "hermes_sessions/selectors.py",
