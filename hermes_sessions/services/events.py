@@ -98,7 +98,8 @@ def _insert_and_notify(event: TurnEvent) -> None:
     fields = [f for f in meta.concrete_fields if not f.primary_key]
     values = [f.get_db_prep_save(f.pre_save(event, True), connection) for f in fields]  # pre_save: created_at
     quote = connection.ops.quote_name
-    sql = (f"WITH e AS (INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+    columns = ", ".join(quote(f.column or f.attname) for f in fields)  # a concrete field always has its column
+    sql = (f"WITH e AS (INSERT INTO {quote(meta.db_table)} ({columns}) "
            f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING id) "
            "SELECT e.id, pg_notify(%s, %s || e.id::text) FROM e")
     with connection.cursor() as cursor:
