@@ -100,7 +100,18 @@ def session_admin_list() -> QuerySet[Session]:
 
 
 def session_get(*, user: User, session_id: Any) -> Session:
-    """The annotated session ``session_id`` owned by ``user``.
+    """The annotated session ``session_id`` owned by ``user`` (``session_list``'s annotations), for
+    what shows a session. Raises ``Session.DoesNotExist`` as ``session_owned`` does (I7)."""
+    if not is_valid_session_id(session_id):
+        raise Session.DoesNotExist(f"no session {session_id!r}")
+    return session_list(user=user).get(pk=session_id)
+
+
+def session_owned(*, user: User, session_id: Any) -> Session:
+    """The session row ``session_id`` owned by ``user``, without ``session_list``'s annotations: for
+    what only needs the row (a session's turns, transcript, notices, a new turn). One primary-key
+    lookup; the annotations' subqueries (counts, last activity, active thread) cost more than the rest
+    of such a request's reads.
 
     Raises ``Session.DoesNotExist`` when the id is malformed (never reaches the database, so a NUL
     byte or an over-long id cannot fail the query), unknown, or owned by someone else — callers
@@ -108,7 +119,12 @@ def session_get(*, user: User, session_id: Any) -> Session:
     """
     if not is_valid_session_id(session_id):
         raise Session.DoesNotExist(f"no session {session_id!r}")
-    return session_list(user=user).get(pk=session_id)
+    return Session.objects.get(pk=session_id, owner_id=user.pk)
+
+
+def session_is_owned(*, user: User, session_id: Any) -> bool:
+    """Whether ``session_owned`` would find the session (one ``EXISTS``; a malformed id: ``False``)."""
+    return is_valid_session_id(session_id) and Session.objects.filter(pk=session_id, owner_id=user.pk).exists()
 
 
 def turn_get(*, user: User, turn_id: Any) -> Turn:

@@ -259,8 +259,7 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse 
 
     def resolve(args: tuple[Any, int | None]) -> tuple[_Scope, int] | None:
         user, after = args
-        if not selectors.is_valid_session_id(session_id) or not selectors.session_list(user=user).filter(
-                pk=session_id).exists():
+        if not selectors.session_is_owned(user=user, session_id=session_id):
             return None
         start = after if after is not None else selectors.session_last_event_id(session_id=session_id)
         return _Scope(session_id=session_id), start

@@ -81,10 +81,13 @@ class _ApiView(generics.GenericAPIView):
 
     parser_classes = [SafeJSONParser]
 
-    def get_session(self) -> Session:
-        """The caller's session named by the ``session_id`` URL segment, or 404."""
+    def get_session(self, *, annotated: bool = False) -> Session:
+        """The caller's session named by the ``session_id`` URL segment, or 404 (I7). The plain row
+        (``selectors.session_owned``) unless ``annotated``: only a view that shows the session needs
+        ``session_list``'s counts, last activity and active thread (``selectors.session_get``)."""
+        lookup = selectors.session_get if annotated else selectors.session_owned
         try:
-            return selectors.session_get(user=self.request.user, session_id=self.kwargs["session_id"])
+            return lookup(user=self.request.user, session_id=self.kwargs["session_id"])
         except Session.DoesNotExist as exc:
             raise NotFound("No such session.") from exc
 
@@ -177,7 +180,7 @@ class SessionDetailView(_ApiView, generics.RetrieveAPIView):
     queryset = Session.objects.none()  # lookups go through get_session(); this only names the model
 
     def get_object(self) -> Session:
-        return self.get_session()
+        return self.get_session(annotated=True)
 
 
 @extend_schema_view(

@@ -37,7 +37,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -87,16 +87,28 @@ def _live_elsewhere(queue: str, row: Mapping[str, Any] | None, pid: int | None) 
     return f"worker queue {queue} is already consumed by live process {row['pid']} on this host"
 
 
+def _routable() -> QuerySet[WarmThread]:
+    """The ``WarmThread`` rows a turn may be routed by: window open, and the worker holding the thread
+    has a heartbeat fresher than ``HERMES_WORKER_STALE_SECONDS``."""
+    now = timezone.now()
+    fresh = TurnWorker.objects.filter(queue=OuterRef("queue"),
+                                      heartbeat_at__gt=now - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS))
+    return WarmThread.objects.filter(until__gt=now).filter(Exists(fresh))
+
+
 def turn_route(turn_id: uuid.UUID | str) -> str:
     """The own queue to send turn ``turn_id`` to first, or ``""`` (shared queue only): its session's
     ``WarmThread`` window is open and that worker's heartbeat is fresher than
     ``HERMES_WORKER_STALE_SECONDS``. One query."""
-    now = timezone.now()
-    fresh = TurnWorker.objects.filter(queue=OuterRef("queue"),
-                                      heartbeat_at__gt=now - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS))
-    row = (WarmThread.objects.filter(session__turns__id=turn_id, until__gt=now)
-           .filter(Exists(fresh)).values_list("queue", flat=True).first())
+    row = _routable().filter(session__turns__id=turn_id).values_list("queue", flat=True).first()
     return row or ""
+
+
+def session_route_subquery() -> Subquery:
+    """``turn_route`` for a turn of the session ``OuterRef("pk")`` (a ``Session`` queryset's
+    annotation, ``NULL`` for none): lets ``turn_enqueue`` read the route in a query it makes anyway,
+    under the session lock."""
+    return Subquery(_routable().filter(session=OuterRef("pk")).values("queue")[:1])
 
 
 def warm_thread_record(*, session: Session, queue: str, thread_id: str, generation: int) -> None:

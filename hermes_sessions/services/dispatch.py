@@ -24,22 +24,27 @@ logger = logging.getLogger(__name__)
 RUN_TURN_TASK = "hermes_sessions.tasks.run_turn"
 
 
-def turn_dispatch_on_commit(turn_id: uuid.UUID | str) -> None:
+def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, route: str | None = None) -> None:
     """Send ``run_turn(turn_id)`` once the current transaction commits, and stamp ``dispatched_at``.
 
     The turn row is durable before the send, so a broker that is down loses nothing: the failure
     is logged and the sweep re-sends the turn (``HERMES_REDISPATCH_SECONDS``). The client still
-    gets its 202 — the input was accepted."""
-    Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
+    gets its 202 — the input was accepted.
+
+    ``turn_enqueue`` saves two queries: ``stamped`` (it inserted the row with ``dispatched_at``
+    already) and ``route`` (``affinity.turn_route``'s answer, read in its transaction under the
+    session lock; ``None``: read it after the commit)."""
+    if not stamped:
+        Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
 
     def send() -> None:
         try:
-            route = _route(turn_id)
+            queue = _route(turn_id) if route is None else _route_given(route)
             task = _run_turn_task()
-            if route:
+            if queue:
                 # Session affinity (services/affinity.py): the worker holding the thread loaded first; the
                 # shared queue after the deadline, for any worker, should that one not claim it by then.
-                task.apply_async(args=(str(turn_id),), queue=route)
+                task.apply_async(args=(str(turn_id),), queue=queue)
                 task.apply_async(args=(str(turn_id),), countdown=settings.HERMES_AFFINITY_DEADLINE)
             else:
                 task.apply_async(args=(str(turn_id),))
@@ -47,6 +52,11 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str) -> None:
             logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
 
     transaction.on_commit(send)
+
+
+def _route_given(route: str) -> str:
+    """A route read by the caller (``turn_enqueue``), or ``""`` when tasks run in-process (``_route``)."""
+    return "" if current_app.conf.task_always_eager else route
 
 
 def _route(turn_id: uuid.UUID | str) -> str:

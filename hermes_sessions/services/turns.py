@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from .. import policy
@@ -74,24 +74,36 @@ def turn_enqueue(
         raise InvalidInput(f"input is {len(text)} characters; the limit is {MAX_INPUT_CHARS}")
     if on_busy not in ON_BUSY:
         raise InvalidInput(f"on_busy must be one of {', '.join(ON_BUSY)}")
+    created_by = None if user is None else require_user(user)
     with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session.pk)
-        busy = (
-            Turn.objects.filter(session=locked, status__in=(Turn.Status.RUNNING, Turn.Status.QUEUED))
-            .order_by("-status", "seq")  # "running" sorts before "queued"
-            .first()
+        # The session's row lock, taken by the UPDATE that draws the turn's seq (FOR NO KEY UPDATE — the
+        # mode of the event lock, locks.lock_session_for_events — held to the commit): every other writer
+        # of the session waits here, and this one waits for them (I3, docs/contract.md §8).
+        drawn = Session.objects.filter(pk=session.pk).update(
+            last_turn_seq=F("last_turn_seq") + 1, updated_at=timezone.now())
+        if not drawn:
+            raise Session.DoesNotExist(f"no session {session.pk!r}")
+        # A statement of its own, after the lock: its snapshot has every turn committed while it waited.
+        busy = Turn.objects.filter(session=OuterRef("pk"), status__in=(Turn.Status.RUNNING, Turn.Status.QUEUED)).order_by(
+            "-status", "seq")  # "running" sorts before "queued"
+        seq, busy_id, busy_status, route = (
+            Session.objects.filter(pk=session.pk)
+            .annotate(busy_id=Subquery(busy.values("pk")[:1]), busy_status=Subquery(busy.values("status")[:1]),
+                      route=affinity.session_route_subquery())
+            .values_list("last_turn_seq", "busy_id", "busy_status", "route")
+            .get()
         )
-        if busy is not None and on_busy == "reject":
-            raise SessionBusy(f"turn {busy.id} of this session is {busy.status}", turn_id=str(busy.id))
-        if busy is not None and on_busy == "interrupt":
-            Turn.objects.filter(session=locked, status=Turn.Status.RUNNING, cancel_requested_at__isnull=True).update(
+        if busy_id is not None and on_busy == "reject":
+            raise SessionBusy(f"turn {busy_id} of this session is {busy_status}", turn_id=str(busy_id))
+        if busy_id is not None and on_busy == "interrupt":
+            Turn.objects.filter(session=session, status=Turn.Status.RUNNING, cancel_requested_at__isnull=True).update(
                 cancel_requested_at=timezone.now()
             )
-        locked.last_turn_seq += 1
-        locked.save(update_fields=["last_turn_seq", "updated_at"])
-        turn = Turn.objects.create(session=locked, seq=locked.last_turn_seq, input=text, created_by=None if user is None else require_user(user))
-        events.event_append(turn=turn, kind=events.QUEUED, data={"seq": turn.seq})
-        dispatch.turn_dispatch_on_commit(turn.id)
+        # Stamped as sent now, in the row: the task goes out right after this transaction commits.
+        turn = Turn.objects.create(session=session, seq=seq, input=text, created_by=created_by,
+                                   dispatched_at=timezone.now())
+        events.event_append(turn=turn, kind=events.QUEUED, data={"seq": turn.seq})  # its event lock: held already (above)
+        dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=route or "")
     return turn
 
 

@@ -98,7 +98,7 @@ def test_a_worker_whose_claim_was_taken_back_during_a_database_outage_leaves_the
     t1 = run_turn_now(session=session, text="hello one", user=user)
     assert t1.status == Turn.Status.SUCCEEDED, t1.error
     with monkeypatch.context() as mp:
-        mp.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+        mp.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
         t2 = services.turn_enqueue(session=session, input_text="hello two", user=user)
     claim_a, control_a = services.turn_claim(turn_id=t2.id), execution.TurnControl()
     assert claim_a is not None

@@ -228,6 +228,19 @@ BREAKAGES: list[Breakage] = [
         (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",),
     ),
     Breakage(
+        "session-owned-unscoped", "I7", "hermes_sessions/selectors.py",
+        "    return Session.objects.get(pk=session_id, owner_id=user.pk)\n",
+        "    return Session.objects.get(pk=session_id)\n",
+        (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",
+         T + "test_i7_isolation.py::test_the_plain_session_lookups_find_only_the_owners_session"),
+    ),
+    Breakage(
+        "session-stream-unscoped", "I7", "hermes_sessions/selectors.py",
+        "Session.objects.filter(pk=session_id, owner_id=user.pk).exists()\n",
+        "Session.objects.filter(pk=session_id).exists()\n",
+        (T + "test_i7_isolation.py::test_the_plain_session_lookups_find_only_the_owners_session",),
+    ),
+    Breakage(
         "turn-get-unscoped", "I7", "hermes_sessions/selectors.py",
         "    return Turn.objects.get(pk=pk, session__owner_id=user.pk)\n",
         "    return Turn.objects.get(pk=pk)\n",

@@ -8,7 +8,8 @@ import tomllib
 import pytest
 from rest_framework.test import APIClient
 
-from hermes_sessions.models import Message, Notice, Turn
+from hermes_sessions import selectors
+from hermes_sessions.models import Message, Notice, Session, Turn
 from tests.factories import MessageFactory, NoticeFactory, SessionFactory, TurnFactory, UserFactory
 from tests.support.dispatch import hold_dispatches
 
@@ -51,6 +52,21 @@ def test_another_users_session_is_404_everywhere_and_cannot_be_driven(mallory, a
     assert Message.objects.filter(session=session).count() == 1
     assert Notice.objects.filter(session=session).count() == 1
     assert sent == []
+
+
+@pytest.mark.django_db
+def test_the_plain_session_lookups_find_only_the_owners_session(alices):
+    """``selectors.session_owned`` (a session's turns, transcript, notices, a new turn) and
+    ``session_is_owned`` (opening its event stream): another user's session is not found, like an
+    unknown or malformed id."""
+    session, _ = alices
+    mallory = UserFactory(username="mallory")
+    assert selectors.session_owned(user=session.owner, session_id=session.id) == session
+    assert selectors.session_is_owned(user=session.owner, session_id=session.id)
+    for session_id in (session.id, "sess-nobody", "not a session id\x00"):
+        with pytest.raises(Session.DoesNotExist):
+            selectors.session_owned(user=mallory, session_id=session_id)
+        assert not selectors.session_is_owned(user=mallory, session_id=session_id)
 
 
 @pytest.mark.django_db

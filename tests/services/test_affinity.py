@@ -66,7 +66,7 @@ def rollout_row(session, *, thread_id: str = THREAD, generation: int = 1) -> Cod
 def sent(monkeypatch) -> list[str]:
     """Turn ids passed to ``dispatch.turn_dispatch_on_commit`` (nothing is sent)."""
     calls: list[str] = []
-    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id: calls.append(str(turn_id)))
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id, **_: calls.append(str(turn_id)))
     return calls
 
 
@@ -164,6 +164,36 @@ def test_route_follows_the_celery_apps_eager_flag_not_the_django_setting(setting
     celery_app.conf.task_always_eager = False
     try:
         assert dispatch._route(turn.pk) == queue
+    finally:
+        celery_app.conf.task_always_eager = True
+
+
+def test_turn_enqueue_routes_by_the_row_it_reads_under_the_lock_and_not_when_tasks_run_in_process(
+        monkeypatch, django_capture_on_commit_callbacks):
+    """``turn_enqueue`` reads the route in its transaction (``affinity.session_route_subquery``, the rule
+    of ``turn_route``) and hands it to the dispatch: an eager app still routes nothing."""
+    from hermes_sessions import tasks
+
+    sent: list[str | None] = []
+    monkeypatch.setattr(tasks.run_turn, "apply_async", lambda args, **kw: sent.append(kw.get("queue")))
+    session = SessionFactory()
+    queue = own("a")
+    warm_row(session, queue)
+    worker_row(queue)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.turn_enqueue(session=session, input_text="one", user=session.owner)
+    assert sent == [None]  # in-process: no other worker to route to
+    sent.clear()
+    celery_app.conf.task_always_eager = False
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.turn_enqueue(session=session, input_text="two", user=session.owner)
+        assert sent == [queue, None]  # the holder now, the shared queue after the deadline
+        sent.clear()
+        TurnWorker.objects.filter(queue=queue).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        with django_capture_on_commit_callbacks(execute=True):
+            services.turn_enqueue(session=session, input_text="three", user=session.owner)
+        assert sent == [None]  # the holder's heartbeat is stale: the shared queue only
     finally:
         celery_app.conf.task_always_eager = True
 

@@ -28,7 +28,7 @@ def test_an_idempotent_replay_after_the_session_was_deleted_creates_it_again(use
 
 @pytest.mark.django_db(transaction=True)
 def test_a_rotation_after_an_operator_ended_the_binding_writes_no_second_notice(user, monkeypatch):
-    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id: None)  # play the worker by hand
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id, **_: None)  # play the worker by hand
     session = services.session_create(owner=user)
     with transaction.atomic():
         CodexBinding.objects.create(session=session, thread_id="thread-x")

@@ -54,7 +54,7 @@ def test_turn_of_a_dead_worker_is_taken_back_and_run_once(user, scripted_codex, 
     assert turn.status == Turn.Status.SUCCEEDED
     # …so simulate the crash on a fresh turn: claimed by a worker that then vanished.
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+        mp.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
         lost = services.turn_enqueue(session=session, input_text="hello three", user=user)
     claim = services.turn_claim(turn_id=lost.id)
     assert claim is not None
@@ -102,7 +102,7 @@ def test_rerun_adopts_the_turn_codex_completed_before_the_worker_died(user, scri
 
 def test_a_turn_whose_workers_keep_dying_fails_after_max_attempts(user, scripted_codex, settings, monkeypatch):
     settings.HERMES_MAX_ATTEMPTS = 2
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     turn = services.turn_enqueue(session=session, input_text="doomed", user=user)
     for _ in range(2):
@@ -117,7 +117,7 @@ def test_a_turn_whose_workers_keep_dying_fails_after_max_attempts(user, scripted
 def test_sweep_redispatches_a_queued_turn_whose_task_was_lost(user, scripted_codex, settings, monkeypatch):
     settings.HERMES_REDISPATCH_SECONDS = 0
     sent = []
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     services.turn_enqueue(session=session, input_text="two", user=user)  # not the head: not re-sent
@@ -152,7 +152,7 @@ def test_lease_lost_mid_turn_stops_the_worker_and_commits_nothing(user, scripted
 
 
 def test_cancel_a_queued_turn_and_the_next_one_still_runs(user, scripted_codex, monkeypatch):
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     second = services.turn_enqueue(session=session, input_text="two", user=user)
@@ -190,7 +190,7 @@ def test_cancel_a_running_turn_interrupts_codex(user, scripted_codex, run_turn_n
 
 
 def test_on_busy_reject_names_the_running_turn(user, scripted_codex, monkeypatch):
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     services.turn_claim(turn_id=first.id)
@@ -201,7 +201,7 @@ def test_on_busy_reject_names_the_running_turn(user, scripted_codex, monkeypatch
 
 
 def test_on_busy_interrupt_asks_the_running_turn_to_stop(user, scripted_codex, monkeypatch):
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     services.turn_claim(turn_id=first.id)
@@ -241,7 +241,7 @@ def test_cancel_during_retry_backoff_ends_cancelled_without_running_codex(user, 
 def test_a_second_delivery_of_a_running_turn_changes_nothing(user, scripted_codex, monkeypatch):
     from hermes_sessions.tasks import run_turn
 
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     turn = services.turn_enqueue(session=session, input_text="one", user=user)
     claim = services.turn_claim(turn_id=turn.id)
@@ -271,7 +271,7 @@ def test_binding_ended_by_an_operator_during_a_turn_stays_ended(user, scripted_c
 
 
 def test_a_turn_cancelled_while_its_worker_was_lost_is_not_run_again(user, scripted_codex, monkeypatch):
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     turn = services.turn_enqueue(session=session, input_text="RUNCMD rm -rf something", user=user)
     services.turn_claim(turn_id=turn.id)

@@ -68,7 +68,7 @@ def test_a_failed_turn_logs_its_reason_trimmed_and_the_task_id(user, scripted_co
 
 
 def test_a_cancelled_queued_turn_logs_one_line_without_a_task(user, scripted_codex, log, monkeypatch):
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     turn = services.turn_enqueue(session=session, input_text="hello", user=user)
     services.turn_cancel(turn=turn)
@@ -78,7 +78,7 @@ def test_a_cancelled_queued_turn_logs_one_line_without_a_task(user, scripted_cod
 
 
 def test_a_turn_put_back_in_the_queue_has_not_ended_and_logs_no_end_line(user, scripted_codex, log, monkeypatch):
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     session = services.session_create(owner=user)
     turn = services.turn_enqueue(session=session, input_text="hello", user=user)
     claim = services.turn_claim(turn_id=turn.id)
@@ -96,7 +96,7 @@ def test_the_sweep_logs_nothing_when_it_finds_nothing_to_do(user, scripted_codex
 
 
 def test_the_sweep_logs_one_line_per_action(user, scripted_codex, log, monkeypatch, settings):
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id: None)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
     settings.HERMES_MAX_ATTEMPTS = 1
     lost_sessions = [services.session_create(owner=user) for _ in range(2)]
     lost = [services.turn_enqueue(session=s, input_text="hello", user=user) for s in lost_sessions]
@@ -104,7 +104,8 @@ def test_the_sweep_logs_one_line_per_action(user, scripted_codex, log, monkeypat
         services.turn_claim(turn_id=turn.id)
     Turn.objects.filter(pk__in=[t.pk for t in lost]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     stale = services.turn_enqueue(session=services.session_create(owner=user), input_text="hi", user=user)
-    Turn.objects.filter(pk=stale.pk).update(created_at=timezone.now() - timedelta(hours=1))
+    an_hour_ago = timezone.now() - timedelta(hours=1)  # accepted (and stamped as sent) an hour ago
+    Turn.objects.filter(pk=stale.pk).update(created_at=an_hour_ago, dispatched_at=an_hour_ago)
     key = IdempotencyKey.objects.create(user=user, key="k1", scope="x", request_hash="h", object_id="o")
     IdempotencyKey.objects.filter(pk=key.pk).update(created_at=timezone.now() - timedelta(days=2))
     log.clear()

@@ -1,0 +1,88 @@
+"""What a turn's POST and a turn's GET cost in database round trips, pinned so that none comes back
+unnoticed: counted over the whole request with the real Token authentication, and for the POST with
+the send after the commit included, Celery not eager (an eager app routes nothing, so it would hide a
+routing read after the commit)."""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from hermes_sessions.models import Turn, TurnWorker, WarmThread
+from hermes_sessions.services import affinity
+from project.celery import app as celery_app
+from tests.factories import SessionFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The token, the session (owned by the caller), then one transaction: BEGIN, the UPDATE that locks the
+# session and draws the seq, the busy turn and the route, the turn's INSERT, the queued event's INSERT
+# with its NOTIFY, COMMIT. The send after the commit reads nothing.
+TURN_POST_QUERIES = 8
+# The token, the turn (joined to its session's owner).
+TURN_GET_QUERIES = 2
+
+
+@pytest.fixture
+def token_client(user) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return api
+
+
+@pytest.fixture
+def sends(monkeypatch) -> list[tuple[str, str | None, float | None]]:
+    """``run_turn.apply_async`` calls as ``(turn id, queue, countdown)``, nothing sent; Celery's app not
+    eager meanwhile, so the dispatch routes as an API process does."""
+    from hermes_sessions import tasks
+
+    calls: list[tuple[str, str | None, float | None]] = []
+    monkeypatch.setattr(tasks.run_turn, "apply_async",
+                        lambda args, **kw: calls.append((args[0], kw.get("queue"), kw.get("countdown"))))
+    celery_app.conf.task_always_eager = False
+    try:
+        yield calls
+    finally:
+        celery_app.conf.task_always_eager = True
+
+
+def test_a_turn_post_costs_eight_round_trips_with_its_routing(token_client, user, sends, settings,
+                                                             django_assert_max_num_queries):
+    session = SessionFactory(owner=user)
+    queue = affinity.own_queue_name("round-trips@host")  # a worker keeps the session's thread loaded
+    TurnWorker.objects.create(queue=queue, node="round-trips@host", heartbeat_at=timezone.now())
+    WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
+                              until=timezone.now() + timedelta(seconds=60))
+    with django_assert_max_num_queries(TURN_POST_QUERIES) as captured:
+        response = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
+                                     content_type="application/json")
+    assert response.status_code == 202, response.content
+    turn = Turn.objects.get(pk=response.json()["id"])
+    assert captured.captured_queries[-1]["sql"] == "COMMIT"  # nothing read after it
+    assert sends == [(str(turn.id), queue, None), (str(turn.id), None, settings.HERMES_AFFINITY_DEADLINE)]
+    assert turn.dispatched_at is not None and turn.seq == 1
+    assert list(turn.events.values_list("kind", "data")) == [("queued", {"seq": 1})]
+
+
+def test_a_turn_post_without_a_warm_worker_goes_to_the_shared_queue_alone(token_client, user, sends,
+                                                                          django_assert_max_num_queries):
+    session = SessionFactory(owner=user)
+    with django_assert_max_num_queries(TURN_POST_QUERIES):
+        response = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
+                                     content_type="application/json")
+    assert response.status_code == 202, response.content
+    assert sends == [(response.json()["id"], None, None)]
+
+
+def test_a_turn_get_costs_two_round_trips(token_client, user, sends, django_assert_max_num_queries):
+    session = SessionFactory(owner=user)
+    posted = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
+                               content_type="application/json").json()
+    with django_assert_max_num_queries(TURN_GET_QUERIES):
+        response = token_client.get(f"/api/turns/{posted['id']}/")
+    assert response.status_code == 200
+    assert response.json() == posted
