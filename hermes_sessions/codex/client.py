@@ -232,7 +232,7 @@ class AppServerClient:
         timeout = self._request_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cv:
-            self._raise_if_unusable(method)
+            self._raise_if_unusable(method, sent=False)
             request_id = self._next_id
             self._next_id += 1
             self._pending[request_id] = None  # registered before sending: a fast answer is not lost
@@ -328,12 +328,13 @@ class AppServerClient:
             raise TransportError("the codex app-server client was not started")
         return self._proc
 
-    def _raise_if_unusable(self, method: str) -> None:
-        # Caller holds self._cv.
+    def _raise_if_unusable(self, method: str, *, sent: bool = True) -> None:
+        # Caller holds self._cv. ``sent``: whether ``method`` was written already (``TransportError.sent``).
         if self._proc is None:
-            raise TransportError(f"cannot send {method!r}: the codex app-server client was not started")
+            raise TransportError(f"cannot send {method!r}: the codex app-server client was not started", sent=False)
         if self._failure is not None:
-            raise TransportError(f"{method!r} failed: {self._failure.reason}", stderr_tail=self._failure.stderr_tail)
+            raise TransportError(f"{method!r} failed: {self._failure.reason}", stderr_tail=self._failure.stderr_tail,
+                                 sent=sent)
 
     def _send(self, message: dict, *, deadline: float, what: str, timeout: float | None = None) -> None:
         """Write one frame before ``deadline``. A frame half-written at the deadline poisons the stream, so
@@ -360,7 +361,7 @@ class AppServerClient:
             except (OSError, ValueError) as exc:  # BrokenPipeError, or stdin already closed by close()
                 raise TransportError(
                     f"could not write {what!r} to codex app-server (pid {proc.pid}): {exc}",
-                    stderr_tail=self.stderr_tail(),
+                    stderr_tail=self.stderr_tail(), sent=len(view) < len(data),
                 ) from exc
         if view:
             wait = timeout if timeout is not None else self._request_timeout

@@ -65,12 +65,16 @@ class TransportError(CodexError):
 
     ``stderr_tail`` holds the last lines codex wrote to stderr (its logs); they are also part of
     ``str(exc)`` because they usually name the cause (e.g. ``Error: CODEX_HOME points to "…", but that
-    path does not exist``).
+    path does not exist``). ``sent``: whether the request it is about reached codex's stdin (False only
+    when it provably did not: a ``turn/start`` that was never sent cannot have run the input).
     """
 
-    def __init__(self, reason: str, *, stderr_tail: str = "") -> None:
+    def __init__(self, reason: str, *, stderr_tail: str = "", sent: bool = True) -> None:
         self.reason = reason
         self.stderr_tail = stderr_tail
+        # False: the request this error is about was never written to codex (the connection had failed
+        # already, or the write itself failed): codex cannot have acted on it. True: it may have.
+        self.sent = sent
         message = reason
         if stderr_tail:
             message = f"{reason}\n--- codex app-server stderr (tail) ---\n{stderr_tail}"

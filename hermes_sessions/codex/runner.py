@@ -295,8 +295,10 @@ def _start_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, text:
         # codex refused turn/start: it never ran the input, so the run may be tried again.
         raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=True) from exc
     except TransportError as exc:
-        # No answer: codex may have started the turn; running the input again could repeat it.
-        raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=False) from exc
+        # No answer: codex may have started the turn; running the input again could repeat it — unless
+        # turn/start provably never reached it (the connection had failed already, or the write failed:
+        # a kept app-server that died between turns, turn/start being its first request then).
+        raise TurnRunError(_describe("turn", exc), out, exc, before_turn_start=not exc.sent) from exc
     out.codex_turn_id = str((started.get("turn") or {}).get("id") or "")
     if spec.control is not None:
         spec.control.running = (out.thread_id, out.codex_turn_id)

@@ -323,6 +323,9 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
             return _drive(claim, control, stream, kept.client, kept.version, workdir, kept.home, kept.base, t0,
                           restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, held=held,
                           turns=kept.turns + 1, thread_loaded=True)
+        except TurnRunError as exc:
+            _unless_recorded(exc, kept)
+            raise
         finally:
             if not held.owns(kept.client):
                 kept.close()  # also when the turn failed: a former spare's home goes with it (idempotent)
@@ -332,6 +335,18 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
     finally:
         if spare is not None and not held.owns(spare.client):
             spare.discard()  # one session per spare: its home and process go (after the rollout was read)
+
+
+def _unless_recorded(exc: TurnRunError, kept: KeptThread) -> None:
+    """A kept app-server that died as its turn was sent (killed between turns, its death not yet seen when
+    the copy was taken: ``turn/start`` was written, then its stdout closed) left no answer and its rollout
+    file exactly as kept (``rollout_stamp``): codex recorded nothing of the turn, and PostgreSQL's rollout
+    is the thread's latest state. Such a failure counts as before ``turn/start`` — the turn is run again,
+    cold (``_may_retry``). Any trace of the turn in the file, or an answer, keeps it a failure."""
+    if (not exc.before_turn_start and isinstance(exc.cause, TransportError) and not exc.outcome.codex_turn_id
+            and not kept.client.alive() and rollout_stamp(kept.home, kept.thread_id) == kept.stamp):
+        logger.info("turn %s: the kept app-server died before it recorded the turn; running it cold", kept.session_id)
+        exc.before_turn_start = True
 
 
 def _take_kept(claim: TurnClaim) -> KeptThread | None:

@@ -451,3 +451,32 @@ def test_death_is_noticed_and_close_returns_while_a_stray_holds_stdout(tmp_path)
         assert_no_process_left(client.pid)
     finally:
         os.kill(int(child_pid_file.read_text()), signal.SIGKILL)  # the stray we caused, by pid
+
+
+def test_a_request_to_an_app_server_that_died_before_it_was_sent_says_it_was_not_sent(state_dir):
+    """A kept app-server killed between turns (``e2e/test_affinity``): the next turn's ``turn/start`` is its
+    first request, and it never reached codex — ``TransportError.sent`` is False, so the runner may run the
+    turn again on a fresh app-server. A request that was written when codex died says ``sent``."""
+    script = {"thread/loaded/list": [{"hang": True}]}
+    with scripted_client(state_dir, script, request_timeout=30) as client:
+        client.start()
+        waiter: dict = {}
+
+        def hanging_request():
+            try:
+                client.request("thread/loaded/list")
+            except TransportError as exc:
+                waiter["exc"] = exc
+
+        thread = threading.Thread(target=hanging_request)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while "thread/loaded/list" not in (state_dir / "methods.jsonl").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(client._started().pid, signal.SIGKILL)
+        thread.join(5)
+        with pytest.raises(TransportError) as info:
+            client.request("turn/start", {"threadId": "t", "input": text_input("hi")})
+    assert waiter["exc"].sent is True  # written before codex died: it may have acted on it
+    assert info.value.sent is False and retryable(info.value)

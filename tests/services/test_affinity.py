@@ -801,3 +801,36 @@ def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monk
     assert TurnWorker.objects.get(queue=queue).pid == os.getpid()
     loop.tick()
     assert len(calls) == 3
+
+
+def test_a_kept_app_server_that_died_as_its_turn_was_sent_runs_the_turn_again_cold(tmp_path):
+    """Found by e2e/test_affinity (a kept app-server SIGKILLed between turns): its death was not yet seen
+    when the copy was taken, turn/start was written, then its stdout closed. Its rollout file is as kept
+    and no turn id came back: codex recorded nothing, so the failure counts as before turn/start (the
+    turn is run again on a fresh app-server). A trace of the turn in the file, or an answer, does not."""
+    from hermes_sessions.codex.errors import TransportError
+
+    def failure(turn_id: str = "") -> TurnRunError:
+        return TurnRunError("eof", TurnOutcome(codex_turn_id=turn_id), TransportError("closed its stdout (EOF)"),
+                            before_turn_start=False)
+
+    copy = _kept_on_disk(tmp_path, "s-died")
+    copy.client.running = False
+    exc = failure()
+    execution._unless_recorded(exc, copy)
+    assert exc.before_turn_start is True and execution._may_retry(exc)
+
+    answered = failure("turn-1")
+    execution._unless_recorded(answered, copy)
+    assert answered.before_turn_start is False
+
+    copy.client.running = True  # alive: a lost connection, not a death — codex may be running the turn
+    alive = failure()
+    execution._unless_recorded(alive, copy)
+    assert alive.before_turn_start is False
+
+    copy.client.running = False
+    write_rollout_file(copy.home, THREAD, b'{"a":1}\n{"user":"hi"}\n')  # codex recorded the turn
+    recorded = failure()
+    execution._unless_recorded(recorded, copy)
+    assert recorded.before_turn_start is False
