@@ -140,6 +140,15 @@ def turn_get(*, user: User, turn_id: Any) -> Turn:
     return Turn.objects.get(pk=pk, session__owner_id=user.pk)
 
 
+def turn_is_queued(*, turn_id: Any) -> bool:
+    """Whether turn ``turn_id`` is still queued (one indexed read, no lock); False for a malformed id."""
+    try:
+        pk = turn_id if isinstance(turn_id, uuid.UUID) else uuid.UUID(str(turn_id))
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return Turn.objects.filter(pk=pk, status=Turn.Status.QUEUED).exists()
+
+
 def turn_list_newest_first(*, session: Session) -> QuerySet[Turn]:
     """The session's turns, newest first (``GET /api/sessions/{id}/turns/``; the unique
     ``(session, seq)`` index serves the order)."""

@@ -4,7 +4,7 @@ import math
 from celery import Task, shared_task
 from django.conf import settings
 
-from . import services
+from . import selectors, services
 
 
 @shared_task(
@@ -15,13 +15,19 @@ from . import services
     soft_time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 60),
     time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 120),
 )
-def run_turn(self: Task, turn_id: str) -> dict[str, str]:
+def run_turn(self: Task, turn_id: str, fallback: bool = False) -> dict[str, str]:
     """Run turn ``turn_id`` if it is its session's next turn (see ``services.turn_execute``).
+
+    ``fallback``: the shared queue's copy sent ``HERMES_AFFINITY_DEADLINE`` after a turn routed to the
+    worker holding its thread (``services/dispatch.py``). Almost always that worker ran the turn long
+    before; one unlocked read then says so, instead of the claim's locks and commit.
 
     Returns ``{"turn": <turn id>, "turn_status": <status>}`` — ``"skipped"`` when this delivery had
     nothing to do — which Celery logs as ``Task …run_turn[<task id>] succeeded in …: {'turn': …,
     'turn_status': 'failed'}``: the task ran, the turn failed. The turn's own end line
     (``hermes_sessions.turns``) names this task id."""
+    if fallback and not selectors.turn_is_queued(turn_id=turn_id):
+        return {"turn": str(turn_id), "turn_status": "skipped"}
     turn = services.turn_execute(turn_id=turn_id, task_id=self.request.id)
     return {"turn": str(turn_id), "turn_status": turn.status if turn is not None else "skipped"}
 

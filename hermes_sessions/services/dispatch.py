@@ -45,7 +45,8 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
                 # Session affinity (services/affinity.py): the worker holding the thread loaded first; the
                 # shared queue after the deadline, for any worker, should that one not claim it by then.
                 task.apply_async(args=(str(turn_id),), queue=queue)
-                task.apply_async(args=(str(turn_id),), countdown=settings.HERMES_AFFINITY_DEADLINE)
+                task.apply_async(args=(str(turn_id),), kwargs={"fallback": True},
+                                 countdown=settings.HERMES_AFFINITY_DEADLINE)
             else:
                 task.apply_async(args=(str(turn_id),))
         except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep re-sends

@@ -834,3 +834,22 @@ def test_a_kept_app_server_that_died_as_its_turn_was_sent_runs_the_turn_again_co
     recorded = failure()
     execution._unless_recorded(recorded, copy)
     assert recorded.before_turn_start is False
+
+
+def test_the_deadlines_fallback_copy_of_a_turn_already_run_costs_one_read(user, monkeypatch, django_assert_num_queries):
+    """Found by the worker helper: the shared queue's copy, sent HERMES_AFFINITY_DEADLINE after a turn
+    routed to its holder, took the claim's locks and a commit to find the turn long finished — on the
+    one-turn worker that may be about to run the session's next one. Now one unlocked read."""
+    from hermes_sessions import tasks
+
+    ran: list = []
+    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    session = SessionFactory(owner=user)
+    done = TurnFactory(session=session, seq=1, status=Turn.Status.SUCCEEDED)
+    queued = TurnFactory(session=session, seq=2, status=Turn.Status.QUEUED)
+    with django_assert_num_queries(1):
+        assert tasks.run_turn.run(str(done.pk), fallback=True) == {"turn": str(done.pk), "turn_status": "skipped"}
+    assert tasks.run_turn.run("not-a-uuid", fallback=True)["turn_status"] == "skipped"
+    tasks.run_turn.run(str(queued.pk), fallback=True)
+    tasks.run_turn.run(str(done.pk))  # the first delivery claims as always (turn_execute decides)
+    assert ran == [str(queued.pk), str(done.pk)]
