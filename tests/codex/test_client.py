@@ -44,6 +44,24 @@ def text_input(text):
     return [{"type": "text", "text": text, "text_elements": []}]
 
 
+def hanging_in_background(client, state_dir, into: dict) -> threading.Thread:
+    """A ``thread/loaded/list`` the script never answers (``{"hang": true}``), sent from a thread once the
+    stand-in has read it; its error goes to ``into["exc"]`` (and the time to ``into["at"]``)."""
+    def hanging_request():
+        try:
+            client.request("thread/loaded/list")
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            into["exc"], into["at"] = exc, time.monotonic()
+
+    thread = threading.Thread(target=hanging_request)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while "thread/loaded/list" not in (state_dir / "methods.jsonl").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return thread
+
+
 def until_turn_completed(client, timeout=10.0):
     """Notifications up to and including turn/completed."""
     seen, deadline = [], time.monotonic() + timeout
@@ -154,20 +172,8 @@ def test_eof_fails_every_pending_request_at_once_with_stderr_tail(state_dir):
     script = {"thread/loaded/list": [{"hang": True}], "thread/start": [{"stderr_lines": 3, "exit": 7}]}
     with scripted_client(state_dir, script, request_timeout=30) as client:
         client.start()
-        other = {}
-
-        def hanging_request():
-            try:
-                client.request("thread/loaded/list")
-            except Exception as exc:  # noqa: BLE001 - the test inspects it
-                other["exc"], other["at"] = exc, time.monotonic()
-
-        waiter = threading.Thread(target=hanging_request)
-        waiter.start()
-        deadline = time.monotonic() + 5
-        while "thread/loaded/list" not in (state_dir / "methods.jsonl").read_text():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        other: dict = {}
+        waiter = hanging_in_background(client, state_dir, other)
 
         started = time.monotonic()
         with pytest.raises(TransportError) as info:
@@ -461,19 +467,7 @@ def test_a_request_to_an_app_server_that_died_before_it_was_sent_says_it_was_not
     with scripted_client(state_dir, script, request_timeout=30) as client:
         client.start()
         waiter: dict = {}
-
-        def hanging_request():
-            try:
-                client.request("thread/loaded/list")
-            except TransportError as exc:
-                waiter["exc"] = exc
-
-        thread = threading.Thread(target=hanging_request)
-        thread.start()
-        deadline = time.monotonic() + 5
-        while "thread/loaded/list" not in (state_dir / "methods.jsonl").read_text():
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        thread = hanging_in_background(client, state_dir, waiter)
         os.kill(client._started().pid, signal.SIGKILL)
         thread.join(5)
         with pytest.raises(TransportError) as info:

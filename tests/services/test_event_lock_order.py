@@ -17,8 +17,7 @@ from django.db import connection, transaction
 from hermes_sessions import services
 from hermes_sessions.models import Session, Turn, TurnEvent
 from hermes_sessions.services import events
-from hermes_sessions.services.events import TurnEventWriter
-from tests.support.dispatch import hold_dispatches
+from tests.support.dispatch import claimed_with_writer
 
 pytestmark = pytest.mark.django_db(transaction=True)  # two threads, two connections
 
@@ -36,11 +35,7 @@ def _someone_waits_on_a_lock(timeout=5.0):
 
 
 def _interleave(user, monkeypatch, api_write):
-    hold_dispatches(monkeypatch)
-    session = services.session_create(owner=user)
-    turn = services.turn_enqueue(session=session, input_text="a long streaming turn", user=user)
-    claim = services.turn_claim(turn_id=turn.id)
-    writer = TurnEventWriter(turn_id=turn.id, session_id=session.id, token=claim.token, attempt=claim.attempt)
+    session, turn, claim, writer = claimed_with_writer(user, monkeypatch, "a long streaming turn")
     at_insert, go, errors = threading.Event(), threading.Event(), []
     real_insert = events._insert_events
 
@@ -94,11 +89,7 @@ def test_a_batch_waiting_for_the_session_row_holds_no_lock_of_the_turn_row(user,
     """The other interleaving: the API holds the session row first; the batch must wait for it before it
     touches the turn row, so the API can still lock the turn row (a batch that took the turn's share lock
     first would make this a deadlock, or the API's lock wait time out)."""
-    hold_dispatches(monkeypatch)
-    session = services.session_create(owner=user)
-    turn = services.turn_enqueue(session=session, input_text="a long streaming turn", user=user)
-    claim = services.turn_claim(turn_id=turn.id)
-    writer = TurnEventWriter(turn_id=turn.id, session_id=session.id, token=claim.token, attempt=claim.attempt)
+    session, turn, claim, writer = claimed_with_writer(user, monkeypatch, "a long streaming turn")
     errors = []
 
     def batch():

@@ -10,7 +10,7 @@ from hermes_sessions.codex.runner import TurnOutcome
 from hermes_sessions.models import Turn, TurnEvent
 from hermes_sessions.services import events
 from hermes_sessions.services.events import TurnEventWriter
-from tests.support.dispatch import hold_dispatches
+from tests.support.dispatch import claimed_with_writer, hold_dispatches
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker heartbeat uses its own connection
 
@@ -102,11 +102,7 @@ def test_a_fenced_out_worker_appends_no_event(user, monkeypatch):
 def test_deltas_in_a_burst_are_written_in_few_transactions(user, monkeypatch):
     """Batching: 200 deltas arriving at once cost a handful of commits, not 200 (each commit also
     takes the session's event lock and sends a NOTIFY)."""
-    hold_dispatches(monkeypatch)
-    session = services.session_create(owner=user)
-    turn = services.turn_enqueue(session=session, input_text="hi", user=user)
-    claim = services.turn_claim(turn_id=turn.id)
-    writer = TurnEventWriter(turn_id=turn.id, session_id=session.id, token=claim.token, attempt=claim.attempt)
+    session, turn, claim, writer = claimed_with_writer(user, monkeypatch, "hi")
     commits = []
     with connection.execute_wrapper(lambda execute, sql, *a: (commits.append(sql) if "pg_notify" in sql else None,
                                                                execute(sql, *a))[1]):

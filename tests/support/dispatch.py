@@ -20,3 +20,17 @@ def hold_dispatches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(tasks.run_turn, "apply_async", record)
     return sent
+
+
+def claimed_with_writer(user: Any, monkeypatch: pytest.MonkeyPatch, text: str = "hi") -> tuple[Any, Any, Any, Any]:
+    """A new session of ``user`` with one turn posted (dispatches held) and claimed by hand, and that
+    claim's stream writer: ``(session, turn, claim, writer)``."""
+    from hermes_sessions import services
+    from hermes_sessions.services.events import TurnEventWriter
+
+    hold_dispatches(monkeypatch)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text=text, user=user)
+    claim = services.turn_claim(turn_id=turn.id)
+    writer = TurnEventWriter(turn_id=turn.id, session_id=session.id, token=claim.token, attempt=claim.attempt)
+    return session, turn, claim, writer
