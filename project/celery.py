@@ -122,7 +122,7 @@ def _close_in_main_process(**kwargs: object) -> None:
     (its messages are duplicates of shared-queue ones, or the sweep sends their turns again). Not at a pool
     process's end: the main process still consumes the queue when one child is replaced."""
     from hermes_sessions.services.affinity import own_queue, own_queue_taken
-    from hermes_sessions.services.dispatch import queue_delete
+    from hermes_sessions.services.worker_queues import queue_delete
 
     queue = own_queue()
     _close_spares(**kwargs)

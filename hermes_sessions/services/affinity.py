@@ -303,14 +303,14 @@ class AffinityLoop:
     def _consume_again(self) -> None:
         """This worker's row was gone: it was swept while frozen or stalled past
         ``HERMES_WORKER_STALE_SECONDS``, which deleted its own queue and both its bindings from the broker
-        (``dispatch.queue_delete``; on RabbitMQ the deletion also cancelled its consumer). Turns routed to
+        (``worker_queues.queue_delete``; on RabbitMQ the deletion also cancelled its consumer). Turns routed to
         the queue would be dropped or never read, each waiting for its countdown copy. So: declare the
-        queue again in both forms (``dispatch.queue_declare``), and have this worker's main process stop
+        queue again in both forms (``worker_queues.queue_declare``), and have this worker's main process stop
         and start consuming it (Celery's remote control, ``cancel_consumer`` + ``add_consumer``, in that
         order on the worker's control channel)."""
         from celery import current_app
 
-        from .dispatch import queue_declare  # at call time: dispatch imports this module
+        from .worker_queues import queue_declare
 
         node = self.queue[len(settings.HERMES_TURN_QUEUE) + 1:]
         logger.warning("affinity: worker %s had been swept (its heartbeat stopped for longer than "

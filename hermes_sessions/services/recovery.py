@@ -31,7 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
-from . import affinity, dispatch, events
+from . import affinity, dispatch, events, worker_queues
 from .locks import lock_session_and_turn
 from .turn_log import turn_ended_on_commit
 
@@ -142,7 +142,7 @@ def workers_sweep() -> list[str]:
             for turn_id in heads:
                 dispatch.turn_dispatch_on_commit(turn_id)
             TurnWorker.objects.filter(queue=queue, heartbeat_at__lt=stale_before).delete()
-        purged = dispatch.queue_delete(queue)
+        purged = worker_queues.queue_delete(queue)
         logger.warning("sweep: worker queue %s has had no heartbeat since before %s: removed (%s warm sessions, "
                        "%s queued turns sent again, %s messages dropped from its queue)",
                        queue, stale_before, len(sessions), len(heads), purged)

@@ -31,7 +31,7 @@ from hermes_sessions.codex import kept as kept_mod
 from hermes_sessions.codex.rollout_files import RolloutBase, RolloutDelta
 from hermes_sessions.codex.runner import TurnControl, TurnOutcome, TurnRunError
 from hermes_sessions.models import CodexRollout, Turn, TurnWorker, WarmThread
-from hermes_sessions.services import affinity, dispatch, execution, rollouts
+from hermes_sessions.services import affinity, dispatch, execution, rollouts, worker_queues
 from hermes_sessions.services.turns import TurnClaim
 from project.celery import app as celery_app
 from tests.codex.test_kept import CONFIG, FakeClient, make_kept, write_rollout_file
@@ -415,7 +415,7 @@ def test_the_sweep_passes_over_a_worker_row_another_transaction_holds(settings):
 
 def test_deleting_a_queue_nobody_declared_removes_nothing(broker):
     never = own("never")
-    assert dispatch.queue_delete(never) == 0
+    assert worker_queues.queue_delete(never) == 0
     assert not broker.exists(never, f"_kombu.binding.{never}", f"_kombu.binding_permanent.{never}")
 
 
@@ -727,7 +727,7 @@ def test_the_main_process_does_not_delete_a_queue_a_live_namesake_consumes(live_
     queue = own("main")
     monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
     deleted: list[str] = []
-    monkeypatch.setattr(dispatch, "queue_delete", deleted.append)
+    monkeypatch.setattr(worker_queues, "queue_delete", deleted.append)
     monkeypatch.setattr(celery_module, "_close_spares", lambda **_: None)
     worker_row(queue, host=socket.gethostname(), pid=live_namesake)
     celery_module._close_in_main_process()
@@ -787,7 +787,7 @@ def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monk
 
     queue = affinity.own_queue_name("revived@host")
     calls: list = []
-    monkeypatch.setattr(dispatch, "queue_declare", lambda q: calls.append(("declare", q)))
+    monkeypatch.setattr(worker_queues, "queue_declare", lambda q: calls.append(("declare", q)))
     monkeypatch.setattr(current_app.control, "cancel_consumer", lambda q, **kw: calls.append(("cancel", q, kw)))
     monkeypatch.setattr(current_app.control, "add_consumer", lambda q, **kw: calls.append(("add", q, kw)))
     loop = affinity.AffinityLoop(fresh_keeper, queue)
