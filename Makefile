@@ -84,7 +84,7 @@ codex-bump: $(VENV)/.installed services
 bench: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench $(BENCH_ARGS)
 
-# The warm path alone, quickly (~30 s): consecutive turns on the warm stack against the warm direct turn,
+# The warm path alone, quickly (~20 s): consecutive turns on the warm stack against the warm direct turn,
 # with the phase and timings medians (devtools/bench_warm.py; BENCH_WARM_ARGS="--turns 60 --spy 20").
 bench-warm: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench_warm $(BENCH_WARM_ARGS)

@@ -102,6 +102,17 @@ class Stack:
         if self.gunicorn is not None:
             stop_processes([self.gunicorn])
             self.gunicorn = None
+        self.forget_queue()
+
+    def forget_queue(self) -> None:
+        """Delete the stack's turn queue from the broker: the deadline's fallback copies of routed turns,
+        sent 2 s after each, are left in it when the workers stop (no-ops, but a leftover queue). Needs
+        Django set up (the bench's ``_setup_django``); without it there is nothing to forget."""
+        try:
+            from hermes_sessions.services.worker_queues import queue_delete
+        except Exception:  # noqa: BLE001 — Django was never set up: the stack never ran a turn
+            return
+        queue_delete(self.env["HERMES_TURN_QUEUE"])
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:

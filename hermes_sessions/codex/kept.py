@@ -2,9 +2,9 @@
 
 After a turn that completed and whose rollout was stored, the worker process keeps the app-server that
 ran it, with the thread still loaded, for an idle window: the session's next turn on this process skips
-spawn, ``initialize``, the rollout restore and the expensive part of ``thread/resume`` (a resume of a
-loaded thread: ~0 ms against ~600–1,000 ms under the session's permission profile, ``docs/codex.md``
-§11). Nothing here touches the database; ``services/affinity.py`` does (routing, heartbeat, release).
+spawn, ``initialize``, the rollout restore and ``thread/resume`` (``turn/start`` goes to the loaded
+thread, ``TurnSpec.thread_loaded``; a resume under the session's permission profile costs ~150–1,000 ms
+cold, ``docs/codex.md`` §11). Nothing here touches the database; ``services/affinity.py`` does (routing, heartbeat, release).
 
 Facts this rests on (``docs/codex.md`` §7, §11): the rollout file is complete when ``turn/completed``
 arrives, so a turn's delta is read with the process still running; a plain ``thread/resume`` of a
