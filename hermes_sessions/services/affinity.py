@@ -303,24 +303,32 @@ class AffinityLoop:
     def _consume_again(self) -> None:
         """This worker's row was gone: it was swept while frozen or stalled past
         ``HERMES_WORKER_STALE_SECONDS``, which deleted its own queue and both its bindings from the broker
-        (``worker_queues.queue_delete``; on RabbitMQ the deletion also cancelled its consumer). Turns routed to
-        the queue would be dropped or never read, each waiting for its countdown copy. So: declare the
-        queue again in both forms (``worker_queues.queue_declare``), and have this worker's main process stop
-        and start consuming it (Celery's remote control, ``cancel_consumer`` + ``add_consumer``, in that
-        order on the worker's control channel)."""
+        (``worker_queues.queue_delete``). Turns routed to the queue would be dropped or never read, each
+        waiting for its countdown copy. So the queue is declared again in both forms
+        (``worker_queues.queue_declare``) — on Redis that is all it takes: the worker's consumer never
+        stopped polling the list. On RabbitMQ the deletion also cancelled the consumer, so this worker's
+        main process is asked (Celery's remote control) to stop and start consuming it: the cancel is
+        awaited before the add is sent — two broadcasts sent back to back may arrive in either order (the
+        adversary saw the add land first, a no-op, and the cancel then end the consuming for good)."""
         from celery import current_app
 
-        from .worker_queues import queue_declare
+        from .worker_queues import queue_declare, queue_is_redis
 
         node = self.queue[len(settings.HERMES_TURN_QUEUE) + 1:]
         logger.warning("affinity: worker %s had been swept (its heartbeat stopped for longer than "
                        "HERMES_WORKER_STALE_SECONDS); consuming its queue %s again", node, self.queue)
         try:
             queue_declare(self.queue)
-            current_app.control.cancel_consumer(self.queue, destination=[node], reply=False)
-            current_app.control.add_consumer(self.queue, destination=[node], reply=False)
+            if queue_is_redis():
+                return
+            control = current_app.control
+            if not control.cancel_consumer(self.queue, destination=[node], reply=True, timeout=5.0):
+                raise RuntimeError("no answer to cancel_consumer")
+            answers = control.add_consumer(self.queue, destination=[node], reply=True, timeout=5.0)
+            if not answers:
+                raise RuntimeError("no answer to add_consumer")
         except Exception:  # noqa: BLE001 — the broker is away: turns reach it by the countdown copy meanwhile
-            logger.exception("affinity: could not ask worker %s to consume %s again", node, self.queue)
+            logger.exception("affinity: could not have worker %s consume %s again", node, self.queue)
 
     def _yield(self, why: str) -> None:
         """Another live worker holds this queue's row (``worker_heartbeat``): close every copy kept here,

@@ -55,3 +55,10 @@ def queue_declare(queue: str) -> None:
         for form in (Queue(queue, Exchange(queue), routing_key=queue),
                      Queue(queue, current_app.amqp.default_exchange, routing_key=queue)):
             form(channel).declare()
+
+
+def queue_is_redis() -> bool:
+    """Whether the broker is Redis (kombu's ``driver_type``): a deleted queue there leaves its consumer
+    polling, where RabbitMQ cancels it."""
+    with current_app.connection_for_write() as conn:
+        return getattr(conn.transport, "driver_type", "") == "redis"

@@ -778,29 +778,59 @@ def test_a_hand_off_happens_once_and_only_for_the_queue_named():
     assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=None, redispatch=sent.append) is False
 
 
-def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monkeypatch):
+@pytest.mark.parametrize("redis_broker_in_use", [True, False], ids=["redis", "rabbitmq"])
+def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monkeypatch, redis_broker_in_use):
     """Found by the faults helper: a worker frozen past HERMES_WORKER_STALE_SECONDS is swept — its row, its
     queue and both bindings deleted (on RabbitMQ its consumer cancelled) — and, woken with no namesake
     started meanwhile, wrote its heartbeat again while turns routed to its queue were dropped, each waiting
-    for its countdown copy. Its loop now declares the queue again and has its worker consume it anew."""
+    for its countdown copy. Its loop now declares the queue again; on RabbitMQ it also has its worker stop
+    and start consuming it, the add sent only once the cancel was answered (the adversary saw two
+    unawaited broadcasts arrive add-first, and the worker stop consuming its queue for good)."""
     from celery import current_app
 
     queue = affinity.own_queue_name("revived@host")
     calls: list = []
     monkeypatch.setattr(worker_queues, "queue_declare", lambda q: calls.append(("declare", q)))
-    monkeypatch.setattr(current_app.control, "cancel_consumer", lambda q, **kw: calls.append(("cancel", q, kw)))
-    monkeypatch.setattr(current_app.control, "add_consumer", lambda q, **kw: calls.append(("add", q, kw)))
+    monkeypatch.setattr(worker_queues, "queue_is_redis", lambda: redis_broker_in_use)
+
+    def control(name):
+        def call(q, **kw):
+            calls.append((name, q, kw))
+            return [{"revived@host": {"ok": name}}]
+        return call
+
+    monkeypatch.setattr(current_app.control, "cancel_consumer", control("cancel"))
+    monkeypatch.setattr(current_app.control, "add_consumer", control("add"))
     loop = affinity.AffinityLoop(fresh_keeper, queue)
     loop.tick()
     loop.tick()
     assert calls == []  # its own row each time: nothing to do
     TurnWorker.objects.filter(queue=queue).delete()  # the sweep, while it was frozen
     loop.tick()
-    to_it = {"destination": ["revived@host"], "reply": False}
-    assert calls == [("declare", queue), ("cancel", queue, to_it), ("add", queue, to_it)]
+    awaited = {"destination": ["revived@host"], "reply": True, "timeout": 5.0}
+    expected = [("declare", queue)] + ([] if redis_broker_in_use else
+                                       [("cancel", queue, awaited), ("add", queue, awaited)])
+    assert calls == expected
     assert TurnWorker.objects.get(queue=queue).pid == os.getpid()
     loop.tick()
-    assert len(calls) == 3
+    assert len(calls) == len(expected)
+
+
+def test_a_cancel_nobody_answered_is_not_followed_by_an_add(fresh_keeper, monkeypatch, caplog):
+    from celery import current_app
+
+    queue = affinity.own_queue_name("silent@host")
+    sent: list = []
+    monkeypatch.setattr(worker_queues, "queue_declare", lambda q: None)
+    monkeypatch.setattr(worker_queues, "queue_is_redis", lambda: False)
+    monkeypatch.setattr(current_app.control, "cancel_consumer", lambda q, **kw: sent.append("cancel") or [])
+    monkeypatch.setattr(current_app.control, "add_consumer", lambda q, **kw: sent.append("add") or [])
+    loop = affinity.AffinityLoop(fresh_keeper, queue)
+    loop.tick()
+    TurnWorker.objects.filter(queue=queue).delete()
+    loop.tick()
+    assert sent == ["cancel"]
+    assert any("could not have worker silent@host consume" in r.getMessage() for r in caplog.records)
 
 
 def test_a_kept_app_server_that_died_as_its_turn_was_sent_runs_the_turn_again_cold(tmp_path):
