@@ -239,12 +239,11 @@ def worker_gone(*, queue: str) -> None:
     """A worker stopping cleanly: forget its warm threads and its row (no turn is routed to it again).
     Only this process's row: a worker that yielded the queue to another (``worker_heartbeat``) leaves that
     worker's row and warm threads alone."""
-    with transaction.atomic():
-        row = TurnWorker.objects.select_for_update().filter(queue=queue).values("host", "pid").first()
-        if row is not None and (row["host"], row["pid"]) != (socket.gethostname(), os.getpid()):
-            return
-        warm_thread_forget(queue=queue)
-        TurnWorker.objects.filter(queue=queue).delete()
+    # Single statements, as the heartbeat: no row lock held across them by a process that may be frozen.
+    mine, _ = TurnWorker.objects.filter(queue=queue, host=socket.gethostname()[:255], pid=os.getpid()).delete()
+    if not mine and TurnWorker.objects.filter(queue=queue).exists():
+        return  # another worker's row
+    warm_thread_forget(queue=queue)
 
 
 class AffinityLoop:
