@@ -1,7 +1,11 @@
-"""ASGI entry point."""
+"""ASGI entry point (``make run``: gunicorn with uvicorn workers)."""
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-application = get_asgi_application()
+django.setup(set_prefix=False)
+
+from project.asgi_handler import HermesASGIHandler  # noqa: E402 — needs the app registry
+
+application = HermesASGIHandler()

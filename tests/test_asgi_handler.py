@@ -1,0 +1,112 @@
+"""``project.asgi_handler.HermesASGIHandler``: ordinary (sync) views run their whole middleware chain
+and the view in one thread hop; coroutine views (the event streams) keep Django's async chain.
+
+Driven through the ASGI application itself (``asgiref.testing.ApplicationCommunicator``), as uvicorn
+calls it. The event-stream tests (``tests/api/test_event_streams.py``) run the same application under
+gunicorn + uvicorn."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref import sync as asgiref_sync
+from asgiref.testing import ApplicationCommunicator
+from django.core.handlers.asgi import ASGIHandler
+from rest_framework.authtoken.models import Token
+
+from project.asgi_handler import HermesASGIHandler, _async_view
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the request runs in another thread, on its own connection
+
+
+def _scope(path: str, token: str = "", method: str = "GET", query: bytes = b"") -> dict[str, Any]:
+    headers = [(b"host", b"testserver")]
+    if token:
+        headers.append((b"authorization", f"Token {token}".encode()))
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query, "root_path": "",
+            "headers": headers, "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+
+
+async def _call(app: Any, scope: dict[str, Any]) -> tuple[int, bytes]:
+    comm = ApplicationCommunicator(app, scope)
+    await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
+    start = await comm.receive_output(timeout=10)
+    body = b""
+    while True:
+        msg = await comm.receive_output(timeout=10)
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    await comm.wait(timeout=5)
+    return start["status"], body
+
+
+def _run(app: Any, scope: dict[str, Any]) -> tuple[int, bytes]:
+    return asgiref_sync.async_to_sync(_call)(app, scope)
+
+
+def _hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every ``sync_to_async`` wrapper created from now on, by the name of what it runs."""
+    made: list[str] = []
+    original = asgiref_sync.SyncToAsync.__init__
+
+    def counting(self: Any, func: Any, *args: Any, **kwargs: Any) -> None:
+        made.append(getattr(func, "__qualname__", repr(func)))
+        original(self, func, *args, **kwargs)
+
+    monkeypatch.setattr(asgiref_sync.SyncToAsync, "__init__", counting)
+    return made
+
+
+@pytest.mark.parametrize(("path", "is_async"), [
+    ("/api/sessions/s1/events/", True),
+    ("/api/sessions/s1/events", True),  # ApiOptionalSlashMiddleware appends the slash later
+    ("/api/turns/0190f0c4-0000-7000-8000-000000000000/events/", True),
+    ("/api/", False),
+    ("/api/sessions/s1/turns/", False),
+    ("/admin/", False),
+    ("/no/such/path", False),
+])
+def test_async_views_are_told_from_sync_ones_by_their_route(path: str, is_async: bool) -> None:
+    assert _async_view(path) is is_async
+
+
+def test_a_drf_view_answers_through_one_thread_hop_not_one_per_middleware(monkeypatch, django_user_model):
+    token = Token.objects.create(user=django_user_model.objects.create_user("asgi")).key
+    app = HermesASGIHandler()
+    hops = _hops(monkeypatch)
+    status, body = _run(app, _scope("/api/", token))
+    assert status == 200 and "sessions" in json.loads(body)
+    ours = [h for h in hops if "get_response" in h or "process_" in h or "inner" in h]
+    assert ours == ["BaseHandler.get_response"], hops
+    # Django's own handler, for the record: a hop per middleware step (this is what the class removes).
+    monkeypatch.undo()
+    hops = _hops(monkeypatch)
+    status, _ = _run(ASGIHandler(), _scope("/api/", token))
+    assert status == 200 and sum("process_" in h for h in hops) >= 8, hops
+
+
+def test_errors_and_middleware_refusals_keep_their_answers_on_the_one_hop_path():
+    app = HermesASGIHandler()
+    status, body = _run(app, _scope("/api/sessions/"))  # no credentials
+    assert status == 401 and json.loads(body)["code"] == "not_authenticated"
+    status, body = _run(app, _scope("/api/", query=b"x=%00"))  # RejectNulMiddleware
+    assert status == 400 and json.loads(body)["code"] == "bad_request"
+    status, _ = _run(app, _scope("/api/no-such-route/"))
+    assert status == 404
+
+
+def test_an_event_stream_still_takes_the_async_chain(monkeypatch):
+    app = HermesASGIHandler()
+    hops = _hops(monkeypatch)
+    status, body = _run(app, _scope("/api/sessions/s1/events/"))  # no credentials: its JSON 401
+    assert status == 401 and json.loads(body)["code"] == "not_authenticated"
+    assert "BaseHandler.get_response" not in hops, hops
+
+
+def test_the_served_application_is_this_handler():
+    from project.asgi import application
+
+    assert isinstance(application, HermesASGIHandler)
