@@ -8,6 +8,13 @@ that session (one query per batch however many streams watch it). The connection
 opened on the first subscriber and closed explicitly, in its own task, when the last one leaves (under
 ASGI, connections left to garbage collection leak — ``../shared/pitfalls.md``, Django #37066).
 
+The hub's reads run on the event loop, on a second connection of its own opened with the LISTEN one (a
+query on the LISTEN connection would wait for its ``notifies()``), as one SQL statement: no thread
+hop, no pool checkout, no ORM compile. On the 2-core development machine that took ~2 ms off the
+moment a turn's end reaches its watchers and stopped the hub's read of a turn's ``queued`` event from
+slowing the ``POST`` that wrote it (whose Celery send runs right after the commit). Without that
+connection (lost, not yet open) the hub reads as the streams do, in a thread.
+
 A notification nobody listened for is not lost: a stream reads the table from its last id before it
 waits, and again on every heartbeat tick, so NOTIFY is only a wake-up. If the LISTEN connection
 cannot be opened (SQLite, a database restart), streams fall back to those ticks and the hub tries
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -35,8 +43,10 @@ import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection
+from psycopg.rows import dict_row
 
 from .. import selectors
+from ..models import TurnEvent
 from ..services.events import CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -81,6 +91,19 @@ def _session_rows(session_id: str, after: int) -> list[dict[str, Any]]:
     return [dict(row) for row in found.values(*ROW_FIELDS)]
 
 
+@functools.cache
+def session_rows_sql() -> str:
+    """``selectors.turn_events_after(session_id=…)`` as one statement for the hub's own connection,
+    built from the model's metadata: parameters ``(session_id, after_id, limit)``, rows keyed by
+    ``ROW_FIELDS`` (psycopg loads ``data`` from jsonb and ``turn_id`` as ``uuid.UUID``, as the ORM does)."""
+    meta = TurnEvent._meta
+    q = connection.ops.quote_name
+    by_name = {key: str(f.column) for f in meta.concrete_fields for key in (f.name, f.attname)}
+    column = {name: q(by_name[name]) for name in (*ROW_FIELDS, "session")}
+    return (f"SELECT {', '.join(f'{column[n]} AS {q(n)}' for n in ROW_FIELDS)} FROM {q(meta.db_table)} "
+            f"WHERE {column['session']} = %s AND {column['id']} > %s ORDER BY {column['id']} LIMIT %s")
+
+
 @dataclass(eq=False)
 class Subscription:
     """One open stream's inbox: ``rows`` the hub read for its session (oldest first, shared dicts),
@@ -116,6 +139,7 @@ class EventHub:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self.listening = False
+        self._reader: psycopg.AsyncConnection[dict[str, Any]] | None = None
 
     @property
     def open_streams(self) -> int:
@@ -170,6 +194,7 @@ class EventHub:
             conn = await psycopg.AsyncConnection.connect(**_listen_params(), autocommit=True)
             await conn.execute(f"LISTEN {CHANNEL}")
             self.listening = True
+            await self._open_reader()  # now, not at the first notification
             ready.set()
             async for note in conn.notifies():
                 self._notified(note.payload)
@@ -177,9 +202,11 @@ class EventHub:
             logger.warning("event streams: LISTEN connection lost; streams re-read on their heartbeat", exc_info=True)
         finally:
             self.listening = False
+            reader, self._reader = self._reader, None
             ready.set()
-            if conn is not None:
-                await conn.close()
+            for each in (reader, conn):
+                if each is not None:
+                    await each.close()
 
     def _notified(self, payload: str) -> None:
         """``'<session> <turn> <last id>'``: read the session's new rows unless already read."""
@@ -199,7 +226,7 @@ class EventHub:
         try:
             while session_id in self._cursor:
                 self._dirty.discard(session_id)
-                rows = await in_thread(_session_rows, session_id, self._cursor[session_id])
+                rows = await self._rows(session_id, self._cursor[session_id])
                 if rows and session_id in self._cursor:
                     self._cursor[session_id] = rows[-1]["id"]
                     for sub in self._subscribers.get(session_id, ()):
@@ -207,7 +234,7 @@ class EventHub:
                         sub.wake.set()
                 if len(rows) < READ_PAGE and session_id not in self._dirty:
                     return
-        except DatabaseError:
+        except (DatabaseError, psycopg.Error):
             logger.warning("event streams: reading session %s failed; its streams read themselves", session_id,
                            exc_info=True)
             for sub in self._subscribers.get(session_id, ()):
@@ -215,6 +242,35 @@ class EventHub:
                 sub.wake.set()
         finally:
             self._reading.discard(session_id)
+
+    async def _rows(self, session_id: str, after: int) -> list[dict[str, Any]]:
+        """The session's rows after ``after`` (at most ``READ_PAGE``): on the hub's reader connection
+        when it is open, else in a thread through the ORM. Raises ``psycopg.Error`` / ``DatabaseError``."""
+        reader = await self._open_reader()
+        if reader is None:
+            return await in_thread(_session_rows, session_id, after)
+        cursor = await reader.execute(session_rows_sql(), (session_id, after, READ_PAGE))
+        return await cursor.fetchall()
+
+    async def _open_reader(self) -> psycopg.AsyncConnection[dict[str, Any]] | None:
+        """The hub's reader connection, opened (again, after a loss) only while the hub listens — its
+        listener task closes it — else ``None``."""
+        if self._reader is not None and not self._reader.closed:
+            return self._reader
+        if not self.listening:
+            return None
+        try:
+            reader = await psycopg.AsyncConnection.connect(
+                **{**_listen_params(), "application_name": "hermes-sse-reader"}, autocommit=True,
+                row_factory=dict_row, connect_timeout=int(LISTEN_CONNECT_SECONDS))
+        except psycopg.Error:
+            logger.warning("event streams: reader connection could not be opened; reading in threads", exc_info=True)
+            return None
+        if not self.listening or (self._reader is not None and not self._reader.closed):
+            await reader.close()  # the listener stopped meanwhile, or another read opened one first
+            return None if not self.listening else self._reader
+        self._reader = reader
+        return reader
 
     def shut_down(self) -> None:
         """Server shutdown: every open stream ends; new ones end at once."""

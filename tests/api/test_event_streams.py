@@ -152,6 +152,50 @@ def test_live_events_are_woken_by_notify_not_by_polling(server, token, claimed):
     stream.close()
 
 
+def test_the_hubs_one_statement_read_returns_the_rows_the_orm_read_returns(claimed):
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from hermes_sessions.api.event_hub import _listen_params, _session_rows, session_rows_sql
+
+    writer = writer_for(claimed)
+    writer.add(events.DELTA, {"item_id": "m1", "text": "caf\u00e9 \u2603"})
+    writer.flush()
+    finish(claimed, "done")
+    orm = _session_rows(claimed.session_id, 0)
+    with psycopg.connect(**_listen_params(), row_factory=dict_row) as conn:
+        raw = conn.execute(session_rows_sql(), (claimed.session_id, 0, 500)).fetchall()
+        after_first = conn.execute(session_rows_sql(), (claimed.session_id, orm[0]["id"], 2)).fetchall()
+    assert [e["kind"] for e in orm] == ["queued", "running", "delta", "completed"]
+    assert raw == orm  # same keys, values and types (uuid.UUID turn ids, dict data)
+    assert after_first == orm[1:3]  # after the id, oldest first, at most the limit
+
+
+def test_a_lost_hub_reader_loses_no_event_and_is_opened_again(server, token, claimed):
+    """The hub's reader connection terminated under an open stream: the next event still arrives at
+    once (the failed read sends the stream to read for itself) and the one after on a new reader."""
+    dbname = connection.settings_dict["NAME"]
+    stream = open_stream(server.port, f"/api/sessions/{claimed.session_id}/events/", token)
+    assert stream.read() is None  # the heartbeat (the stream's own read found nothing new)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                       "AND application_name = 'hermes-sse-reader'", [dbname])
+        assert cursor.rowcount == 1
+    writer = writer_for(claimed)
+    for text in ("after the loss", "on a new reader"):
+        started = time.monotonic()
+        writer.add(events.DELTA, {"item_id": "m1", "text": text})
+        writer.flush()
+        event = stream.read()
+        assert event is not None and event.data["text"] == text
+        assert time.monotonic() - started < 1.0, "woken by NOTIFY and read at once, not at the heartbeat"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                       "AND application_name = 'hermes-sse-reader'", [dbname])
+        assert cursor.fetchone()[0] == 1
+    stream.close()
+
+
 def test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap(server, token, claimed):
     """Pitfall: 'heartbeats carried an id:, so a reconnect skipped real events'."""
     path = f"/api/turns/{claimed.turn_id}/events/"
@@ -174,10 +218,11 @@ def test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap(serv
 
 
 def _stat_connections(dbname: str) -> tuple[int, int]:
-    """(connections to the test database other than this one, of which LISTEN connections)."""
+    """(connections to the test database other than this one, of which the event hub's: its LISTEN
+    connection and its reader)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*), count(*) FILTER (WHERE application_name = 'hermes-sse-listener') "
+            "SELECT count(*), count(*) FILTER (WHERE application_name IN ('hermes-sse-listener', 'hermes-sse-reader')) "
             "FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", [dbname])
         total, listeners = cursor.fetchone()
     return total, listeners
@@ -204,8 +249,8 @@ def test_fifty_killed_streams_leave_no_database_connection_behind(server, token,
 
     socks = open_streams(server.port, path, token, 50)
     total, listeners = _stat_connections(dbname)
-    assert listeners == 1, "one LISTEN connection per process, shared by all streams"
-    assert total <= baseline + 1, "an open stream holds no database connection while it waits"
+    assert listeners == 2, "one LISTEN connection and one reader per process, shared by all streams"
+    assert total <= baseline + 2, "an open stream holds no database connection while it waits"
     for sock in socks:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
         sock.close()
