@@ -14,7 +14,7 @@ stack per run, all real processes on this machine (:mod:`.supervisor`):
   running one turn at a time, each also consumes its own queue and keeps the app-servers of the
   sessions it ran loaded between their turns (session affinity, warm processes in play), plus one
   sweep worker with embedded beat (``hermes_sessions.tasks.sweep_turns`` every second) on the default
-  queue;
+  queue (killed only by ``kill-beat-with-worker``);
 * a TCP proxy (:mod:`.pgproxy`, a thread of the harness) through which the turn workers — and only
   they — reach PostgreSQL: it can cut them off, or stop a worker at an exact SQL statement;
 * codex app-servers (the pinned binary), spawned by the workers for a cold turn and kept running with
@@ -27,7 +27,8 @@ versions of the code in one run.
 The scenarios (``--scenarios``, comma-separated; all by default) are in :mod:`.scenarios`:
 ``kill-worker``, ``duplicate-delivery``, ``concurrent-posts``, ``broker-restart``; in
 :mod:`.rollout_scenarios` ``kill-during-rollout`` and ``db-down-during-restore``; and in
-:mod:`.warm_scenarios` ``warm-codex-dies``, ``kill-warm-holder`` and ``freeze-warm-holder``. After each (every
+:mod:`.warm_scenarios` ``warm-codex-dies``, ``kill-warm-holder``, ``freeze-warm-holder`` and
+``kill-beat-with-worker`` (the one that kills the sweeper too, and starts a fresh one). After each (every
 accepted turn terminal, bounded by ``--bound``) :mod:`.invariants` checks the database and the stack;
 ``tests/devtools/faults/`` plants defects and shows the checks report each. :mod:`.cli` prints one row
 per scenario and exits 0 only when every row is clean and no codex app-server outlived its worker

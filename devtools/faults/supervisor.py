@@ -254,7 +254,7 @@ class Stack:
                                             "--threads", "8", "--timeout", "120", "--log-level", "warning"],
                                self.env, self.logdir))
         self.api = f"http://127.0.0.1:{http_port}/api"
-        # The sweep: beat embedded in a worker of its own on the default queue; never killed.
+        # The sweep: beat embedded in a worker of its own on the default queue; killed only by kill-beat-with-worker.
         self.procs.append(Proc("sweeper", [sys.executable, "-m", "celery", "-A", "project", "worker", "-B",
                                            "-s", str(self.scratch / "celerybeat-schedule"), "-Q", "celery", "-c", "1",
                                            "-n", f"faults-sweeper-{os.getpid()}@%h", "--without-gossip",

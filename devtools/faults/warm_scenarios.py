@@ -33,7 +33,14 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
                       its kept copies within 5 s, and no later turn runs on a loaded copy unless the session's
                       previous turn ended on that worker (worker logs); the held sessions' next turns succeed.
 
-All three rotate nothing (``Record.expect_no_rotation``: every thread's rollout is stored).
+``kill-beat-with-worker`` (adversary F2) ``kill -9`` of the sweeper (the worker that embeds beat) together with
+                      a worker running a SLOW turn: with beat dead, the live workers' affinity loops must take
+                      the turn back (``recovery.leases_take_back``) within the lease + one loop heartbeat + 3 s
+                      of the kill (a log line ``worker <queue>: turn …: worker lost``), and it must succeed at
+                      attempt 2 on another worker, resumed cold from PostgreSQL; then beat comes back and
+                      sweeps the dead worker's rows and queue.
+
+All four rotate nothing (``Record.expect_no_rotation``: every thread's rollout is stored).
 """
 from __future__ import annotations
 
@@ -45,7 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from devtools.faults.scenarios import Scenario
+from devtools.faults.scenarios import Scenario, _find_victim
 from devtools.faults.supervisor import Proc, log, pid_alive
 from devtools.processes import CodexProcess, ancestors, codex_processes
 
@@ -592,8 +599,97 @@ def scenario_freeze_warm_holder(sc: Scenario) -> None:
             f"{r['warm']} later turn(s) ran warm, each on the worker that ran the session's previous turn")
 
 
+# --------------------------------------------------------------------------------------- kill-beat-with-worker
+
+#: Seconds of slack on the lease take-back bound (a loaded 2-core machine: the loop's query, a commit).
+LEASE_SLACK = 3.0
+NO_BEAT_SESSIONS, NO_BEAT_ROUNDS = 3, 2
+
+
+def _wait_taken_back(turn_id: str, timeout: float) -> float | None:
+    """Until the turn is no longer running its first attempt's claim (queued again, or claimed again);
+    the wall-clock time it was seen so, or ``None`` after ``timeout``."""
+    from hermes_sessions.models import Turn
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, attempt = Turn.objects.filter(pk=turn_id).values_list("status", "attempt").get()
+        if status != "running" or attempt > 1:
+            return time.time()
+        time.sleep(0.05)
+    return None
+
+
+def _no_beat_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> float | None:
+    """One round of kill-beat-with-worker; seconds from the kill until the turn was taken back, or ``None``."""
+    from collections import Counter
+
+    from hermes_sessions.models import Turn
+
+    stack = sc.stack
+    for n, s in enumerate(sessions):
+        sc.post(s, sc.text(first + n, slow=True))
+    victim = _find_victim(sc, Counter())
+    if victim is None:
+        sc.rec.notes.append(f"round {rnd}: no SLOW turn seen running on a worker within 60 s; skipped")
+        return None
+    tid, sid, owner = victim
+    queue = stack.worker_queue(owner)
+    time.sleep(1.0)  # mid-turn: the lease was renewed a moment ago
+    sweeper = stack.procs[2]
+    log(f"kill-beat-with-worker round {rnd}: kill -9 the sweeper (beat) and {owner.name} (pid group {owner.pid}) "
+        f"running turn {tid[:8]} of {sid}")
+    sweeper.kill9()
+    t_kill = time.time()
+    stack.kill9_worker(owner)
+    limit = (float(_setting("HERMES_LEASE_SECONDS")) + float(_setting("HERMES_WORKER_HEARTBEAT_SECONDS"))
+             + LEASE_SLACK)
+    seen = _wait_taken_back(tid, limit + 10)
+    took = None if seen is None else seen - t_kill
+    if took is None or took > limit:
+        sc.rec.violations.append(f"round {rnd}: with beat dead, turn {tid} of the killed {owner.name} was taken back "
+                                 f"{'not within ' + format(limit + 10, 'g') + ' s' if took is None else f'{took:.1f} s'}"
+                                 f" after the kill (bound: lease + a loop heartbeat + {LEASE_SLACK:g} = {limit:g} s)")
+    _settled(sc, sessions, sc.args.bound)  # recovered by the live workers alone: beat is still dead
+    turn = Turn.objects.get(pk=tid)
+    if turn.status != "succeeded" or turn.attempt != 2:
+        sc.rec.violations.append(f"round {rnd}: turn {tid} ended {turn.status} at attempt {turn.attempt} "
+                                 f"({(turn.error or '')[:160]})")
+    else:
+        _cold_resumed(sc, turn, f"round {rnd}: the killed worker's turn")
+    # recovery._take_back's line, "worker <queue>: turn …" from a loop ("sweep: turn …" from beat's, in sweeper*.log).
+    if not _log_count(sc, f": turn {tid}: worker lost (lease expired"):
+        sc.rec.violations.append(f"round {rnd}: no live worker's log names taking back turn {tid}")
+    # Beat back (a fresh sweeper), and a replacement worker; the dead one's rows go with the next sweep.
+    stack.procs[2] = Proc(f"sweeper-r{rnd}-{stack.worker_seq}", list(sweeper.popen.args), stack.env, stack.logdir)
+    stack.wait_ready(stack.procs[2])
+    stack.wait_ready(stack.start_worker())
+    _check_swept(sc, rnd, queue, timeout=float(_setting("HERMES_WORKER_STALE_SECONDS")) + 15)
+    return took
+
+
+def scenario_kill_beat_with_worker(sc: Scenario) -> None:
+    """Adversary F2: the worker that embeds beat dies with a turn worker (here: the sweeper and a worker
+    running a SLOW turn, both ``kill -9`` at once); the live workers' affinity loops take the turn back
+    (``recovery.leases_take_back``) within the lease + one loop heartbeat, with no beat, and it succeeds on
+    another worker, resumed from PostgreSQL."""
+    sc.rec.expect_no_rotation = True
+    sessions = [sc.new_session() for _ in range(NO_BEAT_SESSIONS)]
+    for n, s in enumerate(sessions):  # each session's thread first
+        sc.post(s, sc.text(n + 1))
+    _settled(sc, sessions, sc.args.bound)
+    took = [t for t in (_no_beat_round(sc, rnd, sessions, first=100 * rnd) for rnd in range(1, NO_BEAT_ROUNDS + 1))
+            if t is not None]
+    sc.rec.runs = len(took)
+    sc.rec.notes.append(f"{len(took)} rounds: beat (the sweeper) and a worker mid-turn killed -9 together; the "
+                        f"turn taken back by a live worker {', '.join(f'{t:.1f}' for t in took)} s after the kill "
+                        f"(HERMES_LEASE_SECONDS {_setting('HERMES_LEASE_SECONDS'):g}, loop heartbeat "
+                        f"{_setting('HERMES_WORKER_HEARTBEAT_SECONDS'):g} s), and run to success with beat still dead")
+
+
 WARM_SCENARIOS: dict[str, Callable[[Scenario], None]] = {
     "warm-codex-dies": scenario_warm_codex_dies,
     "kill-warm-holder": scenario_kill_warm_holder,
     "freeze-warm-holder": scenario_freeze_warm_holder,
+    "kill-beat-with-worker": scenario_kill_beat_with_worker,
 }

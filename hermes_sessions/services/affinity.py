@@ -21,6 +21,9 @@ The database side of ``codex/kept.py``. The pieces:
   ``HERMES_WORKER_STALE_SECONDS`` is gone (kill -9, lost host): its sessions' ``WarmThread`` rows are
   deleted, the queued head turns of those sessions are sent again (to the shared queue), its queue is
   deleted from the broker and its row removed (``../shared/pitfalls.md``, routing table).
+* **lease recovery**: each loop round also takes back running turns whose lease expired
+  (``recovery.leases_take_back``, shared with the sweep), so a dead worker's turns return to the queue
+  while any keeping worker lives, beat or no beat.
 
 Facts: ``docs/codex.md`` §11 (a loaded thread skips the ~1 s resume under a permission profile).
 """
@@ -257,7 +260,9 @@ class AffinityLoop:
     ``redispatch`` (``dispatch.turn_dispatch_on_commit``, given by the caller: this module must not import
     dispatch, which imports it), now to the shared queue. The deadline's countdown copy alone is not enough:
     an idle worker may reserve it and then start a long turn before it is due (found by an adversary).
-    Own database connection."""
+    With ``redispatch`` it also takes back the running turns whose lease expired, any worker's
+    (``recovery.leases_take_back``, as the sweep does): a worker killed -9 with beat embedded leaves its
+    turns to the live workers, not to beat's return (adversary F2). Own database connection."""
 
     def __init__(self, keeper: Keeper, queue: str, redispatch: Callable[[uuid.UUID], None] | None = None) -> None:
         self.keeper, self.queue, self.redispatch = keeper, queue, redispatch
@@ -298,6 +303,17 @@ class AffinityLoop:
         self.beaten = True
         if swept:
             self._consume_again()
+        if self.redispatch is not None:
+            self._take_back_leases()
+
+    def _take_back_leases(self) -> None:
+        """Take back the running turns whose lease expired, any worker's (``recovery.leases_take_back``,
+        shared with the sweep): lease recovery does not wait for beat, which may have died with the
+        worker that embedded it (adversary F2). After the heartbeat, so a failure here never delays it."""
+        from . import recovery  # recovery imports this module
+
+        # Each turn taken back logs its own line, naming this worker.
+        recovery.leases_take_back(limit=recovery.LOOP_TAKE_BACK_LIMIT, by=f"worker {self.queue}")
 
     def _consume_again(self) -> None:
         """This worker's row was gone: it was swept while frozen or stalled past

@@ -57,6 +57,7 @@ from ..models import Turn
 from . import affinity
 from .dispatch import turn_dispatch_on_commit
 from .events import RETRYING, TurnEventWriter
+from .recovery import lease_renewed_here
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
 from .turn_log import delivery
@@ -601,11 +602,13 @@ class _Heartbeat:
         self._thread = threading.Thread(target=self._run, name=f"turn-heartbeat-{claim.turn_id}", daemon=True)
 
     def start(self) -> None:
+        lease_renewed_here(self.claim.token, renewing=True)  # this process's lease take-back leaves it alone
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        lease_renewed_here(self.claim.token, renewing=False)
 
     def _run(self) -> None:
         try:

@@ -50,11 +50,16 @@ def lock_session_for_events(session_id: str) -> bool:
     return Session.objects.select_for_update(no_key=True).filter(pk=session_id).values_list("pk", flat=True).first() is not None
 
 
-def lock_session_and_turn(turn_id: uuid.UUID | str) -> tuple[Session, Turn] | None:
+def lock_session_and_turn(turn_id: uuid.UUID | str, *, skip_locked: bool = False) -> tuple[Session, Turn] | None:
     """Lock the turn's session row, then the turn row (``SELECT … FOR UPDATE``), and return both,
     freshly read; ``None`` when the turn does not exist. Raises ``TransactionManagementError``
     outside ``transaction.atomic``, and Django's ``ValidationError`` for an id that is not a UUID.
-    One statement on PostgreSQL (``_lock_sql``)."""
+    One statement on PostgreSQL (``_lock_sql``).
+
+    ``skip_locked``: never wait — ``None`` also when another transaction holds either row (``SKIP
+    LOCKED`` on both, still session first): for callers that race for the same work and may leave a
+    row to whoever holds it (``recovery.leases_take_back``, run by every worker and the sweep). Other
+    databases ignore it (SQLite serializes writers)."""
     _require_transaction("lock_session_and_turn")
     pk = Turn._meta.pk.to_python(turn_id)  # ValidationError for an id that is not a UUID
     if connection.vendor != "postgresql":
@@ -64,7 +69,7 @@ def lock_session_and_turn(turn_id: uuid.UUID | str) -> tuple[Session, Turn] | No
         session = Session.objects.select_for_update().get(pk=session_id)
         return session, Turn.objects.select_for_update().get(pk=pk)
     with connection.cursor() as cursor:
-        cursor.execute(_lock_sql(), {"turn": pk})
+        cursor.execute(_lock_sql(skip_locked=skip_locked), {"turn": pk})
         row = cursor.fetchone()
     if row is None:
         return None
@@ -72,7 +77,7 @@ def lock_session_and_turn(turn_id: uuid.UUID | str) -> tuple[Session, Turn] | No
     return instance_from_row(Session, row[:split]), instance_from_row(Turn, row[split:])
 
 
-def _lock_sql() -> str:
+def _lock_sql(*, skip_locked: bool = False) -> str:
     """Both rows in one round trip, the session's locked first. Raw SQL: the ORM cannot order the locks
     of one statement (``select_related(...).select_for_update(of=...)`` locks the rows of a join in the
     order PostgreSQL's executor picks), and ``Turn`` ordering by ``session`` made the old first lookup a
@@ -80,18 +85,20 @@ def _lock_sql() -> str:
     ``MATERIALIZED`` CTE, whose rows the join must read before the top ``LockRows`` node can lock the
     turn row: session, then turn, whatever the join order. Under READ COMMITTED each ``FOR UPDATE``
     returns the row's latest committed version (a claim or finalize committed while this one waited is
-    seen)."""
-    global _LOCK_SQL
-    if _LOCK_SQL is None:
+    seen). With ``skip_locked`` both locks are ``SKIP LOCKED``: a held session row empties the CTE, a
+    held turn row the join — no row, no wait."""
+    sql = _LOCK_SQL.get(skip_locked)
+    if sql is None:
         q = connection.ops.quote_name
         sessions, turns = q(Session._meta.db_table), q(Turn._meta.db_table)
-        _LOCK_SQL = (
+        skip = " SKIP LOCKED" if skip_locked else ""
+        sql = _LOCK_SQL[skip_locked] = (
             f"WITH s AS MATERIALIZED (SELECT * FROM {sessions} WHERE {q('id')} = "
-            f"(SELECT {q('session_id')} FROM {turns} WHERE {q('id')} = %(turn)s) FOR UPDATE) "
+            f"(SELECT {q('session_id')} FROM {turns} WHERE {q('id')} = %(turn)s) FOR UPDATE{skip}) "
             f"SELECT {columns(Session, 's')}, {columns(Turn, 't')} FROM s JOIN {turns} t ON t.{q('session_id')} = s.{q('id')} "
-            f"WHERE t.{q('id')} = %(turn)s FOR UPDATE OF t"
+            f"WHERE t.{q('id')} = %(turn)s FOR UPDATE OF t{skip}"
         )
-    return _LOCK_SQL
+    return sql
 
 
-_LOCK_SQL: str | None = None
+_LOCK_SQL: dict[bool, str] = {}

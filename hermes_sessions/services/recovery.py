@@ -3,7 +3,10 @@
 * A ``running`` turn whose lease expired (its worker died: kill -9, OOM, lost host) is taken back:
   queued again and dispatched, up to ``HERMES_MAX_ATTEMPTS`` claims in all, else ``failed`` with the
   reason. The old worker, should it still be alive, can no longer commit (its claim token is gone).
-  The re-run resumes the thread and adopts the turn if codex had already completed it.
+  The re-run resumes the thread and adopts the turn if codex had already completed it. This part
+  (``leases_take_back``) also runs in every keeping worker's affinity loop (``affinity.AffinityLoop``),
+  every ``HERMES_WORKER_HEARTBEAT_SECONDS``: lease recovery does not depend on beat, which may have
+  died with the worker that embedded it (adversary F2). The rest below runs only here, in beat.
 * A ``queued`` turn that is its session's next turn and was last sent more than
   ``HERMES_REDISPATCH_SECONDS`` ago is sent again (a task lost with a broker restart).
 * ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted.
@@ -11,7 +14,8 @@
   is removed: its routing rows, its own queue on the broker, and its sessions' queued turns are sent
   again to the shared queue (``workers_sweep``).
 
-Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``.
+Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_WORKER_HEARTBEAT_SECONDS``
+while a keeping worker lives (else ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``, by beat).
 
 Logs: nothing when it finds nothing to do; otherwise one line per action (a turn taken back, a turn
 sent again, old keys deleted; a turn it fails is logged as that turn's end, ``turn_log.py``). Celery's own
@@ -20,6 +24,7 @@ per-run lines for this task are dropped by ``project/logfilters.py``.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,7 +32,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
@@ -48,16 +53,11 @@ class SweepReport:
 
 
 def turns_sweep() -> SweepReport:
-    """Take back expired claims, re-dispatch stale queued turns, purge old idempotency keys."""
+    """Take back expired claims (``leases_take_back``), re-dispatch stale queued turns, remove stale
+    workers, purge old idempotency keys."""
     report = SweepReport()
     now = timezone.now()
-    expired = Turn.objects.filter(status=Turn.Status.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)
-    for turn_id in list(expired[:500]):
-        outcome = _take_back(turn_id)
-        if outcome == "requeued":
-            report.requeued += 1
-        elif outcome == "failed":
-            report.failed += 1
+    report.requeued, report.failed = leases_take_back(limit=SWEEP_TAKE_BACK_LIMIT, by="sweep")
 
     stale = now - timedelta(seconds=settings.HERMES_REDISPATCH_SECONDS)
     earlier = Turn.objects.filter(
@@ -85,16 +85,73 @@ def turns_sweep() -> SweepReport:
     return report
 
 
-def _take_back(turn_id: uuid.UUID) -> str:
+# --- expired leases (the sweep, and every worker's affinity loop) ---------------------------------
+
+#: At most this many turns taken back per call: by the sweep (every ``HERMES_SWEEP_SECONDS``) and by
+#: each worker's affinity loop (every ``HERMES_WORKER_HEARTBEAT_SECONDS``, ``affinity.AffinityLoop``).
+SWEEP_TAKE_BACK_LIMIT = 500
+LOOP_TAKE_BACK_LIMIT = 20
+
+_renewed_here: set[uuid.UUID] = set()
+_renewed_here_lock = threading.Lock()
+
+
+def lease_renewed_here(token: uuid.UUID, *, renewing: bool) -> None:
+    """Register (``renewing=True``) or drop the claim ``token`` whose lease a thread of this process
+    renews (``execution._Heartbeat``, from its start to its stop). ``leases_take_back`` in this process
+    never takes such a turn back: a process whose threads all stalled (SIGSTOP, a paused VM) wakes with
+    its own turn's lease expired, and its affinity loop may run before the turn's heartbeat renews it —
+    the turn is alive, its own heartbeat decides (it stops the turn if another process took it back)."""
+    with _renewed_here_lock:
+        if renewing:
+            _renewed_here.add(token)
+        else:
+            _renewed_here.discard(token)
+
+
+def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
+    """Take back up to ``limit`` running turns whose lease expired (their worker died: kill -9, OOM,
+    a lost host): each is requeued, or failed past ``HERMES_MAX_ATTEMPTS`` (``_take_back``). Returns
+    ``(requeued, failed)``. ``by`` names the caller in the log lines (``"sweep"``, ``"worker <queue>"``).
+
+    Called by the sweep (beat) *and* by every keeping worker's affinity loop each round, so a dead
+    worker's turn comes back within ``HERMES_LEASE_SECONDS`` + ``HERMES_WORKER_HEARTBEAT_SECONDS``
+    while any such worker lives — even when the dead one embedded beat (adversary F2). Safe to run
+    anywhere at once: the candidates come from one indexed read (``status``, ``lease_expires_at``;
+    nothing else when none expired), and each take-back locks its rows ``SKIP LOCKED`` in its own
+    durable transaction and checks again under the lock — a row another caller is taking back is
+    skipped (no wait), one already taken back or renewed meanwhile is left alone. Expiry is judged by
+    the database's clock (``Now()``), not this process's: a caller whose clock runs ahead takes nothing
+    early. Turns whose lease this process renews (``lease_renewed_here``) are never taken."""
+    expired = Turn.objects.filter(status=Turn.Status.RUNNING, lease_expires_at__lt=Now())
+    with _renewed_here_lock:
+        mine = list(_renewed_here)
+    if mine:
+        expired = expired.exclude(claim_token__in=mine)
+    requeued = failed = 0
+    for turn_id in list(expired.order_by("lease_expires_at").values_list("pk", flat=True)[:limit]):
+        outcome = _take_back(turn_id, by=by)
+        if outcome == "requeued":
+            requeued += 1
+        elif outcome == "failed":
+            failed += 1
+    return requeued, failed
+
+
+def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:
     """Requeue (or, past ``HERMES_MAX_ATTEMPTS``, fail) a running turn whose lease expired; returns
-    ``"requeued"``, ``"failed"`` or ``""`` (renewed or finished meanwhile). A durable transaction."""
+    ``"requeued"``, ``"failed"`` or ``""`` (renewed or finished meanwhile, or its rows are locked — by
+    another caller taking it back, or by a writer that ends soon: the next round sees). A durable
+    transaction; its locks are ``SKIP LOCKED`` (``lock_session_and_turn``)."""
     with transaction.atomic(durable=True):
-        locked = lock_session_and_turn(turn_id)
+        locked = lock_session_and_turn(turn_id, skip_locked=True)
         if locked is None:
             return ""
         session, turn = locked
-        if turn.status != Turn.Status.RUNNING or turn.lease_expires_at is None or turn.lease_expires_at >= timezone.now():
-            return ""  # renewed or finished meanwhile
+        if turn.status != Turn.Status.RUNNING or turn.lease_expires_at is None:
+            return ""  # finished or taken back meanwhile
+        if not Turn.objects.filter(pk=turn.pk, lease_expires_at__lt=Now()).exists():
+            return ""  # renewed meanwhile (by the database's clock, as the selection)
         lost_at = turn.lease_expires_at
         turn.claim_token = None
         turn.lease_expires_at = None
@@ -116,7 +173,8 @@ def _take_back(turn_id: uuid.UUID) -> str:
             "reason": f"the worker running attempt {turn.attempt} was lost (lease expired); queued again",
             "requeued": True})
         dispatch.turn_dispatch_on_commit(turn.pk)
-        logger.warning("sweep: turn %s: worker lost (lease expired %s); queued again (attempt %s next)", turn.pk, lost_at, turn.attempt + 1)
+        logger.warning("%s: turn %s: worker lost (lease expired %s); queued again (attempt %s next)", by, turn.pk, lost_at,
+                       turn.attempt + 1)
         return "requeued"
 
 

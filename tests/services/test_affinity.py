@@ -883,3 +883,38 @@ def test_the_deadlines_fallback_copy_of_a_turn_already_run_costs_one_read(user, 
     tasks.run_turn.run(str(queued.pk), fallback=True)
     tasks.run_turn.run(str(done.pk))  # the first delivery claims as always (turn_execute decides)
     assert ran == [str(queued.pk), str(done.pk)]
+
+
+# --- lease recovery without beat (adversary F2; the function itself: test_lease_take_back.py) ---------------
+
+def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
+    """The worker embedding beat killed -9: a live worker's loop round requeues the dead worker's turn, with no
+    beat running; a live turn is left alone."""
+    queue = own("live")
+    lost, live = (TurnFactory(session=SessionFactory(), seq=1, status=Turn.Status.RUNNING, attempt=1,
+                              claim_token=uuid.uuid4(), lease_expires_at=timezone.now() + timedelta(seconds=s))
+                  for s in (-1, 30))
+
+    affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None).tick()
+
+    lost.refresh_from_db()
+    live.refresh_from_db()
+    assert (lost.status, live.status) == (Turn.Status.QUEUED, Turn.Status.RUNNING)
+    assert sent == [str(lost.pk)]  # through recovery's own dispatch, as the sweep's
+
+
+def test_a_tick_calls_the_shared_take_back_after_its_heartbeat(fresh_keeper, monkeypatch):
+    from hermes_sessions.services import recovery
+
+    queue = own("live")
+    calls: list = []
+
+    def take_back(**kw):
+        calls.append((kw, TurnWorker.objects.filter(queue=queue).exists()))
+        return 0, 0
+
+    monkeypatch.setattr(recovery, "leases_take_back", take_back)
+    affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None).tick()
+    assert calls == [({"limit": recovery.LOOP_TAKE_BACK_LIMIT, "by": f"worker {queue}"}, True)]
+    affinity.AffinityLoop(fresh_keeper, queue).tick()  # without redispatch (tests, old callers): nothing taken
+    assert len(calls) == 1
