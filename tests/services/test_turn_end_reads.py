@@ -9,7 +9,6 @@ from hermes_sessions import services
 from hermes_sessions.codex.rollout_files import RolloutDelta
 from hermes_sessions.codex.runner import TurnOutcome
 from hermes_sessions.models import CodexBinding, CodexRollout, Turn, WarmThread
-from hermes_sessions.services import rollouts
 from tests.support.dispatch import hold_dispatches
 
 pytestmark = pytest.mark.django_db(transaction=True)
