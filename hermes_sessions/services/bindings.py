@@ -15,6 +15,7 @@ their own.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final, NamedTuple
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection, transaction
@@ -51,7 +52,19 @@ def binding_rotate(*, session: Session, turn: Turn, thread_id: str, reason: str)
     return bool(ended)
 
 
-def binding_publish(*, session: Session, turn: Turn, thread_id: str, resumed: bool) -> None:
+class ActiveBinding(NamedTuple):
+    """The session's active binding as the finalize read it: its primary key and thread."""
+
+    pk: int
+    thread_id: str
+
+
+#: ``binding_publish(active=UNREAD)``: it reads the active binding itself.
+UNREAD: Final = object()
+
+
+def binding_publish(*, session: Session, turn: Turn, thread_id: str, resumed: bool,
+                    active: ActiveBinding | None | object = UNREAD) -> None:
     """Bind ``session`` to ``thread_id``, the thread ``turn`` ran on, now that the turn's rows commit
     with it (I1). Inside the turn's finalize transaction, under the session lock.
 
@@ -60,19 +73,25 @@ def binding_publish(*, session: Session, turn: Turn, thread_id: str, resumed: bo
       nothing — the next turn starts a fresh thread.
     * Otherwise an active binding to another thread ends ("replaced by a newer thread") and a new
       one is created.
+
+    ``active``: the session's active binding (``None``: none) as the caller read it in this transaction,
+    after the session lock and after any ``binding_rotate`` (the finalize's one statement,
+    ``turns._end_turn``); by default it is read here.
     """
     _require_transaction()
-    active = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
+    if active is UNREAD:
+        row = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).values_list(
+            "pk", "thread_id").first()
+        active = ActiveBinding(*row) if row is not None else None
+    assert active is None or isinstance(active, ActiveBinding)
     if active and active.thread_id == thread_id:
         return
     if resumed:
         return
     if active:
-        active.status = CodexBinding.Status.ENDED
-        active.ended_at = timezone.now()
-        active.ended_reason = "replaced by a newer thread"
-        active.ended_by_turn = turn
-        active.save(update_fields=["status", "ended_at", "ended_reason", "ended_by_turn"])
+        CodexBinding.objects.filter(pk=active.pk).update(
+            status=CodexBinding.Status.ENDED, ended_at=timezone.now(), ended_reason="replaced by a newer thread",
+            ended_by_turn=turn)
     CodexBinding.objects.create(
         session=session, thread_id=clean_text(thread_id, max_chars=64), created_by_turn=turn
     )

@@ -7,13 +7,15 @@ the ``turns`` queue) and honours ``CELERY_TASK_ALWAYS_EAGER`` (tests, the demo),
 """
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
+from typing import Any
 
 from celery import current_app
 from celery.app.task import Task
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ..models import Session, Turn
@@ -75,10 +77,38 @@ def _route(turn_id: uuid.UUID | str) -> str:
 
 def session_dispatch_next_on_commit(session: Session) -> None:
     """Dispatch the session's oldest queued turn, if any, once the current transaction commits
-    (call it where a turn of ``session`` ends, under the session lock)."""
-    nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").values_list("pk", flat=True).first()
-    if nxt is not None:
-        turn_dispatch_on_commit(nxt)
+    (call it where a turn of ``session`` ends, under the session lock). One statement on PostgreSQL
+    (``session_next_turn_sql``: the read and the ``dispatched_at`` stamp)."""
+    if connection.vendor != "postgresql":
+        nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").values_list(
+            "pk", flat=True).first()
+        if nxt is not None:
+            turn_dispatch_on_commit(nxt)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(*session_next_turn_sql(session.pk))
+        row = cursor.fetchone()
+    if row is not None:
+        turn_dispatch_on_commit(row[0], stamped=True)
+
+
+def session_next_turn_sql(session_id: str) -> tuple[str, list[Any]]:
+    """PostgreSQL: ``UPDATE … SET dispatched_at = now … RETURNING id`` of the session's oldest queued
+    turn (no row: none queued) and its parameters — ``session_dispatch_next_on_commit``'s read and
+    ``turn_dispatch_on_commit``'s stamp in one statement, for the caller to hand the id to
+    ``turn_dispatch_on_commit(id, stamped=True)``. The finalize sends it as a CTE of its last statement
+    (``turns._end_turn``). Text built once per process from the model's metadata."""
+    dispatched = Turn._meta.get_field("dispatched_at")
+    return _next_turn_sql(), [dispatched.get_db_prep_save(timezone.now(), connection), session_id,
+                              Turn.Status.QUEUED]
+
+
+@functools.cache
+def _next_turn_sql() -> str:
+    q = connection.ops.quote_name
+    turns = q(Turn._meta.db_table)
+    return (f"UPDATE {turns} SET {q('dispatched_at')} = %s WHERE {q('id')} = (SELECT {q('id')} FROM {turns} "
+            f"WHERE {q('session_id')} = %s AND {q('status')} = %s ORDER BY {q('seq')} LIMIT 1) RETURNING {q('id')}")
 
 
 def _run_turn_task() -> Task:

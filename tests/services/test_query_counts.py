@@ -29,9 +29,10 @@ STORED = b'{"type":"session_meta"}\n'
 CLAIM_QUERIES = 6
 #: BEGIN; session event lock + claim check + insert + NOTIFY; COMMIT. Was 6.
 BATCH_QUERIES = 3
-#: BEGIN; lock; rows + session counter; rollout header + chunk; active binding; WarmThread upsert; turn
-#: update; thread + usage + completed events with one NOTIFY; the session's next queued turn; COMMIT. Was 27.
-FINALIZE_QUERIES = 10
+#: BEGIN; lock; rows + session counter; rollout header + chunk; turn update + WarmThread upsert + the
+#: session's next queued turn (stamped) + the active binding (``turns._end_turn``); thread + usage +
+#: completed events with one NOTIFY; COMMIT. Was 27, then 10.
+FINALIZE_QUERIES = 7
 
 
 @pytest.fixture
