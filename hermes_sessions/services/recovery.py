@@ -36,7 +36,7 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
-from . import affinity, dispatch, events, worker_queues
+from . import affinity, dispatch, events, turns, worker_queues
 from .locks import lock_session_and_turn
 from .turn_log import turn_ended_on_commit
 
@@ -140,7 +140,8 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
 
 def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:
     """Requeue (or, past ``HERMES_MAX_ATTEMPTS``, fail) a running turn whose lease expired; returns
-    ``"requeued"``, ``"failed"`` or ``""`` (renewed or finished meanwhile, or its rows are locked — by
+    ``"requeued"``, ``"failed"``, ``"cancelled"`` (its user cancelled it meanwhile: it ends so, not
+    requeued) or ``""`` (renewed or finished meanwhile, or its rows are locked — by
     another caller taking it back, or by a writer that ends soon: the next round sees). A durable
     transaction; its locks are ``SKIP LOCKED`` (``lock_session_and_turn``)."""
     with transaction.atomic(durable=True):
@@ -153,6 +154,12 @@ def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:
         if not Turn.objects.filter(pk=turn.pk, lease_expires_at__lt=Now()).exists():
             return ""  # renewed meanwhile (by the database's clock, as the selection)
         lost_at = turn.lease_expires_at
+        if turn.cancel_requested_at is not None:
+            # Its user cancelled it meanwhile: it ends now, not queued again to be cancelled at the claim.
+            turns.turn_end_cancelled_unrun(session, turn)
+            logger.warning("%s: turn %s: worker lost (lease expired %s); cancelled, as its user asked", by, turn.pk,
+                           lost_at)
+            return "cancelled"
         turn.claim_token = None
         turn.lease_expires_at = None
         if turn.attempt >= settings.HERMES_MAX_ATTEMPTS:

@@ -199,6 +199,20 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
         return _start_claim(session, turn, reads)
 
 
+def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:
+    """End ``turn`` — cancelled by its user while the worker running it was lost — ``cancelled`` instead
+    of running it again: its terminal event, its end line, the session's next turn dispatched, all on
+    this transaction's commit. Caller holds the session and turn locks (the claim, or the lease
+    take-back, ``recovery._take_back``, so that no ``retrying`` event precedes the ``cancelled`` one)."""
+    turn.status, turn.finished_at = Turn.Status.CANCELLED, timezone.now()
+    turn.claim_token = turn.lease_expires_at = None
+    turn.error = turn.error or "cancelled; not run again after its worker was lost"
+    turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
+    turn_ended_on_commit(turn)
+    events.event_terminal(turn=turn)
+    dispatch.session_dispatch_next_on_commit(session)
+
+
 @dataclass(frozen=True)
 class _ClaimReads:
     """What a claim reads under its locks besides the two rows: the active binding's thread, its stored
@@ -213,12 +227,7 @@ def _runnable(session: Session, turn: Turn) -> _ClaimReads | None:
     """What the claim needs if the queued ``turn`` may run now, else ``None`` (caller holds the locks).
     A turn cancelled while its worker was lost ends ``cancelled`` here instead (not run again)."""
     if turn.cancel_requested_at is not None:
-        turn.status, turn.finished_at = Turn.Status.CANCELLED, timezone.now()
-        turn.error = turn.error or "cancelled; not run again after its worker was lost"
-        turn.save(update_fields=["status", "finished_at", "error"])
-        turn_ended_on_commit(turn)
-        events.event_terminal(turn=turn)
-        dispatch.session_dispatch_next_on_commit(session)
+        turn_end_cancelled_unrun(session, turn)
         return None
     if connection.vendor != "postgresql":
         # No turn of the session running, none queued before this one.

@@ -193,3 +193,22 @@ def test_the_sweep_uses_the_same_take_back(sent, monkeypatch):
     report = services.turns_sweep()
     assert (report.requeued, report.failed) == (2, 1)
     assert calls == [{"limit": recovery.SWEEP_TAKE_BACK_LIMIT, "by": "sweep"}]
+
+
+def test_a_turn_cancelled_while_its_worker_was_lost_ends_cancelled_without_a_retrying_event(sent):
+    """Found by session 5's adversary: the take-back wrote ``retrying`` (queued again) and the claim then
+    ended it ``cancelled`` — a stream showed the turn coming back before it ended. Now it ends at once,
+    and the session's next queued turn is sent."""
+    lost = running_turn(expires_in=-1)
+    nxt = TurnFactory(session=lost.session, seq=2, status=Turn.Status.QUEUED)
+    Turn.objects.filter(pk=lost.pk).update(cancel_requested_at=timezone.now())
+
+    assert recovery.leases_take_back(limit=10, by="test") == (0, 0)
+
+    lost.refresh_from_db()
+    assert (lost.status, lost.claim_token, lost.lease_expires_at) == (Turn.Status.CANCELLED, None, None)
+    assert lost.finished_at is not None and "cancelled" in lost.error
+    kinds = list(TurnEvent.objects.filter(turn=lost).order_by("id").values_list("kind", flat=True))
+    assert events.RETRYING not in kinds and kinds[-1] == "cancelled"
+    assert sent == [nxt.pk]
+    assert recovery.leases_take_back(limit=10, by="test") == (0, 0)
