@@ -110,3 +110,41 @@ def test_the_served_application_is_this_handler():
     from project.asgi import application
 
     assert isinstance(application, HermesASGIHandler)
+
+
+def test_a_static_file_is_served_under_asgi_without_djangos_sync_iterator_warning():
+    """WhiteNoise's file iterator is synchronous: Django's ASGI handler warned once per process on the
+    first static file (a newcomer found it in ``make run``'s log); ``project/asgi.py`` filters it. In a
+    process of its own: pytest resets the warning filters around each test."""
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    code = "\n".join([
+        "import warnings",
+        "warnings.simplefilter('default')",
+        "import project.asgi",
+        "from asgiref.sync import async_to_sync",
+        "from asgiref.testing import ApplicationCommunicator",
+        "scope = " + repr(_scope("/static/admin/css/base.css")),
+        "async def get():",
+        "    comm = ApplicationCommunicator(project.asgi.application, scope)",
+        "    await comm.send_input({'type': 'http.request', 'body': b'', 'more_body': False})",
+        "    start = await comm.receive_output(timeout=10)",
+        "    body = b''",
+        "    while True:",
+        "        msg = await comm.receive_output(timeout=10)",
+        "        body += msg.get('body', b'')",
+        "        if not msg.get('more_body'):",
+        "            return start['status'], body",
+        "with warnings.catch_warnings(record=True) as caught:",
+        "    status, body = async_to_sync(get)()",
+        "print(status, len(body), [str(w.message)[:60] for w in caught])",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "project.settings_test"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    status, size, caught = out.stdout.strip().split(" ", 2)
+    assert status == "200" and int(size) > 1000
+    assert caught == "[]", caught
