@@ -16,8 +16,14 @@ other ``services.ServiceError``                 400     ``refused``
 Django ``ValidationError`` (``full_clean``)     400     ``invalid``
 Django ``RequestDataTooBig``                    413     ``request_too_large``
 other Django ``SuspiciousOperation``            400     ``bad_request``
+Django / psycopg ``OperationalError``            503     ``database_unavailable``
 DRF ``APIException`` (parse errors, 401, 404…)  as DRF  DRF's code
 ==============================================  ======  ========================
+
+The 503 (with ``Retry-After: 1``) is the database being unreachable or overloaded — no pooled
+connection within the pool's 10 s (all of them waiting on a lock another request holds), a
+restart, a lock or statement timeout, a deadlock: a retry may succeed, so it is not a 500 (adversary,
+session 6: 60 POSTs queued behind a held session lock got 500s, and so did other sessions' GETs).
 
 Anything else is a bug: it is not caught here, so Django logs it and answers 500 (invariant I6
 says known bad input must never get that far; the tests pin each row above).
@@ -27,8 +33,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import OperationalError
 from django.http import JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -36,6 +44,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from .. import policy, services
 
+logger = logging.getLogger(__name__)
 security_logger = logging.getLogger("django.security")
 
 
@@ -69,6 +78,19 @@ class RequestTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "The request body is too large."
     default_code = "request_too_large"
+
+
+class DatabaseUnavailable(exceptions.APIException):
+    """503: the database could not serve the request now (``OperationalError``); retry shortly."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = ("The database is unavailable or overloaded right now; retry shortly (a POST repeated "
+                      "with the same Idempotency-Key is applied once).")
+    default_code = "database_unavailable"
+
+
+#: Seconds a client should wait before retrying a 503 (``Retry-After``).
+RETRY_AFTER_SECONDS = 1
 
 
 def _translate(exc: Exception) -> tuple[Exception, dict[str, Any]]:
@@ -112,6 +134,9 @@ def _translate_django_error(exc: Exception) -> tuple[Exception, dict[str, Any]]:
     if isinstance(exc, SuspiciousOperation):
         security_logger.warning("refused request: %s", exc)
         return BadRequest(str(exc) or BadRequest.default_detail), {}
+    if isinstance(exc, (OperationalError, psycopg.OperationalError)):
+        logger.warning("answering 503: the database could not serve the request: %s", exc)
+        return DatabaseUnavailable(), {}
     return exc, {}
 
 
@@ -146,6 +171,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             response.data.setdefault("code", codes)
     if isinstance(response.data, dict):
         response.data.update(extra)
+    if isinstance(exc, DatabaseUnavailable):
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
 
 

@@ -57,6 +57,9 @@ READ_PAGE = 500
 #: The columns a stream sends (``streams._frame``).
 ROW_FIELDS = ("id", "turn_id", "attempt", "kind", "data")
 T = TypeVar("T")
+#: What a read raises when the database cannot serve it (a restart, an exhausted pool: psycopg_pool's
+#: ``PoolTimeout`` is a ``psycopg.OperationalError``); streams outlive these.
+DATABASE_ERRORS = (DatabaseError, psycopg.Error)
 
 
 def _listen_params() -> dict[str, Any]:
@@ -155,13 +158,25 @@ class EventHub:
         try:
             if session_id not in self._cursor:
                 # Rows up to here committed before the stream's own first read, which will find them.
-                newest = await in_thread(lambda: selectors.session_last_event_id(session_id=session_id))
-                self._cursor.setdefault(session_id, newest)
+                try:
+                    newest = await in_thread(lambda: selectors.session_last_event_id(session_id=session_id))
+                except DATABASE_ERRORS as exc:
+                    # No cursor: the hub leaves the session alone until a stream's own read succeeds
+                    # (``reads_from``); the stream reads on its heartbeat meanwhile.
+                    logger.warning("event streams: session %s's newest event could not be read: %s", session_id, exc)
+                else:
+                    self._cursor.setdefault(session_id, newest)
             await self.ensure_listening()
         except BaseException:
             self.unsubscribe(sub)
             raise
         return sub
+
+    def reads_from(self, session_id: str, after: int) -> None:
+        """A stream of ``session_id`` read every row up to ``after``: the hub's reads of the session start
+        there if they had no start yet (``subscribe`` could not read the newest id)."""
+        if session_id in self._subscribers:
+            self._cursor.setdefault(session_id, after)
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forget a stream; the last one out closes the LISTEN connection. Synchronous, so that it
@@ -234,7 +249,7 @@ class EventHub:
                         sub.wake.set()
                 if len(rows) < READ_PAGE and session_id not in self._dirty:
                     return
-        except (DatabaseError, psycopg.Error):
+        except DATABASE_ERRORS:
             logger.warning("event streams: reading session %s failed; its streams read themselves", session_id,
                            exc_info=True)
             for sub in self._subscribers.get(session_id, ()):

@@ -57,16 +57,18 @@ DEFAULT_DESCRIPTIONS: dict[int, str] = {
     413: "The body is larger than `DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE` (1 MiB by default).",
     415: "The body is not `application/json`.",
     422: "The `Idempotency-Key` was used before with a different body.",
+    503: "The database is unavailable or overloaded (`database_unavailable`, `Retry-After: 1`): retry shortly.",
 }
 
 
 def error_responses(*statuses: int, **described: str | tuple[str, type[ErrorSerializer]]) -> dict[int, OpenApiResponse]:
     """``extend_schema(responses=…)`` entries for error statuses: ``statuses`` with their default
     description, plus ``described`` as ``s404="No such session."`` or ``s409=(text, Serializer)``.
-    400 and 401 are always included: every endpoint refuses NUL bytes in its URL or headers
-    (``middleware.RejectNulMiddleware``) and, but for the API root, requires authentication."""
+    400, 401 and 503 are always included: every endpoint refuses NUL bytes in its URL or headers
+    (``middleware.RejectNulMiddleware``), but for the API root requires authentication, and answers 503
+    when the database cannot serve it (``errors.DatabaseUnavailable``)."""
     out: dict[int, OpenApiResponse] = {}
-    for status in sorted({400, 401, *statuses}):
+    for status in sorted({400, 401, 503, *statuses}):
         out[status] = OpenApiResponse(ErrorSerializer, description=DEFAULT_DESCRIPTIONS[status])
     for key, value in described.items():
         text, serializer = value if isinstance(value, tuple) else (value, ErrorSerializer)

@@ -1,6 +1,6 @@
 """OpenAPI for what drf-spectacular cannot see: the server-sent-event endpoints (``api/streams.py``)
 are async Django views, so a postprocessing hook (``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``)
-adds them — a ``text/event-stream`` 200 and the API's JSON error body for 400/401/404."""
+adds them — a ``text/event-stream`` 200 and the API's JSON error body for 400/401/404/503."""
 from __future__ import annotations
 
 from typing import Any
@@ -41,6 +41,7 @@ def _operation(*, operation_id: str, summary: str, description: str, tag: str, p
             "400": _error("Last-Event-ID is not a non-negative integer, or a NUL byte in the URL or headers."),
             "401": _error("No or invalid credentials."),
             "404": _error("No such turn or session (or not yours)."),
+            "503": _error("The database is unavailable or overloaded (`database_unavailable`, `Retry-After: 1`)."),
         },
     }
 

@@ -22,7 +22,9 @@ run in a thread of their own and close their database connection at once (back t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +40,10 @@ from rest_framework.views import APIView
 from .. import selectors
 from ..models import Session, Turn
 from ..services.events import TERMINAL_KINDS, event_terminal_ensure
-from .errors import error_json_response
-from .event_hub import READ_PAGE, ROW_FIELDS, hub, in_thread
+from .errors import RETRY_AFTER_SECONDS, DatabaseUnavailable, error_json_response
+from .event_hub import DATABASE_ERRORS, READ_PAGE, ROW_FIELDS, EventHub, hub, in_thread
+
+logger = logging.getLogger(__name__)
 
 #: Client reconnection delay sent once at the start (``retry:``), milliseconds.
 RETRY_MS = 1000
@@ -149,6 +153,23 @@ def _frames(scope: _Scope, found: _Read, after: int) -> tuple[list[bytes], int, 
     return frames, after, False
 
 
+async def _own_read(scope: _Scope, after: int, events_hub: EventHub) -> _Read | None:
+    """The stream's own read of its scope after ``after`` — or, when the database cannot serve it (a
+    restart, an exhausted pool), ``None`` after waiting one heartbeat interval: the stream stays open and
+    reads again (adversary, session 6: a read failing after a PostgreSQL restart cut the stream with an
+    ASGI error, and a client that did not reconnect got nothing more)."""
+    try:
+        found = await in_thread(scope.read, after)
+    except DATABASE_ERRORS as exc:
+        logger.warning("event stream of session %s: read failed (%s); again in %s s", scope.session_id, exc,
+                       settings.HERMES_SSE_HEARTBEAT_SECONDS)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(events_hub.stopping.wait(), settings.HERMES_SSE_HEARTBEAT_SECONDS)
+        return None
+    events_hub.reads_from(scope.session_id, after)
+    return found
+
+
 async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
     """The stream body: its own read of the backlog, then the rows the hub hands over (one shared read
     per notification), heartbeats in between with a read of its own on each tick; a turn stream ends
@@ -163,7 +184,10 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
         yield f"retry: {RETRY_MS}\n\n".encode()
         own_read = True
         while not events_hub.stopping.is_set():
-            found = await in_thread(scope.read, after) if own_read else _Read(rows=sub.take())
+            found = await _own_read(scope, after, events_hub) if own_read else _Read(rows=sub.take())
+            if found is None:  # the database could not serve the read: heartbeat, then read again
+                yield b": heartbeat\n\n"
+                continue
             frames, after, over = _frames(scope, found, after)
             for frame in frames:
                 yield frame
@@ -214,6 +238,10 @@ async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int
 
     try:
         found = await in_thread(lookup)
+    except DATABASE_ERRORS as exc:
+        logger.warning("event stream refused with 503: the database could not serve it: %s", exc)
+        return _error(503, DatabaseUnavailable.default_detail, DatabaseUnavailable.default_code,
+                      **{"Retry-After": str(RETRY_AFTER_SECONDS)})
     except exceptions.AuthenticationFailed as exc:
         return _error(401, str(exc.detail), str(exc.get_codes()), **{"WWW-Authenticate": "Token"})
     except exceptions.NotAuthenticated as exc:

@@ -189,10 +189,14 @@ def test_a_lost_hub_reader_loses_no_event_and_is_opened_again(server, token, cla
         event = stream.read()
         assert event is not None and event.data["text"] == text
         assert time.monotonic() - started < 1.0, "woken by NOTIFY and read at once, not at the heartbeat"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                       "AND application_name = 'hermes-sse-reader'", [dbname])
-        assert cursor.fetchone()[0] == 1
+
+    def one_reader() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                           "AND application_name = 'hermes-sse-reader'", [dbname])
+            return cursor.fetchone()[0] == 1
+
+    _wait_for(one_reader, timeout=5)  # the second event may have come by the stream's own read, the reopen after
     stream.close()
 
 
@@ -392,3 +396,59 @@ def test_deleting_the_session_of_a_running_turn_ends_its_turn_stream_with_gone(s
     assert rest[0].data == {"detail": "The turn was deleted; this stream has ended.", "code": "not_found",
                             "turn": str(claimed.turn_id)}
     assert server.get(path, token)[0] == 404
+
+
+def test_a_stream_whose_own_read_fails_stays_open_and_reads_again(claimed, settings, monkeypatch):
+    """The adversary's input (session 6): PostgreSQL restarted under 12 open streams; one stream's own
+    read got psycopg_pool's PoolTimeout and the stream was cut with an ASGI error. Now it stays open:
+    a heartbeat, then the same read again, which finds the events."""
+    from asgiref.sync import async_to_sync
+    from psycopg_pool import PoolTimeout
+
+    from hermes_sessions.api import event_hub, streams
+
+    settings.HERMES_SSE_HEARTBEAT_SECONDS = 0.2
+
+    async def no_listen(self):
+        return None
+
+    monkeypatch.setattr(event_hub.EventHub, "ensure_listening", no_listen)  # in-process: the reads alone
+    real, calls = streams._Scope.read, []
+
+    def flaky(self, after):
+        calls.append(after)
+        if len(calls) == 1:
+            raise PoolTimeout("couldn't get a connection after 10.00 sec")
+        return real(self, after)
+
+    monkeypatch.setattr(streams._Scope, "read", flaky)
+
+    async def first(n: int) -> list[bytes]:
+        frames = []
+        body = streams._events(streams._Scope(session_id=claimed.session_id), 0)
+        async for frame in body:
+            frames.append(frame)
+            if len(frames) == n:
+                break
+        await body.aclose()
+        return frames
+
+    frames = async_to_sync(first)(4)
+    assert frames[0].startswith(b"retry:") and frames[1] == b": heartbeat\n\n"
+    assert [f.split(b"\n")[1] for f in frames[2:]] == [b"event: queued", b"event: running"]
+    assert calls == [0, 0]  # the failed read was repeated from the same point
+
+
+def test_a_stream_that_cannot_be_opened_for_the_database_is_503_not_500(monkeypatch):
+    from psycopg_pool import PoolTimeout
+
+    from hermes_sessions.api import streams
+    from project.asgi_handler import HermesASGIHandler
+    from tests.test_asgi_handler import _run, _scope
+
+    def unavailable(request):
+        raise PoolTimeout("couldn't get a connection after 10.00 sec")
+
+    monkeypatch.setattr(streams, "_authenticate", unavailable)
+    status, body = _run(HermesASGIHandler(), _scope("/api/sessions/s1/events/"))
+    assert status == 503 and b'"code":"database_unavailable"' in body

@@ -63,3 +63,39 @@ def test_broker_down_still_accepts_the_turn_and_the_sweep_resends_it(client, use
     with django_capture_on_commit_callbacks(execute=True):
         assert services.turns_sweep().redispatched == 1
     assert sent == [str(turn.id)]
+
+
+@pytest.mark.parametrize("failure", [
+    # The adversary's input (session 6): 60 POSTs waiting on a held session lock took every pooled
+    # connection; the rest of the process's requests got psycopg_pool's timeout as a 500.
+    lambda: __import__("psycopg_pool").PoolTimeout("couldn't get a connection after 10.00 sec"),
+    lambda: __import__("django.db", fromlist=["OperationalError"]).OperationalError(
+        "terminating connection due to administrator command"),
+])
+def test_a_database_that_cannot_serve_the_request_is_503_with_retry_after_not_500(client, user, monkeypatch, failure):
+    session = SessionFactory(owner=user)
+
+    def unavailable(**kwargs):
+        raise failure()
+
+    monkeypatch.setattr("hermes_sessions.selectors.session_owned", unavailable)
+    for method, path, body in [("post", f"/api/sessions/{session.id}/turns/", {"input": "hi"}),
+                               ("get", f"/api/sessions/{session.id}/messages/", None)]:
+        response = getattr(client, method)(path, body, format="json") if body else getattr(client, method)(path)
+        assert response.status_code == 503, response.content
+        assert response.json()["code"] == "database_unavailable" and response["Retry-After"] == "1"
+    assert not Turn.objects.filter(session=session).exists()
+
+
+def test_an_integrity_bug_is_still_a_500_not_hidden_as_503(client, user, monkeypatch):
+    """Only the database being unavailable is a 503; a data error stays a bug to see."""
+    from django.db import DataError
+
+    session = SessionFactory(owner=user)
+
+    def broken(**kwargs):
+        raise DataError("value too long for type character varying(64)")
+
+    monkeypatch.setattr("hermes_sessions.selectors.session_owned", broken)
+    client.raise_request_exception = False
+    assert client.post(f"/api/sessions/{session.id}/turns/", {"input": "hi"}, format="json").status_code == 500
