@@ -208,3 +208,16 @@ def test_the_session_pages_turns_table_is_newest_first_like_the_transcript(admin
     TurnFactory(session=session, seq=3, status="succeeded")
     html = admin_client.get(session_url(session.id)).content.decode()
     assert [int(s) for s in re.findall(r'<tr id="turn-(\d+)"', html)] == [3, 2, 1]
+
+
+def test_the_read_only_session_page_closes_at_its_bottom_and_links_all_turns_visibly(admin_client):
+    """A newcomer's findings (session 6): the Close button sat mid-page, between the binding history and
+    the session's sections, under an empty bar; the "all turns" link was inside a module heading, in
+    the heading's own background colour."""
+    session = SessionFactory()
+    html = admin_client.get(session_url(session.id)).content.decode()
+    assert html.count('class="closelink"') == 1
+    assert html.index('id="session-operations"') < html.index('id="session-close-row"') < html.index('class="closelink"')
+    assert 'class="submit-row"' not in html[:html.index('id="session-operations"')]
+    link = html.index('id="all-turns"')
+    assert html.rfind("<h2", 0, link) < html.rfind("</h2>", 0, link)  # not inside a heading
