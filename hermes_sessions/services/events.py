@@ -71,23 +71,46 @@ def _session_lock(session_id: str) -> bool:
     return lock_session_for_events(session_id)
 
 
-def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None) -> TurnEvent:
+def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None, notify: bool = True) -> TurnEvent:
     """Append one event of ``turn`` (at its current ``attempt``) inside the caller's transaction
     (raises ``TransactionManagementError`` outside one) and notify the listeners at commit.
     ``data`` is the event's JSON payload (cleaned of NUL bytes and lone surrogates). One statement on
-    PostgreSQL: the session's event lock, the insert and the NOTIFY (``_insert_events``)."""
-    (event,) = event_append_many(turn=turn, items=[(kind, data)])
+    PostgreSQL: the session's event lock, the insert and the NOTIFY (``_insert_events``). ``notify``
+    False: no NOTIFY in the transaction — the caller sends it later (``event_notify_on_commit``)."""
+    (event,) = event_append_many(turn=turn, items=[(kind, data)], notify=notify)
     return event
 
 
-def event_append_many(*, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]]) -> list[TurnEvent]:
+def event_notify_on_commit(event: TurnEvent) -> None:
+    """Once the current transaction commits (and after the commit callbacks registered before this
+    one), wake the listeners for ``event``, written with ``notify=False``: one ``pg_notify`` of its own.
+    ``turn_enqueue`` sends the ``queued`` event's wake-up after the turn's task: the API process's own
+    event-stream read it triggers then does not compete with that send (~2 ms of a warm turn on 2 cores,
+    ``make bench-warm``). If it cannot be sent, nothing is lost — streams re-read on their heartbeat."""
+    payload = f"{event.session_id} {event.turn_id} {event.pk}"
+
+    def send() -> None:
+        if connection.vendor != "postgresql":
+            return
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+        except DatabaseError:
+            logger.warning("event %s: the wake-up NOTIFY could not be sent; streams re-read on their heartbeat",
+                           event.pk, exc_info=True)
+
+    transaction.on_commit(send)
+
+
+def event_append_many(*, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
+                      notify: bool = True) -> list[TurnEvent]:
     """``event_append`` of several events of ``turn`` at once, ids in the order of ``items`` (one
     insert and one NOTIFY: the finalize's ``thread``, ``usage`` and terminal events)."""
     if not connection.in_atomic_block:
         raise TransactionManagementError("event_append runs inside the transaction of the change it reports")
     rows = [(kind, clean_json(data or {})) for kind, data in items]
     now = timezone.now()
-    ids = _insert_events(turn.session_id, turn.pk, turn.attempt, rows, now=now)
+    ids = _insert_events(turn.session_id, turn.pk, turn.attempt, rows, now=now, notify=notify)
     if ids is None:  # no such session (the caller holds its turn: it cannot happen)
         raise IntegrityError(f"session {turn.session_id} of turn {turn.pk} does not exist; no event written")
     made = []
@@ -228,7 +251,7 @@ class TurnEventWriter:
 
 
 def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows: list[tuple[str, Any]], *,
-                   now: datetime, token: uuid.UUID | None = None) -> list[int] | None:
+                   now: datetime, token: uuid.UUID | None = None, notify: bool = True) -> list[int] | None:
     """Insert ``rows`` (``(kind, cleaned data)``) as events of the turn, in order, inside the caller's
     transaction, under the session's event lock (``locks.lock_session_for_events``), and NOTIFY their
     last id. With ``token``: only while that claim holds the running turn (``_claim_held``). Returns the
@@ -251,12 +274,13 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
         params[f"k{i}"], params[f"d{i}"] = kind, json_field.get_db_prep_value(data, connection)
         values.append(f"({i}, %(k{i})s, %(d{i})s::jsonb)")
     with connection.cursor() as cursor:
-        cursor.execute(_events_sql(claimed=token is not None).replace("{values}", ", ".join(values)), params)
+        cursor.execute(_events_sql(claimed=token is not None, notify=notify).replace("{values}", ", ".join(values)),
+                       params)
         found = cursor.fetchone()
     return None if found is None else list(found[0])
 
 
-def _events_sql(*, claimed: bool) -> str:
+def _events_sql(*, claimed: bool, notify: bool = True) -> str:
     """The event write as one statement (raw SQL: one round trip where the ORM needs four — the lock,
     the claim check, the insert, the NOTIFY — and compiles each). Its order is the one of the ORM path:
     CTE ``l`` locks the session row (``FOR NO KEY UPDATE``, ``locks.lock_session_for_events``; a no-op
@@ -276,8 +300,9 @@ def _events_sql(*, claimed: bool) -> str:
         f"e AS (INSERT INTO {events_table} ({q('session_id')}, {q('turn_id')}, {q('attempt')}, {q('kind')}, "
         f"{q('data')}, {q('created_at')}) SELECT %(session)s, c.{q('id')}, %(attempt)s, v.kind, v.data, %(now)s "
         f"FROM c CROSS JOIN v ORDER BY v.ord RETURNING {q('id')}) "
-        f"SELECT array_agg({q('id')} ORDER BY {q('id')}), pg_notify(%(channel)s, %(prefix)s || max({q('id')})) "
-        "FROM e HAVING count(*) > 0"
+        f"SELECT array_agg({q('id')} ORDER BY {q('id')})"
+        + (f", pg_notify(%(channel)s, %(prefix)s || max({q('id')}))" if notify else "")
+        + " FROM e HAVING count(*) > 0"
     )
 
 

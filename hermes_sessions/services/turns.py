@@ -105,8 +105,10 @@ def turn_enqueue(
         # Stamped as sent now, in the row: the task goes out right after this transaction commits.
         turn = Turn(session=session, seq=seq, input=text, created_by=created_by, dispatched_at=timezone.now())
         _insert_turn(turn)
-        events.event_append(turn=turn, kind=events.QUEUED, data={"seq": turn.seq})  # its event lock: held already (above)
+        # Its event lock: held already (above). Its NOTIFY goes out after the task (event_notify_on_commit).
+        queued = events.event_append(turn=turn, kind=events.QUEUED, data={"seq": turn.seq}, notify=False)
         dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=route or "")
+        events.event_notify_on_commit(queued)
     return turn
 
 

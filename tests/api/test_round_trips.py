@@ -20,9 +20,10 @@ from tests.factories import SessionFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # The token, the session (owned by the caller), then one transaction: BEGIN, the UPDATE that locks the
-# session and draws the seq, the busy turn and the route, the turn's INSERT, the queued event's INSERT
-# with its NOTIFY, COMMIT. The send after the commit reads nothing.
-TURN_POST_QUERIES = 8
+# session and draws the seq, the busy turn and the route, the turn's INSERT, the queued event's INSERT,
+# COMMIT; the send after the commit reads nothing; then the queued event's NOTIFY, sent after the task
+# (events.event_notify_on_commit: the API's own stream read it wakes does not compete with the send).
+TURN_POST_QUERIES = 9
 # The token, the turn (joined to its session's owner).
 TURN_GET_QUERIES = 2
 
@@ -50,20 +51,31 @@ def sends(monkeypatch) -> list[tuple[str, str | None, float | None]]:
         celery_app.conf.task_always_eager = True
 
 
-def test_a_turn_post_costs_eight_round_trips_with_its_routing(token_client, user, sends, settings,
-                                                             django_assert_max_num_queries):
+def test_a_turn_post_costs_nine_round_trips_with_its_routing(token_client, user, sends, settings,
+                                                            django_assert_max_num_queries, monkeypatch):
+    from django.db import connection
+
+    from hermes_sessions import tasks
+
+    sent_at_query: list[int] = []  # how many queries the request had made when each send happened
+    record = tasks.run_turn.apply_async
+    monkeypatch.setattr(tasks.run_turn, "apply_async",
+                        lambda args, **kw: (sent_at_query.append(len(connection.queries) - base), record(args, **kw)))
     session = SessionFactory(owner=user)
     queue = affinity.own_queue_name("round-trips@host")  # a worker keeps the session's thread loaded
     TurnWorker.objects.create(queue=queue, node="round-trips@host", heartbeat_at=timezone.now())
     WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
                               until=timezone.now() + timedelta(seconds=60))
     with django_assert_max_num_queries(TURN_POST_QUERIES) as captured:
+        base = len(connection.queries)
         response = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
                                      content_type="application/json")
     assert response.status_code == 202, response.content
     turn = Turn.objects.get(pk=response.json()["id"])
-    assert captured.captured_queries[-1]["sql"] == "COMMIT"  # nothing read after it
+    sqls = [q["sql"] for q in captured.captured_queries]
+    assert sqls[-2] == "COMMIT" and sqls[-1].startswith("SELECT pg_notify(")  # nothing read after the commit
     assert sends == [(str(turn.id), queue, None), (str(turn.id), None, settings.HERMES_AFFINITY_DEADLINE)]
+    assert sent_at_query == [len(sqls) - 1] * 2, "the task is sent before the NOTIFY, after the COMMIT"
     assert turn.dispatched_at is not None and turn.seq == 1
     assert list(turn.events.values_list("kind", "data")) == [("queued", {"seq": 1})]
 
