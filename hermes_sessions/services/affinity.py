@@ -304,12 +304,15 @@ class AffinityLoop:
     ``redispatch`` (``dispatch.turn_dispatch_on_commit``, given by the caller: this module must not import
     dispatch, which imports it), now to the shared queue. The deadline's countdown copy alone is not enough:
     an idle worker may reserve it and then start a long turn before it is due (found by an adversary).
-    With ``redispatch`` it also takes back the running turns whose lease expired, any worker's
-    (``recovery.leases_take_back``, as the sweep does): a worker killed -9 with beat embedded leaves its
-    turns to the live workers, not to beat's return (adversary F2). Own database connection."""
+    With ``take_back_leases`` (``recovery.leases_take_back``, given by the caller like ``redispatch``:
+    recovery imports this module) it also takes back the running turns whose lease expired, any worker's,
+    as the sweep does: a worker killed -9 with beat embedded leaves its turns to the live workers, not to
+    beat's return (adversary F2); it is called with ``by="worker <queue>"``. Own database connection."""
 
-    def __init__(self, keeper: Keeper, queue: str, redispatch: Callable[[uuid.UUID], None] | None = None) -> None:
+    def __init__(self, keeper: Keeper, queue: str, redispatch: Callable[[uuid.UUID], None] | None = None,
+                 take_back_leases: Callable[[str], object] | None = None) -> None:
         self.keeper, self.queue, self.redispatch = keeper, queue, redispatch
+        self.take_back_leases = take_back_leases
         self.beaten = False  # a heartbeat of this loop's was written
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hermes-affinity", daemon=True)
@@ -347,17 +350,10 @@ class AffinityLoop:
         self.beaten = True
         if swept:
             self._consume_again()
-        if self.redispatch is not None:
-            self._take_back_leases()
-
-    def _take_back_leases(self) -> None:
-        """Take back the running turns whose lease expired, any worker's (``recovery.leases_take_back``,
-        shared with the sweep): lease recovery does not wait for beat, which may have died with the
-        worker that embedded it (adversary F2). After the heartbeat, so a failure here never delays it."""
-        from . import recovery  # recovery imports this module
-
-        # Each turn taken back logs its own line, naming this worker.
-        recovery.leases_take_back(limit=recovery.LOOP_TAKE_BACK_LIMIT, by=f"worker {self.queue}")
+        if self.take_back_leases is not None:
+            # After the heartbeat, so a failure here never delays it; each turn taken back logs its own
+            # line, naming this worker.
+            self.take_back_leases(f"worker {self.queue}")
 
     def _consume_again(self) -> None:
         """This worker's row was gone: it was swept while frozen or stalled past
@@ -418,16 +414,18 @@ _loop: tuple[int, AffinityLoop] | None = None
 _loop_lock = threading.Lock()
 
 
-def affinity_start(keeper: Keeper, redispatch: Callable[[uuid.UUID], None] | None = None) -> AffinityLoop | None:
+def affinity_start(keeper: Keeper, redispatch: Callable[[uuid.UUID], None] | None = None,
+                   take_back_leases: Callable[[str], object] | None = None) -> AffinityLoop | None:
     """Start this process's ``AffinityLoop`` once (after any fork); ``None`` without an own queue.
-    ``redispatch``: how to send a handed-off turn again (``dispatch.turn_dispatch_on_commit``)."""
+    ``redispatch``: how to send a handed-off turn again (``dispatch.turn_dispatch_on_commit``);
+    ``take_back_leases``: how to take back expired leases each round (``recovery.leases_take_back``)."""
     global _loop
     queue = own_queue()
     if not queue:
         return None
     with _loop_lock:
         if _loop is None or _loop[0] != os.getpid():
-            loop = AffinityLoop(keeper, queue, redispatch)
+            loop = AffinityLoop(keeper, queue, redispatch, take_back_leases)
             loop.start()  # its first round writes the heartbeat row at once (on its own connection)
             _loop = (os.getpid(), loop)
         return _loop[1]

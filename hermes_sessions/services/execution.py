@@ -38,7 +38,7 @@ from django.db import (
 from .. import policy
 from ..codex.client import AppServerClient
 from ..codex.errors import TransportError, retryable
-from ..codex.kept import KeptThread, current_keeper, keeper, rollout_stamp
+from ..codex.kept import Keeper, KeptThread, current_keeper, keeper, rollout_stamp
 from ..codex.launch import (
     app_server_argv,
     app_server_env,
@@ -57,7 +57,7 @@ from ..models import Turn
 from . import affinity
 from .dispatch import turn_dispatch_on_commit
 from .events import RETRYING, TurnEventWriter
-from .recovery import lease_renewed_here
+from .recovery import LOOP_TAKE_BACK_LIMIT, lease_renewed_here, leases_take_back
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
 from .turn_log import delivery
@@ -580,7 +580,7 @@ class _Held:
         self.running = None  # the keeper owns it from here
         closed = k.keep(kept)
         try:
-            affinity.affinity_start(k, redispatch=turn_dispatch_on_commit)
+            _start_affinity(k)
             if closed:
                 affinity.warm_thread_forget(queue=affinity.own_queue(), session_ids=[c.session_id for c in closed])
         except Exception:  # noqa: BLE001 — routing is a hint: a stale row only costs the affinity deadline
@@ -590,6 +590,19 @@ class _Held:
         running, self.running = self.running, None
         if running is not None:
             running.release()
+
+
+def _start_affinity(k: Keeper) -> None:
+    """This worker process's affinity loop (once): hand-offs sent with ``turn_dispatch_on_commit``, expired
+    leases taken back with ``_take_back_leases`` — given here, as affinity cannot import dispatch or
+    recovery (both import it)."""
+    affinity.affinity_start(k, redispatch=turn_dispatch_on_commit, take_back_leases=_take_back_leases)
+
+
+def _take_back_leases(by: str) -> None:
+    """The affinity loop's lease recovery each round (``affinity.AffinityLoop``): ``leases_take_back``
+    of at most ``LOOP_TAKE_BACK_LIMIT`` turns."""
+    leases_take_back(limit=LOOP_TAKE_BACK_LIMIT, by=by)
 
 
 class _Heartbeat:

@@ -895,7 +895,11 @@ def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
                               claim_token=uuid.uuid4(), lease_expires_at=timezone.now() + timedelta(seconds=s))
                   for s in (-1, 30))
 
-    affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None).tick()
+    from hermes_sessions.services import execution
+
+    # As the worker wires it (execution.py: affinity_start(..., take_back_leases=_take_back_leases)).
+    affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None,
+                          take_back_leases=execution._take_back_leases).tick()
 
     lost.refresh_from_db()
     live.refresh_from_db()
@@ -904,7 +908,7 @@ def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
 
 
 def test_a_tick_calls_the_shared_take_back_after_its_heartbeat(fresh_keeper, monkeypatch):
-    from hermes_sessions.services import recovery
+    from hermes_sessions.services import execution, recovery
 
     queue = own("live")
     calls: list = []
@@ -913,8 +917,19 @@ def test_a_tick_calls_the_shared_take_back_after_its_heartbeat(fresh_keeper, mon
         calls.append((kw, TurnWorker.objects.filter(queue=queue).exists()))
         return 0, 0
 
-    monkeypatch.setattr(recovery, "leases_take_back", take_back)
-    affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None).tick()
+    monkeypatch.setattr(execution, "leases_take_back", take_back)
+    affinity.AffinityLoop(fresh_keeper, queue, take_back_leases=execution._take_back_leases).tick()
     assert calls == [({"limit": recovery.LOOP_TAKE_BACK_LIMIT, "by": f"worker {queue}"}, True)]
-    affinity.AffinityLoop(fresh_keeper, queue).tick()  # without redispatch (tests, old callers): nothing taken
+    affinity.AffinityLoop(fresh_keeper, queue).tick()  # without it (tests, old callers): nothing taken
     assert len(calls) == 1
+
+
+def test_the_worker_starts_its_loop_with_hand_offs_and_lease_recovery(monkeypatch, fresh_keeper):
+    """The wiring the two tests above rely on (``_Held.settle`` → ``execution._start_affinity``)."""
+    from hermes_sessions.services import dispatch, execution
+
+    started: list = []
+    monkeypatch.setattr(affinity, "affinity_start", lambda k, **kw: started.append((k, kw)))
+    execution._start_affinity(fresh_keeper)
+    assert started == [(fresh_keeper, {"redispatch": dispatch.turn_dispatch_on_commit,
+                                       "take_back_leases": execution._take_back_leases})]
