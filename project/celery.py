@@ -52,13 +52,12 @@ def _fill_spares(**_: object) -> None:
     starts its affinity heartbeat (``hermes_sessions/services/affinity.py``)."""
     from hermes_sessions.codex.kept import keeper
     from hermes_sessions.codex.warm import spare_pool
-    from hermes_sessions.services.affinity import affinity_start
-    from hermes_sessions.services.dispatch import turn_dispatch_on_commit
+    from hermes_sessions.services.execution import start_affinity
 
     spare_pool()
     k = keeper()
     if k is not None:
-        affinity_start(k, redispatch=turn_dispatch_on_commit)  # a no-op without an own queue
+        start_affinity(k)  # a no-op without an own queue
 
 
 @celeryd_after_setup.connect

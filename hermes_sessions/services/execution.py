@@ -580,7 +580,7 @@ class _Held:
         self.running = None  # the keeper owns it from here
         closed = k.keep(kept)
         try:
-            _start_affinity(k)
+            start_affinity(k)
             if closed:
                 affinity.warm_thread_forget(queue=affinity.own_queue(), session_ids=[c.session_id for c in closed])
         except Exception:  # noqa: BLE001 — routing is a hint: a stale row only costs the affinity deadline
@@ -592,10 +592,12 @@ class _Held:
             running.release()
 
 
-def _start_affinity(k: Keeper) -> None:
-    """This worker process's affinity loop (once): hand-offs sent with ``turn_dispatch_on_commit``, expired
-    leases taken back with ``_take_back_leases`` — given here, as affinity cannot import dispatch or
-    recovery (both import it)."""
+def start_affinity(k: Keeper) -> None:
+    """This worker process's affinity loop (once; at the pool process's start, ``project/celery.py``, and
+    at a kept turn): hand-offs sent with ``turn_dispatch_on_commit``, expired leases taken back with
+    ``_take_back_leases`` — given here, as affinity cannot import dispatch or recovery (both import it).
+    Every starter must come through here: the first start wins (a start without the take-back left a
+    worker with no lease recovery — ``make faults`` kill-beat-with-worker caught it)."""
     affinity.affinity_start(k, redispatch=turn_dispatch_on_commit, take_back_leases=_take_back_leases)
 
 

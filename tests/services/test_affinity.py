@@ -897,7 +897,7 @@ def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
 
     from hermes_sessions.services import execution
 
-    # As the worker wires it (execution.py: affinity_start(..., take_back_leases=_take_back_leases)).
+    # As the worker wires it (execution.start_affinity).
     affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None,
                           take_back_leases=execution._take_back_leases).tick()
 
@@ -925,11 +925,19 @@ def test_a_tick_calls_the_shared_take_back_after_its_heartbeat(fresh_keeper, mon
 
 
 def test_the_worker_starts_its_loop_with_hand_offs_and_lease_recovery(monkeypatch, fresh_keeper):
-    """The wiring the two tests above rely on (``_Held.settle`` → ``execution._start_affinity``)."""
+    """The wiring the two tests above rely on, from both places a worker starts its loop: the pool
+    process's start (``project/celery.py``, which runs first) and a kept turn (``_Held.settle``). The
+    first start wins, so a start without the take-back left the worker with no lease recovery (this
+    session's own regression, caught by ``make faults`` kill-beat-with-worker)."""
+    from hermes_sessions.codex import kept, warm
     from hermes_sessions.services import dispatch, execution
+    from project import celery as celery_module
 
     started: list = []
     monkeypatch.setattr(affinity, "affinity_start", lambda k, **kw: started.append((k, kw)))
-    execution._start_affinity(fresh_keeper)
-    assert started == [(fresh_keeper, {"redispatch": dispatch.turn_dispatch_on_commit,
-                                       "take_back_leases": execution._take_back_leases})]
+    monkeypatch.setattr(kept, "keeper", lambda: fresh_keeper)
+    monkeypatch.setattr(warm, "spare_pool", lambda: None)
+    celery_module._fill_spares()
+    execution.start_affinity(fresh_keeper)
+    wired = {"redispatch": dispatch.turn_dispatch_on_commit, "take_back_leases": execution._take_back_leases}
+    assert started == [(fresh_keeper, wired), (fresh_keeper, wired)]
