@@ -49,15 +49,18 @@ def _close_old_connections(task: object = None, **_: object) -> None:
 def _fill_spares(**_: object) -> None:
     """With ``HERMES_WARM_POOL`` > 0, each pool process starts filling its spare app-servers as soon as
     it is forked, not at its first turn (``hermes_sessions/codex/warm.py``); a process with an own queue
-    starts its affinity heartbeat (``hermes_sessions/services/affinity.py``)."""
+    starts its affinity heartbeat (``hermes_sessions/services/affinity.py``), which also takes back
+    expired leases; any other pool process (a worker with more turn slots, or keeping off) runs a lease
+    loop of its own (``recovery.LeaseLoop``): lease recovery never depends on beat alone."""
     from hermes_sessions.codex.kept import keeper
     from hermes_sessions.codex.warm import spare_pool
     from hermes_sessions.services.execution import start_affinity
+    from hermes_sessions.services.recovery import lease_loop_start
 
     spare_pool()
     k = keeper()
-    if k is not None:
-        start_affinity(k)  # a no-op without an own queue
+    if k is None or start_affinity(k) is None:  # None: no own queue
+        lease_loop_start(by=f"worker process {os.getpid()}")
 
 
 @celeryd_after_setup.connect
@@ -109,9 +112,11 @@ def _close_spares(**_: object) -> None:
     from hermes_sessions.codex.kept import close_keeper
     from hermes_sessions.codex.warm import close_spare_pool
     from hermes_sessions.services.affinity import affinity_stop
+    from hermes_sessions.services.recovery import lease_loop_stop
 
     close_spare_pool()
     affinity_stop(close_keeper())
+    lease_loop_stop()
 
 
 @worker_shutdown.connect

@@ -592,13 +592,13 @@ class _Held:
             running.release()
 
 
-def start_affinity(k: Keeper) -> None:
+def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:
     """This worker process's affinity loop (once; at the pool process's start, ``project/celery.py``, and
     at a kept turn): hand-offs sent with ``turn_dispatch_on_commit``, expired leases taken back with
     ``_take_back_leases`` — given here, as affinity cannot import dispatch or recovery (both import it).
     Every starter must come through here: the first start wins (a start without the take-back left a
     worker with no lease recovery — ``make faults`` kill-beat-with-worker caught it)."""
-    affinity.affinity_start(k, redispatch=turn_dispatch_on_commit, take_back_leases=_take_back_leases)
+    return affinity.affinity_start(k, redispatch=turn_dispatch_on_commit, take_back_leases=_take_back_leases)
 
 
 def _take_back_leases(by: str) -> None:

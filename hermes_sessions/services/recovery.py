@@ -24,13 +24,14 @@ per-run lines for this task are dropped by ``project/logfilters.py``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
@@ -136,6 +137,64 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
         elif outcome == "failed":
             failed += 1
     return requeued, failed
+
+
+class LeaseLoop:
+    """A worker process's lease recovery when it runs no affinity loop (more than one turn slot, or
+    keeping off): a daemon thread that calls ``leases_take_back`` (at most ``LOOP_TAKE_BACK_LIMIT`` turns,
+    named ``by``) every ``HERMES_WORKER_HEARTBEAT_SECONDS`` on its own database connection, so that such a
+    worker, too, takes back a dead worker's turns without beat (``affinity.AffinityLoop`` does it for the
+    keeping workers). A failed round is logged and the next one tries again."""
+
+    def __init__(self, by: str) -> None:
+        self.by = by
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hermes-leases", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(settings.HERMES_WORKER_HEARTBEAT_SECONDS):
+                try:
+                    close_old_connections()
+                    leases_take_back(limit=LOOP_TAKE_BACK_LIMIT, by=self.by)
+                except Exception:  # noqa: BLE001 — a database blip must not end the loop; beat's sweep also recovers
+                    logger.exception("lease recovery round of %s failed", self.by)
+                    connection.close()
+        finally:
+            connection.close()
+
+
+_lease_loop: tuple[int, LeaseLoop] | None = None
+_lease_loop_lock = threading.Lock()
+
+
+def lease_loop_start(*, by: str) -> LeaseLoop:
+    """Start this process's ``LeaseLoop`` once (after any fork: a loop of the parent's is not this
+    process's); returns it."""
+    global _lease_loop
+    with _lease_loop_lock:
+        if _lease_loop is None or _lease_loop[0] != os.getpid():
+            loop = LeaseLoop(by)
+            loop.start()
+            _lease_loop = (os.getpid(), loop)
+        return _lease_loop[1]
+
+
+def lease_loop_stop() -> None:
+    """Worker process shutdown: stop this process's ``LeaseLoop``, if it runs one."""
+    global _lease_loop
+    with _lease_loop_lock:
+        loop, _lease_loop = _lease_loop, None
+    if loop is not None and loop[0] == os.getpid():
+        loop[1].stop()
 
 
 def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:
