@@ -930,13 +930,15 @@ def test_the_worker_starts_its_loop_with_hand_offs_and_lease_recovery(monkeypatc
     first start wins, so a start without the take-back left the worker with no lease recovery (this
     session's own regression, caught by ``make faults`` kill-beat-with-worker)."""
     from hermes_sessions.codex import kept, warm
-    from hermes_sessions.services import dispatch, execution
+    from hermes_sessions.services import dispatch, execution, recovery
     from project import celery as celery_module
 
     started: list = []
     monkeypatch.setattr(affinity, "affinity_start", lambda k, **kw: started.append((k, kw)))
     monkeypatch.setattr(kept, "keeper", lambda: fresh_keeper)
     monkeypatch.setattr(warm, "spare_pool", lambda: None)
+    # affinity_start is a recorder here (it returns None, as without an own queue): no real lease loop.
+    monkeypatch.setattr(recovery, "lease_loop_start", lambda by: None)
     celery_module._fill_spares()
     execution.start_affinity(fresh_keeper)
     wired = {"redispatch": dispatch.turn_dispatch_on_commit, "take_back_leases": execution._take_back_leases}
