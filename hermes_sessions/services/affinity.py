@@ -47,6 +47,7 @@ from django.utils import timezone
 
 from ..codex.kept import Keeper, KeptThread
 from ..models import CodexRollout, Session, Turn, TurnWorker, WarmThread
+from .periodic import PeriodicLoop
 from .rows import rows_insert_sql
 
 logger = logging.getLogger(__name__)
@@ -293,7 +294,7 @@ def worker_gone(*, queue: str) -> None:
     warm_thread_forget(queue=queue)
 
 
-class AffinityLoop:
+class AffinityLoop(PeriodicLoop):
     """The thread of a worker process that keeps threads loaded: every
     ``HERMES_WORKER_HEARTBEAT_SECONDS`` it renews the ``TurnWorker`` heartbeat, closes copies idle past
     the window (or whose process died) and releases copies another worker took (``taken_elsewhere``),
@@ -309,21 +310,15 @@ class AffinityLoop:
     as the sweep does: a worker killed -9 with beat embedded leaves its turns to the live workers, not to
     beat's return (adversary F2); it is called with ``by="worker <queue>"``. Own database connection."""
 
+    name = "hermes-affinity"
+    what = "affinity: heartbeat round"  # a failed round: routing has the deadline, the next round tries again
+
     def __init__(self, keeper: Keeper, queue: str, redispatch: Callable[[uuid.UUID], None] | None = None,
                  take_back_leases: Callable[[str], object] | None = None) -> None:
         self.keeper, self.queue, self.redispatch = keeper, queue, redispatch
         self.take_back_leases = take_back_leases
         self.beaten = False  # a heartbeat of this loop's was written
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hermes-affinity", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        super().__init__()
 
     def tick(self) -> None:
         """One round (also called by tests)."""
@@ -395,20 +390,6 @@ class AffinityLoop:
         os.environ.pop(OWN_QUEUE_ENV, None)
         self.keeper.close_all()
         self._stop.set()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    close_old_connections()
-                    self.tick()
-                except Exception:  # noqa: BLE001 — a database blip must not end the loop; routing has the deadline
-                    logger.exception("affinity: heartbeat round failed")
-                    connection.close()
-                self._stop.wait(settings.HERMES_WORKER_HEARTBEAT_SECONDS)
-        finally:
-            connection.close()
-
 
 _loop: tuple[int, AffinityLoop] | None = None
 _loop_lock = threading.Lock()

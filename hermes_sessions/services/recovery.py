@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
@@ -39,6 +39,7 @@ from django.utils import timezone
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
 from . import affinity, dispatch, events, turns, worker_queues
 from .locks import lock_session_and_turn
+from .periodic import PeriodicLoop
 from .turn_log import turn_ended_on_commit
 
 logger = logging.getLogger(__name__)
@@ -139,37 +140,22 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
     return requeued, failed
 
 
-class LeaseLoop:
+class LeaseLoop(PeriodicLoop):
     """A worker process's lease recovery when it runs no affinity loop (more than one turn slot, or
-    keeping off): a daemon thread that calls ``leases_take_back`` (at most ``LOOP_TAKE_BACK_LIMIT`` turns,
-    named ``by``) every ``HERMES_WORKER_HEARTBEAT_SECONDS`` on its own database connection, so that such a
-    worker, too, takes back a dead worker's turns without beat (``affinity.AffinityLoop`` does it for the
-    keeping workers). A failed round is logged and the next one tries again."""
+    keeping off): every ``HERMES_WORKER_HEARTBEAT_SECONDS`` (``periodic.PeriodicLoop``), ``leases_take_back``
+    of at most ``LOOP_TAKE_BACK_LIMIT`` turns, named ``by`` — so that such a worker, too, takes back a dead
+    worker's turns without beat (``affinity.AffinityLoop`` does it for the keeping workers)."""
+
+    name = "hermes-leases"
+    what = "lease recovery round"
+    tick_at_start = False
 
     def __init__(self, by: str) -> None:
         self.by = by
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hermes-leases", daemon=True)
+        super().__init__()
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(settings.HERMES_WORKER_HEARTBEAT_SECONDS):
-                try:
-                    close_old_connections()
-                    leases_take_back(limit=LOOP_TAKE_BACK_LIMIT, by=self.by)
-                except Exception:  # noqa: BLE001 — a database blip must not end the loop; beat's sweep also recovers
-                    logger.exception("lease recovery round of %s failed", self.by)
-                    connection.close()
-        finally:
-            connection.close()
+    def tick(self) -> None:
+        leases_take_back(limit=LOOP_TAKE_BACK_LIMIT, by=self.by)
 
 
 _lease_loop: tuple[int, LeaseLoop] | None = None
