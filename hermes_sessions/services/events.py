@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,7 @@ from django.utils import timezone
 from ..models import Session, Turn, TurnEvent
 from ..sanitize import clean_json, clean_text
 from .locks import lock_session_and_turn, lock_session_for_events
+from .pipelining import Batch, Later
 
 logger = logging.getLogger(__name__)
 
@@ -81,25 +83,42 @@ def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None, n
     return event
 
 
-def event_notify_on_commit(event: TurnEvent) -> None:
+def event_notify_on_commit(event: TurnEvent | HeldEvents) -> None:
     """Once the current transaction commits (and after the commit callbacks registered before this
     one), wake the listeners for ``event``, written with ``notify=False``: one ``pg_notify`` of its own.
     ``turn_enqueue`` sends the ``queued`` event's wake-up after the turn's task: the API process's own
     event-stream read it triggers then does not compete with that send (~2 ms of a warm turn on 2 cores,
-    ``make bench-warm``). If it cannot be sent, nothing is lost — streams re-read on their heartbeat."""
-    payload = f"{event.session_id} {event.turn_id} {event.pk}"
+    ``make bench-warm``). If it cannot be sent, nothing is lost — streams re-read on their heartbeat.
+    ``event``: a written event, or ``event_append_held``'s events (their last id, read after the commit)."""
 
     def send() -> None:
         if connection.vendor != "postgresql":
             return
+        last = event.pk if isinstance(event, TurnEvent) else event.last_id()
+        payload = f"{event.session_id} {event.turn_id} {last if last is not None else ''}".rstrip()
         try:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
         except DatabaseError:
-            logger.warning("event %s: the wake-up NOTIFY could not be sent; streams re-read on their heartbeat",
-                           event.pk, exc_info=True)
+            logger.warning("event %s of turn %s: the wake-up NOTIFY could not be sent; streams re-read on their "
+                           "heartbeat", last, event.turn_id, exc_info=True)
 
     transaction.on_commit(send)
+
+
+@dataclass(frozen=True)
+class HeldEvents:
+    """Events written by a statement held in a ``pipelining.Batch`` (``event_append_held``): their ids
+    are known once its round trip is done."""
+
+    session_id: str
+    turn_id: uuid.UUID
+    ids: Later[list[int] | None]
+
+    def last_id(self) -> int | None:
+        """The newest event's id (``None``: nothing was written)."""
+        ids = self.ids.get()
+        return ids[-1] if ids else None
 
 
 def event_append_many(*, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
@@ -265,6 +284,36 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
             TurnEvent(session_id=session_id, turn_id=turn_id, attempt=attempt, kind=kind, data=data, created_at=now)
             for kind, data in rows])
         return [e.pk for e in made]
+    with connection.cursor() as cursor:
+        cursor.execute(*_events_statement(session_id, turn_id, attempt, rows, now=now, token=token, notify=notify))
+        found = cursor.fetchone()
+    return None if found is None else list(found[0])
+
+
+def event_append_held(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
+                      notify: bool = True) -> HeldEvents:
+    """``event_append_many`` as a statement held in ``batch`` (``pipelining``) on PostgreSQL: it goes with
+    the batch's next round trip (the claim's and the finalize's: the one carrying the COMMIT), and its
+    ids are read from the result afterwards. For writers that hold the session lock already (the
+    enqueue, the claim, the finalize). Other databases write at once. Raises
+    ``TransactionManagementError`` outside a transaction."""
+    if not connection.in_atomic_block:
+        raise TransactionManagementError("event_append runs inside the transaction of the change it reports")
+    rows = [(kind, clean_json(data or {})) for kind, data in items]
+    if connection.vendor != "postgresql" or not rows:
+        ids = _insert_events(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify)
+        return HeldEvents(turn.session_id, turn.pk, Later.ready(ids))
+    statement = _events_statement(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify)
+    return HeldEvents(turn.session_id, turn.pk, batch.add(*statement, convert=_event_ids))
+
+
+def _event_ids(rows: list[tuple[Any, ...]]) -> list[int] | None:
+    return list(rows[0][0]) if rows else None
+
+
+def _events_statement(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows: list[tuple[str, Any]], *,
+                      now: datetime, token: uuid.UUID | None = None, notify: bool = True) -> tuple[str, dict[str, Any]]:
+    """``_insert_events``'s statement (PostgreSQL, ``_events_sql``) and its parameters."""
     json_field = TurnEvent._meta.get_field("data")
     params: dict[str, Any] = {"session": session_id, "turn": turn_id, "attempt": attempt, "now": now,
                               "token": token, "running": Turn.Status.RUNNING, "channel": CHANNEL,
@@ -273,11 +322,7 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
     for i, (kind, data) in enumerate(rows):
         params[f"k{i}"], params[f"d{i}"] = kind, json_field.get_db_prep_value(data, connection)
         values.append(f"({i}, %(k{i})s, %(d{i})s::jsonb)")
-    with connection.cursor() as cursor:
-        cursor.execute(_events_sql(claimed=token is not None, notify=notify).replace("{values}", ", ".join(values)),
-                       params)
-        found = cursor.fetchone()
-    return None if found is None else list(found[0])
+    return _events_sql(claimed=token is not None, notify=notify).replace("{values}", ", ".join(values)), params
 
 
 def _events_sql(*, claimed: bool, notify: bool = True) -> str:

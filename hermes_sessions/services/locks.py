@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from typing import Any
 
 from django.db import connection
 from django.db.transaction import TransactionManagementError
 
 from ..models import Session, Turn
+from .pipelining import Batch, Later
 from .rows import columns, instance_from_row
 
 
@@ -70,11 +72,28 @@ def lock_session_and_turn(turn_id: uuid.UUID | str, *, skip_locked: bool = False
         return session, Turn.objects.select_for_update().get(pk=pk)
     with connection.cursor() as cursor:
         cursor.execute(_lock_sql(skip_locked=skip_locked), {"turn": pk})
-        row = cursor.fetchone()
-    if row is None:
+        return _locked_rows(cursor.fetchall())
+
+
+def lock_session_and_turn_later(batch: Batch, turn_id: uuid.UUID | str) -> Later[tuple[Session, Turn] | None]:
+    """``lock_session_and_turn`` as a statement held in ``batch`` (``pipelining``): on PostgreSQL it goes
+    to the server with the batch's next round trip, so statements added after it (the claim's reads,
+    the finalize's rollout store) run under both locks in the same round trip. Other databases lock at
+    once. Raises ``ValidationError`` for an id that is not a UUID, ``TransactionManagementError``
+    outside ``transaction.atomic``."""
+    _require_transaction("lock_session_and_turn")
+    if connection.vendor != "postgresql":
+        return Later.ready(lock_session_and_turn(turn_id))
+    pk = Turn._meta.pk.to_python(turn_id)
+    return batch.add(_lock_sql(), {"turn": pk}, convert=_locked_rows)
+
+
+def _locked_rows(rows: list[tuple[Any, ...]]) -> tuple[Session, Turn] | None:
+    """The session and turn of ``_lock_sql``'s one row (``None``: no row)."""
+    if not rows:
         return None
     split = len(Session._meta.concrete_fields)
-    return instance_from_row(Session, row[:split]), instance_from_row(Turn, row[split:])
+    return instance_from_row(Session, rows[0][:split]), instance_from_row(Turn, rows[0][split:])
 
 
 def _lock_sql(*, skip_locked: bool = False) -> str:

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from ..codex.rollout_files import RolloutBase, RolloutDelta, RolloutDiverged, find_rollout, write_rollout
 from ..models import CodexRollout, RolloutChunk, Session
+from .pipelining import Batch, Later
 from .verbatim import rows_insert_verbatim
 
 logger = logging.getLogger(__name__)
@@ -159,23 +160,43 @@ def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str =
         _insert_chunk(row, seq=1, offset=0, data=delta.data)
         return
     if connection.vendor == "postgresql":
-        if not _store_fenced(delta, codex_version=codex_version):
-            raise RolloutFenced(f"rollout of thread {delta.thread_id} moved on from generation {base.generation}")
+        with connection.cursor() as cursor:
+            cursor.execute(*_store_fenced_statement(delta, codex_version=codex_version))
+            if cursor.fetchone() is None:
+                raise RolloutFenced(fenced_reason(delta))
         return
     moved = CodexRollout.objects.filter(
         thread_id=delta.thread_id, generation=base.generation, length=base.length, sha256=base.sha256
     ).update(length=delta.length, sha256=delta.sha256, generation=base.generation + 1, relpath=delta.relpath,
              codex_version=codex_version[:64], updated_at=timezone.now())
     if not moved:
-        raise RolloutFenced(f"rollout of thread {delta.thread_id} moved on from generation {base.generation}")
+        raise RolloutFenced(fenced_reason(delta))
     row = CodexRollout.objects.only("pk").get(thread_id=delta.thread_id)
     _insert_chunk(row, seq=base.generation + 1, offset=delta.offset, data=delta.data)
 
 
-def _store_fenced(delta: RolloutDelta, *, codex_version: str) -> bool:
+def rollout_store_held(batch: Batch, *, delta: RolloutDelta, codex_version: str = "") -> Later[bool] | None:
+    """``rollout_store`` of a rollout stored before (generation ≥ 1) as a statement held in ``batch``
+    (``pipelining``, PostgreSQL): the finalize sends it with its locks. Its value: ``False`` when fenced
+    out (the caller raises ``RolloutFenced``, ``fenced_reason``, and rolls back). ``None`` for what must
+    run as ``rollout_store`` once the locks are held: a first store (it checks for another writer's row
+    first) and other databases."""
+    if connection.vendor != "postgresql" or delta.base is None or delta.base.generation == 0:
+        return None
+    return batch.add(*_store_fenced_statement(delta, codex_version=codex_version), convert=bool)
+
+
+def fenced_reason(delta: RolloutDelta) -> str:
+    """``RolloutFenced``'s message for a delta whose base generation moved on."""
+    generation = delta.base.generation if delta.base is not None else 0
+    return f"rollout of thread {delta.thread_id} moved on from generation {generation}"
+
+
+def _store_fenced_statement(delta: RolloutDelta, *, codex_version: str) -> tuple[str, dict[str, Any]]:
     """``rollout_store``'s fenced header update and its chunk as one statement (PostgreSQL: the chunk is
-    inserted from the ``UPDATE … RETURNING id`` of the header, so a fenced-out update inserts nothing);
-    ``False``: fenced out. Raw SQL: the ORM's ``update()`` returns no id, which cost a third query."""
+    inserted from the ``UPDATE … RETURNING id`` of the header, so a fenced-out update inserts nothing and
+    returns no row), and its parameters. Raw SQL: the ORM's ``update()`` returns no id, which cost a
+    third query."""
     base = delta.base
     assert base is not None
     q = connection.ops.quote_name
@@ -197,9 +218,7 @@ def _store_fenced(delta: RolloutDelta, *, codex_version: str) -> bool:
                f"FROM u RETURNING {q('rollout_id')}")
     else:
         sql = update
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchone() is not None
+    return sql, params
 
 
 def rollout_forget(*, thread_id: str) -> int:

@@ -38,7 +38,8 @@ from ..models import CodexBinding, CodexRollout, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from . import affinity, bindings, dispatch, events, rollouts
 from .errors import InvalidInput, SessionBusy
-from .locks import lock_session_and_turn
+from .locks import lock_session_and_turn, lock_session_and_turn_later
+from .pipelining import Batch, Later, pipelined_atomic
 from .rows import row_update, row_update_sql, rows_insert_sql, touch
 from .turn_log import turn_ended_on_commit
 from .users import require_user
@@ -76,23 +77,20 @@ def turn_enqueue(
     if on_busy not in ON_BUSY:
         raise InvalidInput(f"on_busy must be one of {', '.join(ON_BUSY)}")
     created_by = None if user is None else require_user(user)
-    with transaction.atomic():
+    # Two round trips (``pipelining``): the lock, the draw and the reads; then the writes with the COMMIT.
+    with pipelined_atomic() as batch:
         # The session's row lock, taken by the UPDATE that draws the turn's seq (FOR NO KEY UPDATE — the
         # mode of the event lock, locks.lock_session_for_events — held to the commit): every other writer
         # of the session waits here, and this one waits for them (I3, docs/contract.md §8).
         now = timezone.now()
-        with connection.cursor() as cursor:
-            cursor.execute(_draw_seq_sql(), [Session._meta.get_field("updated_at").get_db_prep_save(now, connection),
-                                             session.pk])
-            if not cursor.rowcount:
-                raise Session.DoesNotExist(f"no session {session.pk!r}")
-            # A statement of its own, after the lock: its snapshot has every turn committed while it waited.
-            route_sql, route_params = affinity.session_route_sql(session.pk)
-            cursor.execute(_enqueue_reads_sql(route_sql), [
-                session.pk, Turn.Status.RUNNING, Turn.Status.QUEUED, session.pk, Turn.Status.RUNNING,
-                Turn.Status.QUEUED, *route_params, session.pk])
-            row = cursor.fetchone()
-        assert row is not None  # the row the UPDATE above locked
+        batch.add(_draw_seq_sql(), [Session._meta.get_field("updated_at").get_db_prep_save(now, connection), session.pk])
+        # A statement of its own, after the lock: its snapshot has every turn committed while it waited.
+        route_sql, route_params = affinity.session_route_sql(session.pk)
+        row = batch.add(_enqueue_reads_sql(route_sql), [
+            session.pk, Turn.Status.RUNNING, Turn.Status.QUEUED, session.pk, Turn.Status.RUNNING,
+            Turn.Status.QUEUED, *route_params, session.pk]).one()
+        if row is None:  # the UPDATE found no row to lock
+            raise Session.DoesNotExist(f"no session {session.pk!r}")
         seq, busy_id, busy_status, route = row
         if busy_id is not None:
             busy_id = Turn._meta.pk.to_python(busy_id)  # SQLite: hex text
@@ -104,9 +102,9 @@ def turn_enqueue(
             )
         # Stamped as sent now, in the row: the task goes out right after this transaction commits.
         turn = Turn(session=session, seq=seq, input=text, created_by=created_by, dispatched_at=timezone.now())
-        _insert_turn(turn)
+        _insert_turn(turn, batch)
         # Its event lock: held already (above). Its NOTIFY goes out after the task (event_notify_on_commit).
-        queued = events.event_append(turn=turn, kind=events.QUEUED, data={"seq": turn.seq}, notify=False)
+        queued = events.event_append_held(batch, turn=turn, items=[(events.QUEUED, {"seq": turn.seq})], notify=False)
         dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=route or "")
         events.event_notify_on_commit(queued)
     return turn
@@ -135,12 +133,11 @@ def _enqueue_reads_sql(route_sql: str) -> str:
             f"{route_sql} FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s")
 
 
-def _insert_turn(turn: Turn) -> None:
+def _insert_turn(turn: Turn, batch: Batch) -> None:
     """``turn.save()`` of a new turn without the ORM's compile: one INSERT of every concrete field
-    (``created_at``, ``auto_now_add``, set now as ``save`` would)."""
+    (``created_at``, ``auto_now_add``, set now as ``save`` would), held in ``batch``."""
     touch(turn, "created_at")
-    with connection.cursor() as cursor:
-        cursor.execute(*rows_insert_sql([turn], _TURN_FIELDS))
+    batch.add(*rows_insert_sql([turn], _TURN_FIELDS))
     turn._state.adding, turn._state.db = False, connection.alias
 
 
@@ -184,21 +181,28 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
     before it dispatches it when it ends, and the sweep re-dispatches any that were dropped.
     A durable transaction: raises ``RuntimeError`` inside another ``atomic`` block.
     """
-    with transaction.atomic(durable=True):
-        try:
-            locked = lock_session_and_turn(turn_id)
-        except (ValueError, TypeError, ValidationError):
-            locked = None
+    try:
+        pk = Turn._meta.pk.to_python(turn_id)
+    except (ValueError, TypeError, ValidationError):
+        pk = None
+    if pk is None:
+        logger.warning("turn %s does not exist; nothing to run", turn_id)
+        return None
+    # Three statements in one round trip, then the writes with the COMMIT in a second (``pipelining``).
+    with pipelined_atomic(durable=True) as batch:
+        lock = lock_session_and_turn_later(batch, pk)
+        reads = _claim_reads_later(batch, pk)
+        locked = lock.get()
         if locked is None:
             logger.warning("turn %s does not exist; nothing to run", turn_id)
             return None
         session, turn = locked
         if turn.status != Turn.Status.QUEUED:
             return None
-        reads = _runnable(session, turn)
-        if reads is None:
+        runnable = _runnable(session, turn, reads)
+        if runnable is None:
             return None
-        return _start_claim(session, turn, reads)
+        return _start_claim(session, turn, runnable, batch)
 
 
 def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:
@@ -225,13 +229,14 @@ class _ClaimReads:
     user_row: bool
 
 
-def _runnable(session: Session, turn: Turn) -> _ClaimReads | None:
-    """What the claim needs if the queued ``turn`` may run now, else ``None`` (caller holds the locks).
-    A turn cancelled while its worker was lost ends ``cancelled`` here instead (not run again)."""
+def _runnable(session: Session, turn: Turn, reads: Later[tuple[Any, ...] | None] | None) -> _ClaimReads | None:
+    """What the claim needs if the queued ``turn`` may run now, else ``None`` (caller holds the locks;
+    ``reads``: ``_claim_reads_later``'s row, PostgreSQL). A turn cancelled while its worker was lost ends
+    ``cancelled`` here instead (not run again)."""
     if turn.cancel_requested_at is not None:
         turn_end_cancelled_unrun(session, turn)
         return None
-    if connection.vendor != "postgresql":
+    if reads is None:
         # No turn of the session running, none queued before this one.
         if Turn.objects.filter(session=session).exclude(pk=turn.pk).filter(
                 Q(status=Turn.Status.RUNNING) | Q(status=Turn.Status.QUEUED, seq__lt=turn.seq)).exists():
@@ -241,12 +246,7 @@ def _runnable(session: Session, turn: Turn) -> _ClaimReads | None:
         return _ClaimReads(thread_id=binding.thread_id if binding else None,
                            rollout_generation=stored.generation if stored is not None else None,
                            user_row=Message.objects.filter(turn=turn, role=Message.Role.USER).exists())
-    with connection.cursor() as cursor:
-        cursor.execute(_claim_reads_sql(), {
-            "session": session.pk, "turn": turn.pk, "seq": turn.seq, "running": Turn.Status.RUNNING,
-            "queued": Turn.Status.QUEUED, "active": CodexBinding.Status.ACTIVE, "user": Message.Role.USER,
-            "reclaim": turn.attempt > 0})
-        row = cursor.fetchone()
+    row = reads.get()
     assert row is not None
     blocked, thread_id, generation, user_row = row
     if blocked:
@@ -254,30 +254,44 @@ def _runnable(session: Session, turn: Turn) -> _ClaimReads | None:
     return _ClaimReads(thread_id=thread_id, rollout_generation=generation, user_row=bool(user_row))
 
 
+def _claim_reads_later(batch: Batch, turn_id: uuid.UUID) -> Later[tuple[Any, ...] | None] | None:
+    """``_claim_reads_sql`` held in ``batch`` right after the claim's lock (PostgreSQL; ``None`` elsewhere):
+    sent in the lock's round trip, it runs once the lock statement is done, so its snapshot is taken
+    after the lock waits."""
+    if connection.vendor != "postgresql":
+        return None
+    return batch.add(_claim_reads_sql(), {
+        "turn": turn_id, "running": Turn.Status.RUNNING, "queued": Turn.Status.QUEUED,
+        "active": CodexBinding.Status.ACTIVE, "user": Message.Role.USER}, convert=lambda rows: rows[0] if rows else None)
+
+
+@functools.cache
 def _claim_reads_sql() -> str:
     """The claim's reads as one statement, after its locks (so it sees what committed before them —
     never folded into the locking statement, whose snapshot predates its lock waits): a turn of the
     session running or queued before this one (``blocked``), the active binding's thread (at most one:
     a partial unique constraint), the generation of that thread's stored rollout (``rollout_state``;
-    ``lower`` as ``rollout_state`` lower-cases codex's ASCII UUIDs) and, on a re-claim, the user row.
-    Raw SQL: the ORM would compile four queries per turn."""
+    ``lower`` as ``rollout_state`` lower-cases codex's ASCII UUIDs) and, on a re-claim (``attempt`` > 0),
+    the user row. It reads the turn's session, ``seq`` and ``attempt`` itself, by the turn's id: it is sent
+    with the lock, before the locked row is back (``_claim_reads_later``). A turn that does not exist
+    gives a row that nobody reads. Raw SQL: the ORM would compile four queries per turn."""
     q = connection.ops.quote_name
     turns, bindings_t, rollouts_t, messages = (
         q(m._meta.db_table) for m in (Turn, CodexBinding, CodexRollout, Message))
     return (
-        f"SELECT EXISTS (SELECT 1 FROM {turns} o WHERE o.{q('session_id')} = %(session)s "
-        f"AND o.{q('id')} <> %(turn)s AND (o.{q('status')} = %(running)s "
-        f"OR (o.{q('status')} = %(queued)s AND o.{q('seq')} < %(seq)s))), "
+        f"SELECT EXISTS (SELECT 1 FROM {turns} o WHERE o.{q('session_id')} = me.{q('session_id')} "
+        f"AND o.{q('id')} <> me.{q('id')} AND (o.{q('status')} = %(running)s "
+        f"OR (o.{q('status')} = %(queued)s AND o.{q('seq')} < me.{q('seq')}))), "
         f"b.{q('thread_id')}, "
         f"(SELECT r.{q('generation')} FROM {rollouts_t} r WHERE r.{q('thread_id')} = lower(b.{q('thread_id')})), "
-        f"CASE WHEN %(reclaim)s THEN EXISTS (SELECT 1 FROM {messages} m WHERE m.{q('turn_id')} = %(turn)s "
+        f"CASE WHEN me.{q('attempt')} > 0 THEN EXISTS (SELECT 1 FROM {messages} m WHERE m.{q('turn_id')} = me.{q('id')} "
         f"AND m.{q('role')} = %(user)s) ELSE false END "
-        f"FROM (SELECT 1) one LEFT JOIN {bindings_t} b ON b.{q('session_id')} = %(session)s "
-        f"AND b.{q('status')} = %(active)s"
+        f"FROM (SELECT 1) one LEFT JOIN {turns} me ON me.{q('id')} = %(turn)s "
+        f"LEFT JOIN {bindings_t} b ON b.{q('session_id')} = me.{q('session_id')} AND b.{q('status')} = %(active)s"
     )
 
 
-def _start_claim(session: Session, turn: Turn, reads: _ClaimReads) -> TurnClaim:
+def _start_claim(session: Session, turn: Turn, reads: _ClaimReads, batch: Batch) -> TurnClaim:
     token = uuid.uuid4()
     previous_thread_id = turn.codex_thread_id or None  # only set here by turn_note_thread of a lost attempt
     turn.status = Turn.Status.RUNNING
@@ -286,14 +300,14 @@ def _start_claim(session: Session, turn: Turn, reads: _ClaimReads) -> TurnClaim:
     turn.claim_token = token
     turn.lease_expires_at = _lease_deadline()
     # attempt > 1: what earlier attempts streamed is superseded (docs/contract.md §8).
-    events.event_append(turn=turn, kind=events.RUNNING, data={})
+    events.event_append_held(batch, turn=turn, items=[(events.RUNNING, {})])
     claimed = row_update_sql(turn, ["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
     # The user's row is written at the first claim; a re-claim (attempt > 1) finds it already there.
     if turn.attempt == 1 or not reads.user_row:
-        _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}], also=claimed)
+        _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}], also=claimed,
+                         batch=batch)
     else:
-        with connection.cursor() as cursor:
-            cursor.execute(*claimed)
+        batch.add(*claimed)
     return TurnClaim(
         turn_id=turn.id,
         session_id=session.id,
@@ -499,16 +513,28 @@ def _commit_turn_once(
     turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, *, status: str, error: str, bind: bool,
     warm_queue: str = "",
 ) -> Turn | None:
-    with transaction.atomic(durable=True):
-        locked = _lock_claimed(turn_id, token)
+    # A warm turn's finalize is two round trips (``pipelining``): the locks with the rollout's fenced
+    # store, then the rows, the turn's end and its events with the COMMIT.
+    with pipelined_atomic(durable=True) as batch:
+        lock = lock_session_and_turn_later(batch, turn_id)
+        t0 = time.monotonic()
+        # Sent with the locks and run under them; rolled back below if the claim is no longer held.
+        fence = (rollouts.rollout_store_held(batch, delta=result.rollout, codex_version=result.codex_version)
+                 if result.rollout is not None else None)
+        store_ms = (time.monotonic() - t0) * 1000
+        locked = _claimed(lock.get(), turn_id, token)
         if locked is None:
+            transaction.set_rollback(True)  # nothing of this turn is written, the rollout store included
             return None
         session, turn = locked
-        _append_messages(session, turn, result.messages)
         if result.rollout is not None:
             t0 = time.monotonic()
-            rollouts.rollout_store(session=session, delta=result.rollout, codex_version=result.codex_version)
-            result.timings["store_ms"] = round((time.monotonic() - t0) * 1000, 1)  # compress + chunk + header
+            if fence is None:
+                rollouts.rollout_store(session=session, delta=result.rollout, codex_version=result.codex_version)
+            elif not fence.get():
+                raise rollouts.RolloutFenced(rollouts.fenced_reason(result.rollout))
+            result.timings["store_ms"] = round(store_ms + (time.monotonic() - t0) * 1000, 1)  # compress + chunk + header
+        _append_messages(session, turn, result.messages, batch=batch)
         notice = ""
         if result.rotated_from and bindings.binding_rotate(session=session, turn=turn, thread_id=result.rotated_from,
                                                            reason=result.rotation_reason):
@@ -519,15 +545,26 @@ def _commit_turn_once(
             session_id=session.pk, queue=warm_queue if kept else "", thread_id=result.thread_id or "",
             generation=(delta.base.generation + 1 if delta is not None and delta.base and delta.base.generation else 1))
         _set_finish(turn, result, status=status, error=error)
-        end = _end_turn(session, turn, warm=warm)
+        end = _end_turn(session, turn, warm=warm, batch=batch)
         turn_ended_on_commit(turn)
-        if bind:  # after the turn's row is written: the same transaction, so still bound only with it (I1)
-            bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,
-                                     resumed=result.thread_action == Turn.ThreadAction.RESUMED, active=end.active)
-        _finish_events(turn, result, notice=notice)
-        if end.next_turn is not None:
-            dispatch.turn_dispatch_on_commit(end.next_turn, stamped=True)
+        resumed = result.thread_action == Turn.ThreadAction.RESUMED
+        if bind and not resumed:  # after the turn's row is written: the same transaction, so bound only with it (I1)
+            bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id, resumed=resumed,
+                                     active=end.get().active)
+        _finish_events(turn, result, notice=notice, batch=batch)
+        _dispatch_next_on_commit(end)
         return turn
+
+
+def _dispatch_next_on_commit(end: Later[_TurnEnd]) -> None:
+    """Once the finalize commits, send the session's next queued turn that ``_end_turn`` stamped (read
+    then: its statement travels with the COMMIT)."""
+    def send() -> None:
+        nxt = end.get().next_turn
+        if nxt is not None:
+            dispatch.turn_dispatch_on_commit(nxt, stamped=True)  # after the commit: sends at once
+
+    transaction.on_commit(send)
 
 
 @dataclass(frozen=True)
@@ -539,7 +576,7 @@ class _TurnEnd:
     next_turn: uuid.UUID | None
 
 
-def _end_turn(session: Session, turn: Turn, *, warm: tuple[str, list[Any]]) -> _TurnEnd:
+def _end_turn(session: Session, turn: Turn, *, warm: tuple[str, list[Any]], batch: Batch) -> Later[_TurnEnd]:
     """Write the ended ``turn`` (``_FINISH_FIELDS``) and ``warm`` (``affinity.warm_thread_record_sql``),
     stamp the session's next queued turn as dispatched (``dispatch.session_next_turn_sql``) and read the
     active binding, under the finalize's locks. One statement on PostgreSQL (data-modifying CTEs; its
@@ -557,15 +594,17 @@ def _end_turn(session: Session, turn: Turn, *, warm: tuple[str, list[Any]]) -> _
             "pk", flat=True).first()
         if nxt is not None:
             Turn.objects.filter(pk=nxt).update(dispatched_at=timezone.now())
-        return _TurnEnd(active=bindings.ActiveBinding(*active) if active else None, next_turn=nxt)
+        return Later.ready(_TurnEnd(active=bindings.ActiveBinding(*active) if active else None, next_turn=nxt))
     update, update_params = row_update_sql(turn, _FINISH_FIELDS)
     nxt_sql, nxt_params = dispatch.session_next_turn_sql(session.pk)
-    with connection.cursor() as cursor:
-        cursor.execute(_end_turn_sql(update, warm[0], nxt_sql),
-                       [*update_params, *warm[1], *nxt_params, session.pk, CodexBinding.Status.ACTIVE])
-        row = cursor.fetchone()
-    assert row is not None  # one row, whatever the joins find
-    nxt, binding_pk, thread_id = row
+    return batch.add(_end_turn_sql(update, warm[0], nxt_sql),
+                     [*update_params, *warm[1], *nxt_params, session.pk, CodexBinding.Status.ACTIVE],
+                     convert=_turn_end_row)
+
+
+def _turn_end_row(rows: list[tuple[Any, ...]]) -> _TurnEnd:
+    assert rows  # one row, whatever the joins find
+    nxt, binding_pk, thread_id = rows[0]
     return _TurnEnd(active=bindings.ActiveBinding(binding_pk, thread_id) if binding_pk is not None else None,
                     next_turn=nxt)
 
@@ -579,7 +618,7 @@ def _end_turn_sql(update: str, warm: str, nxt: str) -> str:
             f"LEFT JOIN {q(CodexBinding._meta.db_table)} b ON b.{q('session_id')} = %s AND b.{q('status')} = %s")
 
 
-def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "") -> None:
+def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "", batch: Batch) -> None:
     """The stream's last events of a turn, in its finalize transaction (``docs/contract.md`` §8):
     the thread action (with ``notice``, the rotation notice this transaction recorded), the usage, the
     terminal state — one insert, one NOTIFY; before them, what the worker's stream writer still held
@@ -592,12 +631,16 @@ def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "") -> None
     if turn.usage:
         items.append((events.USAGE, turn.usage))
     items.append(events.terminal_item(turn))
-    events.event_append_many(turn=turn, items=items)
+    events.event_append_held(batch, turn=turn, items=items)
 
 
 def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:
     """``lock_session_and_turn``, or ``None`` unless the turn is running under claim ``token``."""
-    locked = lock_session_and_turn(turn_id)
+    return _claimed(lock_session_and_turn(turn_id), turn_id, token)
+
+
+def _claimed(locked: tuple[Session, Turn] | None, turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:
+    """``locked`` (the locked session and turn), or ``None`` unless the turn is running under claim ``token``."""
     if locked is None:
         return None
     if locked[1].status != Turn.Status.RUNNING or locked[1].claim_token != token:
@@ -607,10 +650,11 @@ def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] 
 
 
 def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]], *,
-                     also: tuple[str, list[Any]] | None = None) -> None:
+                     also: tuple[str, list[Any]] | None = None, batch: Batch | None = None) -> None:
     """Append transcript rows with the session's next sequence numbers (caller holds the session lock).
     ``also``: another single-row write of the caller's transaction (``rows.row_update_sql``), sent with
-    them (the claim's turn update)."""
+    them (the claim's turn update). ``batch``: hold the PostgreSQL statement there (``pipelining``)
+    instead of running it now."""
     new = []
     for row in rows:
         session.last_message_seq += 1
@@ -643,8 +687,12 @@ def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]
     update, update_params = row_update_sql(session, ["last_message_seq", "updated_at"])
     insert, insert_params = rows_insert_sql(new, _MESSAGE_FIELDS)
     head, head_params = ("", []) if also is None else (f"a AS ({also[0]}), ", also[1])
+    statement = (f"WITH {head}s AS ({update}) {insert}", [*head_params, *update_params, *insert_params])
+    if batch is not None:
+        batch.add(*statement)
+        return
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH {head}s AS ({update}) {insert}", [*head_params, *update_params, *insert_params])
+        cursor.execute(*statement)
 
 
 _MESSAGE_FIELDS = ("session", "seq", "turn", "role", "content", "tool_calls", "tool_call_id", "reasoning",

@@ -16,14 +16,19 @@ from hermes_sessions.models import Turn, TurnWorker, WarmThread
 from hermes_sessions.services import affinity
 from project.celery import app as celery_app
 from tests.factories import SessionFactory
+from tests.support.round_trips import counting, round_trips_counted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The token, the session (owned by the caller), then one transaction: BEGIN, the UPDATE that locks the
-# session and draws the seq, the busy turn and the route, the turn's INSERT, the queued event's INSERT,
-# COMMIT; the send after the commit reads nothing; then the queued event's NOTIFY, sent after the task
-# (events.event_notify_on_commit: the API's own stream read it wakes does not compete with the send).
-TURN_POST_QUERIES = 9
+# The token, the session (owned by the caller), then one transaction in two round trips (psycopg's
+# pipeline mode, ``services.pipelining``): BEGIN, the UPDATE that locks the session and draws the seq, the
+# busy turn and the route; then the turn's INSERT, the queued event's INSERT and COMMIT. The send after the
+# commit reads nothing; then the queued event's NOTIFY, sent after the task (events.event_notify_on_commit:
+# the API's own stream read it wakes does not compete with the send). Round trips on the wire
+# (``tests.support.round_trips``); statements as Django records them (with its own BEGIN and COMMIT entries,
+# which send nothing here).
+TURN_POST_ROUND_TRIPS = 5
+TURN_POST_QUERIES = 11
 # The token, the turn (joined to its session's owner).
 TURN_GET_QUERIES = 2
 
@@ -51,7 +56,7 @@ def sends(monkeypatch) -> list[tuple[str, str | None, float | None]]:
         celery_app.conf.task_always_eager = True
 
 
-def test_a_turn_post_costs_nine_round_trips_with_its_routing(token_client, user, sends, settings,
+def test_a_turn_post_costs_five_round_trips_with_its_routing(token_client, user, sends, settings,
                                                             django_assert_max_num_queries, monkeypatch):
     from django.db import connection
 
@@ -66,11 +71,13 @@ def test_a_turn_post_costs_nine_round_trips_with_its_routing(token_client, user,
     TurnWorker.objects.create(queue=queue, node="round-trips@host", heartbeat_at=timezone.now())
     WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
                               until=timezone.now() + timedelta(seconds=60))
-    with django_assert_max_num_queries(TURN_POST_QUERIES) as captured:
+    with round_trips_counted() as wire, counting(wire) as trips, \
+            django_assert_max_num_queries(TURN_POST_QUERIES) as captured:
         base = len(connection.queries)
         response = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
                                      content_type="application/json")
     assert response.status_code == 202, response.content
+    assert trips == [TURN_POST_ROUND_TRIPS]
     turn = Turn.objects.get(pk=response.json()["id"])
     sqls = [q["sql"] for q in captured.captured_queries]
     assert sqls[-2] == "COMMIT" and sqls[-1].startswith("SELECT pg_notify(")  # nothing read after the commit
@@ -83,10 +90,11 @@ def test_a_turn_post_costs_nine_round_trips_with_its_routing(token_client, user,
 def test_a_turn_post_without_a_warm_worker_goes_to_the_shared_queue_alone(token_client, user, sends,
                                                                           django_assert_max_num_queries):
     session = SessionFactory(owner=user)
-    with django_assert_max_num_queries(TURN_POST_QUERIES):
+    with round_trips_counted() as wire, counting(wire) as trips, django_assert_max_num_queries(TURN_POST_QUERIES):
         response = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
                                      content_type="application/json")
     assert response.status_code == 202, response.content
+    assert trips == [TURN_POST_ROUND_TRIPS]
     assert sends == [(response.json()["id"], None, None)]
 
 

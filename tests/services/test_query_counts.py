@@ -1,8 +1,11 @@
 """The round trips of a warm turn's database work, pinned: the claim, one stream-event batch and the
-finalize (``turn_claim``, ``TurnEventWriter``, ``turn_finalize``). Each statement costs a round trip
-plus its Python on a CPU that codex shares (``make bench-warm``); a change that adds one fails here and
-must say why. Counts include ``BEGIN`` and ``COMMIT`` (Django records both). Also pinned: what those
-statements write, and the NOTIFY each transaction sends (``docs/contract.md`` §8)."""
+finalize (``turn_claim``, ``TurnEventWriter``, ``turn_finalize``). Each round trip costs wake-ups of two
+processes, and each statement its Python and the server's work, on a CPU that codex shares (``make
+bench-warm``); a change that adds one fails here and must say why. Round trips are counted on the wire
+(``tests.support.round_trips``: the claim and the finalize send their statements in psycopg's pipeline
+mode, ``services.pipelining``); statements as Django records them, which includes its own ``BEGIN`` and
+``COMMIT`` entries (a pipelined transaction's COMMIT is sent by ``pipelining`` and recorded twice). Also
+pinned: what those statements write, and the NOTIFY each transaction sends (``docs/contract.md`` §8)."""
 import hashlib
 import time
 
@@ -17,22 +20,26 @@ from hermes_sessions.models import CodexBinding, CodexRollout, Message, Session,
 from hermes_sessions.services import events, rollouts
 from hermes_sessions.services.events import TurnEventWriter
 from tests.support.dispatch import hold_dispatches
+from tests.support.round_trips import counting, round_trips_counted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 THREAD = "019a0000-0000-7000-8000-0000000000aa"
 STORED = b'{"type":"session_meta"}\n'
 
-#: BEGIN; lock session + turn (one statement); the reads (runnable, binding, rollout generation);
-#: the ``running`` event (session event lock + insert + NOTIFY); turn update + user row + session
-#: counter; COMMIT. Was 14.
-CLAIM_QUERIES = 6
+#: BEGIN; lock session + turn (one statement); the reads (runnable, binding, rollout generation) — one
+#: round trip; the ``running`` event (session event lock + insert + NOTIFY); turn update + user row +
+#: session counter; COMMIT — the second. Was 14 statements, then 6 round trips.
+CLAIM_QUERIES = 8
+CLAIM_ROUND_TRIPS = 2
 #: BEGIN; session event lock + claim check + insert + NOTIFY; COMMIT. Was 6.
 BATCH_QUERIES = 3
-#: BEGIN; lock; rows + session counter; rollout header + chunk; turn update + WarmThread upsert + the
-#: session's next queued turn (stamped) + the active binding (``turns._end_turn``); thread + usage +
-#: completed events with one NOTIFY; COMMIT. Was 27, then 10.
-FINALIZE_QUERIES = 7
+#: BEGIN; lock; rollout header + chunk — one round trip; rows + session counter; turn update + WarmThread
+#: upsert + the session's next queued turn (stamped) + the active binding (``turns._end_turn``); thread +
+#: usage + completed events with one NOTIFY; COMMIT — the second. Was 27 statements, then 10, then 7
+#: round trips.
+FINALIZE_QUERIES = 9
+FINALIZE_ROUND_TRIPS = 2
 
 
 @pytest.fixture
@@ -80,8 +87,9 @@ def test_a_warm_turn_claims_streams_and_finalizes_in_few_round_trips(
     queued_id = TurnEvent.objects.get(turn=turn).pk
     assert listener(1) == [f"{session.pk} {turn.pk} {queued_id}"]
 
-    with django_assert_num_queries(CLAIM_QUERIES):
+    with round_trips_counted() as wire, counting(wire) as trips, django_assert_num_queries(CLAIM_QUERIES):
         claim = services.turn_claim(turn_id=turn.id)
+    assert trips == [CLAIM_ROUND_TRIPS]
     assert claim is not None and claim.thread_id == THREAD and claim.rollout_generation == 3 and claim.attempt == 1
     turn.refresh_from_db()
     assert turn.status == Turn.Status.RUNNING and turn.claim_token == claim.token and turn.lease_expires_at
@@ -102,9 +110,10 @@ def test_a_warm_turn_claims_streams_and_finalizes_in_few_round_trips(
     outcome = _outcome(session, 1)
     outcome.stream_tail = writer.take_pending()
     assert [kind for kind, _ in outcome.stream_tail] == ["delta", "delta", "item"]
-    with django_assert_num_queries(FINALIZE_QUERIES):
+    with round_trips_counted() as wire, counting(wire) as trips, django_assert_num_queries(FINALIZE_QUERIES):
         done = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome,
                                       warm_queue="turns.worker-a")
+    assert trips == [FINALIZE_ROUND_TRIPS]
     assert done is not None and done.status == Turn.Status.SUCCEEDED
     done.refresh_from_db()
     assert (done.claim_token, done.final_text, done.usage, done.codex_methods) == (
@@ -153,14 +162,18 @@ def test_a_second_warm_claim_finds_the_stored_generation_and_a_busy_one_writes_n
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     second = services.turn_enqueue(session=session, input_text="two", user=user)
     claim = services.turn_claim(turn_id=first.id)
-    # The session is busy: the lock, the reads, and nothing written.
-    with django_assert_num_queries(4):
-        assert services.turn_claim(turn_id=second.id) is None
-    assert Turn.objects.get(pk=second.pk).status == Turn.Status.QUEUED
-    services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session, 1))
-    with django_assert_num_queries(CLAIM_QUERIES):
-        again = services.turn_claim(turn_id=second.id)
-    assert again is not None and again.rollout_generation == 4 and again.thread_id == THREAD
-    # A turn already running: the lock alone.
-    with django_assert_num_queries(3):
-        assert services.turn_claim(turn_id=second.id) is None
+    # The session is busy: the lock and the reads in one round trip, the COMMIT of nothing in another.
+    with round_trips_counted() as wire:
+        with counting(wire) as trips, django_assert_num_queries(6):
+            assert services.turn_claim(turn_id=second.id) is None
+        assert trips == [2]
+        assert Turn.objects.get(pk=second.pk).status == Turn.Status.QUEUED
+        services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session, 1))
+        with counting(wire) as trips, django_assert_num_queries(CLAIM_QUERIES):
+            again = services.turn_claim(turn_id=second.id)
+        assert trips == [CLAIM_ROUND_TRIPS]
+        assert again is not None and again.rollout_generation == 4 and again.thread_id == THREAD
+        # A turn already running: the lock (with the reads, sent with it), then the COMMIT.
+        with counting(wire) as trips, django_assert_num_queries(6):
+            assert services.turn_claim(turn_id=second.id) is None
+        assert trips == [2]

@@ -1,0 +1,110 @@
+"""``services.pipelining``: a transaction's statements sent together (psycopg's pipeline mode) keep the
+semantics of one-at-a-time statements — program order, all-or-nothing, commit callbacks only after the
+commit — and cost the round trips they claim, on the wire (``tests.support.round_trips``)."""
+import hashlib
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from hermes_sessions import services
+from hermes_sessions.models import CodexBinding, CodexRollout, Session, Turn
+from hermes_sessions.services.pipelining import pipelined_atomic
+from tests.services.test_query_counts import STORED, THREAD, _outcome
+from tests.support.dispatch import hold_dispatches
+from tests.support.round_trips import counting, round_trips_counted
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TITLE = 'UPDATE "hermes_sessions_session" SET "title" = %s WHERE "id" = %s'
+
+
+def _title(pk):
+    return Session.objects.get(pk=pk).title
+
+
+def test_held_statements_and_the_commit_go_in_one_round_trip_and_callbacks_run_after_it(user):
+    session = services.session_create(owner=user)
+    ran = []
+    with round_trips_counted() as wire, counting(wire) as trips:
+        with pipelined_atomic(durable=True) as batch:
+            first = batch.add(TITLE + " RETURNING title", ["one", session.pk])
+            batch.add(TITLE, ["two", session.pk])
+            transaction.on_commit(lambda: ran.append(_title(session.pk)))
+            assert batch.held == 2 and not ran
+    assert trips == [2]  # BEGIN + both + COMMIT; then the callback's own read
+    assert first.one() == ("one",) and first.rowcount == 1
+    assert ran == ["two"]  # after the commit, and it sees it
+    assert batch.round_trips == 1
+
+
+def test_another_statement_sends_what_is_held_first(user):
+    """Program order: an ORM query while statements are held sends them before itself."""
+    session = services.session_create(owner=user)
+    with pipelined_atomic() as batch:
+        batch.add(TITLE, ["held", session.pk])
+        assert batch.held == 1
+        assert _title(session.pk) == "held"  # the ORM read ran after the held UPDATE
+        assert batch.held == 0
+    assert _title(session.pk) == "held"
+
+
+def test_a_failing_statement_rolls_back_the_whole_transaction_and_no_callback_runs(user):
+    session = services.session_create(owner=user)
+    ran = []
+    with pytest.raises(IntegrityError), pipelined_atomic(durable=True) as batch:
+        batch.add(TITLE, ["changed", session.pk])
+        batch.add('INSERT INTO "hermes_sessions_session" ("id") VALUES (%s)', [session.pk])  # NOT NULL / duplicate
+        transaction.on_commit(lambda: ran.append(True))
+    assert _title(session.pk) == "" and ran == []
+    # The connection is usable afterwards, out of any transaction.
+    assert connection.in_atomic_block is False and Session.objects.filter(pk=session.pk).exists()
+
+
+def test_an_exception_in_the_block_sends_nothing_held(user):
+    session = services.session_create(owner=user)
+    with pytest.raises(RuntimeError), pipelined_atomic(durable=True) as batch:
+        batch.add(TITLE, ["never", session.pk])
+        raise RuntimeError("the caller gave up")
+    assert _title(session.pk) == ""
+
+
+def test_set_rollback_commits_nothing_that_was_sent(user):
+    session = services.session_create(owner=user)
+    with pipelined_atomic(durable=True) as batch:
+        batch.add(TITLE, ["sent, then undone", session.pk]).one()  # sent: one round trip
+        transaction.set_rollback(True)
+    assert _title(session.pk) == ""
+
+
+def test_inside_another_transaction_statements_run_at_once_and_the_outer_one_decides(user):
+    """Never a COMMIT of the caller's transaction: a nested block is a savepoint, each ``add`` runs now."""
+    session = services.session_create(owner=user)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        with pipelined_atomic() as batch:
+            assert not batch.pipelined
+            assert batch.add(TITLE, ["inner", session.pk]).rowcount == 1  # known at once
+        assert _title(session.pk) == "inner"
+        raise RuntimeError("outer rollback")
+    assert _title(session.pk) == ""
+
+
+def test_a_transaction_that_sent_nothing_commits_nothing(user):
+    with round_trips_counted() as wire, counting(wire) as trips, pipelined_atomic(durable=True):
+        pass
+    assert trips == [0]
+
+
+def test_a_finalize_whose_claim_is_gone_leaves_the_rollout_store_sent_with_its_locks_undone(user, monkeypatch):
+    """The finalize sends the rollout's fenced store with its locks, before it knows whether its claim still
+    holds; a lost claim rolls it back with everything else."""
+    hold_dispatches(monkeypatch)
+    session = services.session_create(owner=user)
+    CodexBinding.objects.create(session=session, thread_id=THREAD)
+    CodexRollout.objects.create(thread_id=THREAD, session=session, relpath="sessions/r.jsonl", length=len(STORED),
+                                sha256=hashlib.sha256(STORED).hexdigest(), generation=3)
+    turn = services.turn_enqueue(session=session, input_text="hi", user=user)
+    claim = services.turn_claim(turn_id=turn.id)
+    Turn.objects.filter(pk=turn.pk).update(claim_token=None)  # another worker took it back meanwhile
+    assert services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session, 1)) is None
+    rollout = CodexRollout.objects.get(thread_id=THREAD)
+    assert rollout.generation == 3 and rollout.length == len(STORED) and not rollout.chunks.exists()
