@@ -572,3 +572,12 @@ def test_head_and_options_under_the_test_clients(token, claimed):
         response = sync.options(path, **auth)
         assert (response.status_code, response["Allow"]) == (200, STREAM_ALLOW)
         assert sync.options(path).status_code == 401
+
+
+def test_a_doubled_slash_api_path_is_a_json_404_on_the_real_server(server, token):
+    """``tests/api/test_api_paths.py``'s failing input, ``GET //api/sessions/``, as uvicorn passes it on
+    (it does not collapse slashes): the API's JSON 404, not Django's HTML page."""
+    for path in ("//api/sessions/", "/api//sessions/", "//api"):
+        status, headers, body, _ = _raw(server.port, "GET", path, token)
+        assert (status, headers["content-type"]) == (404, "application/json"), (path, body[:200])
+        assert json.loads(body) == {"detail": f"No API endpoint at {path}; GET /api/ lists them.", "code": "not_found"}
