@@ -1,8 +1,11 @@
 """Request hygiene that applies to every URL (API and admin)."""
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.urls import is_valid_path
+
+from .api.errors import error_json_response
+from .api.paths import is_api_request
 
 
 class RejectNulMiddleware:
@@ -46,9 +49,8 @@ class RequireContentLengthMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.META.get("HTTP_TRANSFER_ENCODING") and request.META.get("CONTENT_LENGTH") in (None, "", "0"):
             reason = "A request body needs a Content-Length header; chunked bodies are not accepted."
-            if request.path.startswith("/api/"):
-                return JsonResponse({"detail": reason, "code": "length_required"}, status=411,
-                                    json_dumps_params={"separators": (",", ":")})
+            if is_api_request(request):
+                return error_json_response(411, reason, "length_required")
             return HttpResponse(reason, status=411, content_type="text/plain")
         return self.get_response(request)
 
@@ -79,6 +81,6 @@ class ApiOptionalSlashMiddleware:
 
 
 def _refuse(request: HttpRequest, reason: str) -> HttpResponse:
-    if request.path.startswith("/api/"):
-        return JsonResponse({"detail": reason, "code": "bad_request"}, status=400)
+    if is_api_request(request):  # also //api/…: api.paths
+        return error_json_response(400, reason, "bad_request")
     return HttpResponseBadRequest(reason, content_type="text/plain")

@@ -4,14 +4,16 @@ The ``handler…`` views answer JSON under ``/api/`` (``hermes_sessions/api/hand
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import TemplateView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView
+
+from hermes_sessions.api.schema import ApiDocsView
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="landing.html"), name="landing"),
     path("admin/", admin.site.urls),
     path("api/", include("hermes_sessions.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
 ]
 
 handler400 = "hermes_sessions.api.handlers.bad_request"

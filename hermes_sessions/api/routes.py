@@ -38,7 +38,8 @@ def _routes() -> list[dict[str, Any]]:
         if not isinstance(pattern, URLPattern) or pattern.name == "root":
             continue
         view_class = getattr(pattern.callback, "cls", None) or getattr(pattern.callback, "view_class", None)
-        if view_class is None:  # a function view: the event streams (api/streams.py), GET only
+        # HEAD and OPTIONS are left out: every route answers them (DRF's views, and api/streams.py's).
+        if view_class is None:  # a function view: the event streams (api/streams.py), GET (+ HEAD, OPTIONS)
             methods, doc = ["GET"], (pattern.callback.__doc__ or "").strip()
         else:
             methods = [m for m in view_class().allowed_methods if m not in ("HEAD", "OPTIONS")]

@@ -1,9 +1,13 @@
 """OpenAPI for what drf-spectacular cannot see: the server-sent-event endpoints (``api/streams.py``)
 are async Django views, so a postprocessing hook (``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``)
-adds them — a ``text/event-stream`` 200 and the API's JSON error body for 400/401/404/503."""
+adds them — a ``text/event-stream`` 200 and the API's JSON error body for 400/401/404/503. And the
+Swagger UI page's view (``ApiDocsView``)."""
 from __future__ import annotations
 
 from typing import Any
+
+from drf_spectacular.views import SpectacularSwaggerView
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 
 # The API's one error body (``api/openapi.py`` ErrorSerializer, component "Error"), as every other
 # operation documents its 4xx (docs/contract.md §9).
@@ -63,3 +67,18 @@ def add_event_streams(result: dict[str, Any], generator: Any, request: Any, publ
                "description": "The session id (see POST /api/sessions/)."},
     )}
     return result
+
+
+# drf-spectacular's page view renders only HTML templates, so its OPTIONS (a body without a template) was a
+# 500 TemplateDoesNotExist (found by tests/api/test_optional_slash.py's walk of every method). Its docstring
+# is what OPTIONS shows a client.
+class ApiDocsView(SpectacularSwaggerView):
+    """The schema of this API rendered by Swagger UI (an HTML page).
+
+    ``GET /api/docs/``; ``OPTIONS`` answers JSON, as on every route."""
+
+    def get_renderers(self) -> list[BaseRenderer]:
+        """JSON for ``OPTIONS``, the page's HTML renderer for everything else."""
+        if self.request is not None and self.request.method == "OPTIONS":
+            return [JSONRenderer()]
+        return super().get_renderers()

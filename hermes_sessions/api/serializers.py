@@ -88,7 +88,8 @@ class SessionCreateSerializer(serializers.Serializer):
         max_length=64,
         validators=[RegexValidator(SESSION_ID_PATTERN, message=SESSION_ID_RULE)],
         help_text="Optional client-chosen id: 1-64 of letters, digits, '.', '_', ':' or '-', starting with a "
-        "letter or digit; empty or absent: the server picks `sess-<hex>`.",
+        "letter or digit; empty or absent: the server picks `sess-<hex>` (random). Ids are one namespace for "
+        "all users: an id anyone holds is a 409, so a chosen id is a public name, not a secret.",
     )
     title = StrictTextField(required=False, allow_blank=True, max_length=200, default="", help_text="May be empty.")
     model_config = ModelConfigField(required=False, default=dict)

@@ -5,6 +5,11 @@ open stream holds no sync worker under ASGI (``project/asgi.py``, ``make run``).
     GET /api/sessions/{session_id}/events/  every turn's events from now on (or from Last-Event-ID); ends only
                                             when the session is deleted
 
+Both also answer ``HEAD`` (GET's status and headers, no body: no stream is opened) and ``OPTIONS``
+(200, ``Allow: GET, HEAD, OPTIONS`` and a description, as DRF's views answer it), each after the same
+checks as GET: 401 without valid credentials, 404 for a turn or session that is not the caller's
+(adversary, session 7: both were a 405). Any other method is a JSON 405 with that ``Allow``.
+
 A stream whose turn or session is deleted (``manage.py prune_sessions``, the admin) ends with ``event: gone``
 (no ``id:``; data: the 404 a reconnect would get), found by the read on the next heartbeat tick.
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -47,6 +53,11 @@ logger = logging.getLogger(__name__)
 
 #: Client reconnection delay sent once at the start (``retry:``), milliseconds.
 RETRY_MS = 1000
+#: The methods of both stream URLs, in DRF's order (its ``Allow`` header: ``GET, HEAD, OPTIONS``).
+STREAM_METHODS = ("GET", "HEAD", "OPTIONS")
+ALLOW = ", ".join(STREAM_METHODS)
+#: ``json.dumps`` settings of the API's bodies (compact, UTF-8 kept: as DRF renders).
+_JSON = {"separators": (",", ":"), "ensure_ascii": False}
 
 
 def _error(status: int, detail: str, code: str, **headers: str) -> JsonResponse:
@@ -213,24 +224,63 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
         events_hub.unsubscribe(sub)
 
 
-def _stream_response(scope: _Scope, after: int) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(_events(scope, after), content_type="text/event-stream; charset=utf-8")
+async def _no_events() -> AsyncIterator[bytes]:
+    """The body of a ``HEAD``: nothing, at once (an async iterator, as GET's, so the headers match)."""
+    for _ in ():
+        yield b""
+
+
+def _stream_response(body: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    """A stream's 200: ``text/event-stream``, not cached, not buffered by a proxy; no ``Content-Length``."""
+    response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy (nginx) must not buffer the stream
     return response
 
 
-async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int] | None],
-                missing: str) -> HttpResponse | StreamingHttpResponse:
-    """Authenticate, parse the resume point, resolve the scope (404), then stream."""
+def _options_response(view: Callable[..., Any]) -> JsonResponse:
+    """``OPTIONS``: 200 with ``Allow`` and the body DRF's ``SimpleMetadata`` gives its views (``name``,
+    ``description``, ``renders``, ``parses``), so a client sees the same shape on every route."""
+    body = {
+        "name": view.__name__.replace("_", " ").title(),  # as DRF names a view from its class: "Turn Events"
+        "description": inspect.getdoc(view) or "",
+        "renders": ["text/event-stream"],
+        "parses": [],  # no request body
+    }
+    response = JsonResponse(body, json_dumps_params=_JSON)
+    response["Allow"] = ALLOW
+    return response
+
+
+def _refusal(request: HttpRequest) -> tuple[JsonResponse | None, int | None]:
+    """The checks before the database, for a stream URL: ``(refusal, None)`` — 405 (a method other than
+    GET, HEAD, OPTIONS), 501 (GET or HEAD under WSGI), 400 (a bad resume point) — or ``(None, the
+    resume point)``. OPTIONS skips the two that concern only a stream: it answers under WSGI too and
+    ignores ``Last-Event-ID``."""
+    method = request.method or ""
+    if method not in STREAM_METHODS:
+        return _error(405, f'Method "{method}" not allowed.', "method_not_allowed", Allow=ALLOW), None
+    if method == "OPTIONS":
+        return None, None
     if not isinstance(request, ASGIRequest):
         # Under WSGI (runserver, gunicorn project.wsgi) Django would buffer an endless stream in memory.
         return _error(501, "Event streams need the ASGI server: make run, or uvicorn project.asgi:application.",
-                      "asgi_required")
+                      "asgi_required"), None
     try:
-        after = _last_event_id(request)
+        return None, _last_event_id(request)
     except ValueError:
-        return _error(400, "Last-Event-ID / last_event_id must be a non-negative integer event id.", "invalid_event_id")
+        return _error(400, "Last-Event-ID / last_event_id must be a non-negative integer event id.",
+                      "invalid_event_id"), None
+
+
+async def _open(request: HttpRequest, view: Callable[..., Any], resolve: Callable[[Any], tuple[_Scope, int] | None],
+                missing: str) -> HttpResponse | StreamingHttpResponse:
+    """Answer a stream URL: ``_refusal``'s checks, then the user (401) and the scope (404) — for GET,
+    HEAD and OPTIONS alike — then GET streams, HEAD answers GET's headers with an empty body (no stream
+    is opened, nothing is held) and OPTIONS describes the route (``_options_response``)."""
+    refusal, after = _refusal(request)
+    if refusal is not None:
+        return refusal
 
     def lookup() -> tuple[_Scope, int] | None:
         user = _authenticate(request)
@@ -242,25 +292,26 @@ async def _open(request: HttpRequest, resolve: Callable[[Any], tuple[_Scope, int
         logger.warning("event stream refused with 503: the database could not serve it: %s", exc)
         return _error(503, DatabaseUnavailable.default_detail, DatabaseUnavailable.default_code,
                       **{"Retry-After": str(RETRY_AFTER_SECONDS)})
-    except exceptions.AuthenticationFailed as exc:
-        return _error(401, str(exc.detail), str(exc.get_codes()), **{"WWW-Authenticate": "Token"})
-    except exceptions.NotAuthenticated as exc:
+    except (exceptions.AuthenticationFailed, exceptions.NotAuthenticated) as exc:
         return _error(401, str(exc.detail), str(exc.get_codes()), **{"WWW-Authenticate": "Token"})
     if found is None:
         return _error(404, missing, "not_found")
-    return _stream_response(*found)
+    if request.method == "OPTIONS":
+        return _options_response(view)
+    if request.method == "HEAD":
+        return _stream_response(_no_events())
+    return _stream_response(_events(*found))
 
 
-# csrf_exempt: these views only read (any other method is a JSON 405), and without it Django's CSRF
-# check answered a POST with its HTML 403 page before the view could say so.
+# csrf_exempt: these views only read (GET, HEAD, OPTIONS; any other method is a JSON 405), and without it
+# Django's CSRF check answered a POST with its HTML 403 page before the view could say so.
 @csrf_exempt
 async def turn_events(request: HttpRequest, turn_id: str) -> HttpResponse | StreamingHttpResponse:
     """A turn's events, live, as server-sent events.
 
     ``GET /api/turns/{turn_id}/events/``: the turn's events, from the first (or after
-    ``Last-Event-ID``); the stream ends after ``completed`` / ``failed`` / ``cancelled``."""
-    if request.method != "GET":
-        return _error(405, f'Method "{request.method}" not allowed.', "method_not_allowed", Allow="GET")
+    ``Last-Event-ID``); the stream ends after ``completed`` / ``failed`` / ``cancelled``. ``HEAD``:
+    the same checks and headers, no body. ``OPTIONS``: the allowed methods."""
 
     def resolve(args: tuple[Any, int | None]) -> tuple[_Scope, int] | None:
         user, after = args
@@ -270,20 +321,19 @@ async def turn_events(request: HttpRequest, turn_id: str) -> HttpResponse | Stre
             return None
         return _Scope(session_id=turn.session_id, turn_id=turn.pk), after or 0
 
-    return await _open(request, resolve, "No such turn.")
+    return await _open(request, turn_events, resolve, "No such turn.")
 
 
-# csrf_exempt: these views only read (any other method is a JSON 405), and without it Django's CSRF
-# check answered a POST with its HTML 403 page before the view could say so.
+# csrf_exempt: these views only read (GET, HEAD, OPTIONS; any other method is a JSON 405), and without it
+# Django's CSRF check answered a POST with its HTML 403 page before the view could say so.
 @csrf_exempt
 async def session_events(request: HttpRequest, session_id: str) -> HttpResponse | StreamingHttpResponse:
     """A session's events, live, as server-sent events.
 
     ``GET /api/sessions/{session_id}/events/``: the events of every turn of the session from now
     on (``Last-Event-ID`` / ``?last_event_id=``: after that id; ``0`` replays all); ends only with
-    ``event: gone`` when the session is deleted."""
-    if request.method != "GET":
-        return _error(405, f'Method "{request.method}" not allowed.', "method_not_allowed", Allow="GET")
+    ``event: gone`` when the session is deleted. ``HEAD``: the same checks and headers, no body.
+    ``OPTIONS``: the allowed methods."""
 
     def resolve(args: tuple[Any, int | None]) -> tuple[_Scope, int] | None:
         user, after = args
@@ -292,4 +342,4 @@ async def session_events(request: HttpRequest, session_id: str) -> HttpResponse 
         start = after if after is not None else selectors.session_last_event_id(session_id=session_id)
         return _Scope(session_id=session_id), start
 
-    return await _open(request, resolve, "No such session.")
+    return await _open(request, session_events, resolve, "No such session.")

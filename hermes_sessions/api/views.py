@@ -128,7 +128,8 @@ class ApiRootView(APIView):
                 "(`code` `invalid`, `invalid_setting`, `invalid_idempotency_key`, `parse_error`).",
                 s403="A model_config setting reserved to staff (`forbidden_setting`), or a POST with the session "
                 "cookie and no CSRF token.",
-                s409="The session id is taken (`session_id_taken`).",
+                s409="The session id is taken — by you or by anyone: session ids are one namespace, and the "
+                "answer is the same either way (`session_id_taken`; docs/contract.md §9).",
             ),
         },
     ),
@@ -160,7 +161,9 @@ class SessionListCreateView(_ApiView, generics.ListCreateAPIView):
                 title=data.get("title", ""),
                 model_config=data.get("model_config") or {},
             ),
-            load=lambda pk: Session.objects.get(pk=pk),
+            # Among the caller's sessions only: an id is one namespace for all users, so the key's session may
+            # have been deleted and its id taken by someone else since (then the key is spent: 409 below).
+            load=lambda pk: selectors.session_owned(user=request.user, session_id=pk),
         )
         session = selectors.session_get(user=request.user, session_id=session.id)
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -235,7 +238,7 @@ class TurnListCreateView(_ApiView, generics.ListAPIView):
                 user=request.user,
                 on_busy=body.validated_data["on_busy"],
             ),
-            load=lambda pk: Turn.objects.get(pk=pk),
+            load=lambda pk: Turn.objects.get(pk=pk, session=session),
         )
         return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
 

@@ -22,7 +22,9 @@ def session_create(
 
     ``session_id`` is the client's choice (validated against ``models.SESSION_ID_RE``) or a generated
     ``sess-<hex>``. ``model_config`` is cleaned by ``policy.validate_model_config`` (raises
-    ``policy.PolicyError``). Raises ``SessionIdTaken`` when the id exists (whoever owns it).
+    ``policy.PolicyError``). Raises ``SessionIdTaken`` when the id exists, whoever owns it, with a
+    message that names only the id: ids are one namespace for all users, so "taken" is the one thing a
+    caller learns about another user's session (``docs/contract.md`` §9, "Session ids").
     """
     config = policy.validate_model_config(model_config, is_staff=bool(getattr(owner, "is_staff", False)))
     session = Session(owner=require_user(owner), title=clean_text(title, max_chars=200), model_config=clean_json(config))

@@ -3,12 +3,16 @@ the test database: errors, resuming, NOTIFY wake-ups and the SSE pitfalls of ``.
 (each test names its row)."""
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
+from asgiref.sync import async_to_sync
+from asgiref.testing import ApplicationCommunicator
 from django.db import connection
+from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -20,9 +24,11 @@ from hermes_sessions.models import Session
 from hermes_sessions.services import events
 from hermes_sessions.services.events import TurnEventWriter
 from hermes_sessions.services.turns import TurnClaim
+from project.asgi_handler import HermesASGIHandler
 from tests.factories import UserFactory
 from tests.support.dispatch import hold_dispatches
 from tests.support.sse import ApiServer, open_stream
+from tests.test_asgi_handler import _scope
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the server process reads what the test commits
 
@@ -340,7 +346,7 @@ def test_another_method_on_a_stream_is_a_json_405_not_the_csrf_page(claimed, tok
         response = getattr(client, method)(path, HTTP_AUTHORIZATION=f"Token {token}")
         assert response.status_code == 405, (method, path)
         assert response["Content-Type"].startswith("application/json")
-        assert response.json()["code"] == "method_not_allowed" and response["Allow"] == "GET"
+        assert response.json()["code"] == "method_not_allowed" and response["Allow"] == "GET, HEAD, OPTIONS"
 
 
 def test_a_chunked_body_is_a_json_411_not_an_empty_request(server, token):
@@ -452,3 +458,126 @@ def test_a_stream_that_cannot_be_opened_for_the_database_is_503_not_500(monkeypa
     monkeypatch.setattr(streams, "_authenticate", unavailable)
     status, body = _run(HermesASGIHandler(), _scope("/api/sessions/s1/events/"))
     assert status == 503 and b'"code":"database_unavailable"' in body
+
+
+# HEAD and OPTIONS (adversary, session 7: both answered 405 on the stream URLs). A client expects what
+# DRF's views answer: HEAD is GET without a body — and here without a stream held open —, OPTIONS is 200
+# with Allow; both refuse as GET does (401, 404).
+
+STREAM_ALLOW = "GET, HEAD, OPTIONS"
+
+
+def _raw(port: int, method: str, path: str, token: str | None) -> tuple[int, dict[str, str], bytes, float]:
+    """One request with ``Connection: close``, read until the server closes: status, headers (lower-case
+    names), body and the seconds it took. A response the server does not end (a stream) times out."""
+    auth = f"Authorization: Token {token}\r\n" if token else ""
+    request = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n".encode()
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=HEARTBEAT * 2) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body, time.monotonic() - started
+
+
+def _stream_paths(claim: TurnClaim) -> list[str]:
+    return [f"/api/turns/{claim.turn_id}/events/", f"/api/sessions/{claim.session_id}/events/"]
+
+
+def test_head_on_a_stream_answers_gets_headers_with_no_body_and_no_open_stream(server, token, claimed):
+    """Under gunicorn + uvicorn (``make run``): the running turn's stream and the session's stream never
+    end by themselves, so a HEAD that opened one would not be closed within a heartbeat."""
+    for path in _stream_paths(claimed):
+        stream = open_stream(server.port, path, token)
+        get_headers = {name.lower(): value for name, value in stream.resp.getheaders()}
+        stream.close()
+        status, headers, body, seconds = _raw(server.port, "HEAD", path, token)
+        assert (status, body) == (200, b""), (path, status, body)
+        assert seconds < HEARTBEAT, f"{path}: HEAD held the connection {seconds:.1f} s"
+        for name in ("content-type", "cache-control", "x-accel-buffering"):
+            assert headers.get(name) == get_headers.get(name), (path, name, headers)
+
+
+def test_head_and_options_on_a_stream_refuse_as_get_does(server, token, claimed):
+    other = Token.objects.create(user=UserFactory()).key
+    for path in _stream_paths(claimed):
+        for method in ("HEAD", "OPTIONS"):
+            status, headers, body, _ = _raw(server.port, method, path, None)
+            assert (status, headers.get("www-authenticate")) == (401, "Token"), (method, path)
+            assert _raw(server.port, method, path, "0" * 40)[0] == 401, (method, path)
+            assert _raw(server.port, method, path, other)[0] == 404, (method, path)  # someone else's
+        status, headers, body, _ = _raw(server.port, "OPTIONS", path, None)
+        assert headers["content-type"] == "application/json" and b'"code":"not_authenticated"' in body
+        assert _raw(server.port, "HEAD", path + "?last_event_id=-3", token)[0] == 400
+    for method in ("HEAD", "OPTIONS"):
+        assert _raw(server.port, method, "/api/turns/not-a-uuid/events/", token)[0] == 404
+        assert _raw(server.port, method, "/api/sessions/no-such-session/events/", token)[0] == 404
+
+
+def test_options_on_a_stream_answers_like_drfs_views(server, token, claimed):
+    for path in _stream_paths(claimed):
+        status, headers, body, _ = _raw(server.port, "OPTIONS", path, token)
+        assert (status, headers["allow"], headers["content-type"]) == (200, STREAM_ALLOW, "application/json")
+        described = json.loads(body)
+        assert set(described) == {"name", "description", "renders", "parses"}  # DRF's SimpleMetadata keys
+        assert described["renders"] == ["text/event-stream"] and described["parses"] == []
+        assert described["name"] in ("Turn Events", "Session Events") and described["description"]
+    drf = APIClient()
+    drf.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    assert set(drf.options(f"/api/sessions/{claimed.session_id}/").json()) == set(described)
+
+
+def _asgi(method: str, path: str, token: str) -> tuple[int, dict[bytes, bytes], bytes]:
+    """``method path`` through the ASGI application in this process (as uvicorn calls it); the whole
+    response within 5 s or ``TimeoutError`` (a stream left open)."""
+    async def call() -> tuple[int, dict[bytes, bytes], bytes]:
+        comm = ApplicationCommunicator(HermesASGIHandler(), _scope(path, token, method=method))
+        await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
+        start = await comm.receive_output(timeout=5)
+        body = b""
+        while True:
+            message = await comm.receive_output(timeout=5)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await comm.wait(timeout=5)
+        return start["status"], dict(start["headers"]), body
+
+    return async_to_sync(call)()
+
+
+def test_head_and_options_through_the_asgi_application_end_at_once(token, claimed):
+    for path in _stream_paths(claimed):
+        status, headers, body = _asgi("HEAD", path, token)
+        assert (status, headers[b"Content-Type"], body) == (200, b"text/event-stream; charset=utf-8", b"")
+        status, headers, body = _asgi("OPTIONS", path, token)
+        assert (status, headers[b"Allow"], json.loads(body)["renders"]) == (200, STREAM_ALLOW.encode(),
+                                                                            ["text/event-stream"])
+        assert _asgi("HEAD", path, "")[0] == _asgi("OPTIONS", path, "")[0] == 401
+
+
+def test_head_and_options_under_the_test_clients(token, claimed):
+    """Django's async test client makes ASGI requests (HEAD as under uvicorn); the sync test client
+    (and runserver) WSGI ones, where GET is a 501 and so is HEAD; OPTIONS needs no stream and answers."""
+    auth = {"HTTP_AUTHORIZATION": f"Token {token}"}
+    for path in _stream_paths(claimed):
+        response = async_to_sync(AsyncClient().head)(path, headers={"Authorization": f"Token {token}"})
+        assert (response.status_code, response["Content-Type"]) == (200, "text/event-stream; charset=utf-8")
+        sync = APIClient()
+        assert sync.head(path, **auth).status_code == sync.get(path, **auth).status_code == 501
+        response = sync.options(path, **auth)
+        assert (response.status_code, response["Allow"]) == (200, STREAM_ALLOW)
+        assert sync.options(path).status_code == 401
+
+
+def test_a_doubled_slash_api_path_is_a_json_404_on_the_real_server(server, token):
+    """``tests/api/test_api_paths.py``'s failing input, ``GET //api/sessions/``, as uvicorn passes it on
+    (it does not collapse slashes): the API's JSON 404, not Django's HTML page."""
+    for path in ("//api/sessions/", "/api//sessions/", "//api"):
+        status, headers, body, _ = _raw(server.port, "GET", path, token)
+        assert (status, headers["content-type"]) == (404, "application/json"), (path, body[:200])
+        assert json.loads(body) == {"detail": f"No API endpoint at {path}; GET /api/ lists them.", "code": "not_found"}

@@ -3,6 +3,8 @@
 The failing input: ``POST /api/sessions`` and ``POST /api/sessions/<id>/turns`` got Django's
 ``APPEND_SLASH`` answer — an HTML 301 to the slashed path — and a client following it lost the body.
 The routes are read from the URLconf, so a route added later is covered without editing this file.
+Every method, HEAD and OPTIONS included: the walk found ``OPTIONS /api/docs/`` answering 500
+(``api.schema.ApiDocsView``).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tests.factories import SessionFactory, TurnFactory
 
 pytestmark = pytest.mark.django_db
 
-METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+METHODS = ("GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE")
 PARAM = re.compile(r"<(?:\w+:)?(\w+)>")
 
 

@@ -61,6 +61,46 @@ def test_duplicate_session_id_is_409_even_when_another_user_owns_it(client):
     assert body["code"] == "session_id_taken"
 
 
+# Session ids are one namespace for all users (docs/contract.md §9 "Session ids"): a taken id cannot be
+# created again, so the answer to it necessarily tells that it is taken — and must tell nothing more.
+
+def _answer(response, session_id: str) -> tuple[int, dict[str, str], str]:
+    """Status, headers (without ``Date``) and body, with the id itself masked."""
+    headers = {name: value for name, value in response.headers.items() if name.lower() != "date"}
+    return response.status_code, headers, response.content.decode().replace(session_id, "<id>")
+
+
+@pytest.mark.parametrize("key", [None, "fresh-key"])
+def test_a_taken_id_gets_the_same_409_whether_it_is_yours_or_anothers(client, user, key):
+    """Nothing beyond "taken": not whose, not that it exists among yours (the adversary's question)."""
+    SessionFactory(id="taken-mine", owner=user)
+    SessionFactory(id="taken-them", title="secret")
+    extra = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    answers = [_answer(client.post(LIST_URL, data=json.dumps({"id": sid}), content_type="application/json", **extra),
+                       sid) for sid in ("taken-mine", "taken-them")]
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 409 and json.loads(answers[0][2]) == {
+        "detail": "session id '<id>' is already taken", "code": "session_id_taken", "field": "id"}
+    assert Session.objects.get(pk="taken-them").title == "secret"
+
+
+def test_a_replayed_key_whose_session_id_now_belongs_to_another_user_is_409_not_their_session(client, user):
+    """The failing input: user A creates ``reused-id`` with an Idempotency-Key; an operator deletes the
+    session (``prune_sessions``); user B creates ``reused-id``; A repeats the request with the key. The
+    replay loaded the session by id alone (B's) and answered 500 when the owner check refused it. Now the
+    key's session is looked up among A's only: it is gone, so the key is spent, the request runs again
+    and gets the 409 any taken id gets."""
+    body = {"id": "reused-id", "title": "mine"}
+    first = client.post(LIST_URL, data=json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    assert first.status_code == 201
+    Session.objects.filter(pk="reused-id").delete()
+    SessionFactory(id="reused-id", title="theirs")
+    again = client.post(LIST_URL, data=json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY="k")
+    assert (again.status_code, again.json()["code"]) == (409, "session_id_taken")
+    assert "theirs" not in again.content.decode()
+    assert Session.objects.get(pk="reused-id").title == "theirs"
+
+
 @pytest.mark.parametrize("bad_id", ["bad id", "-leading-dash", "x" * 65, "abc\n", "a/b", "a\u0000b", 42, ["a"]])
 def test_malformed_session_id_is_400(client, bad_id):
     response = post_json(client, LIST_URL, {"id": bad_id})
