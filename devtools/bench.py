@@ -32,8 +32,10 @@ loaded in the worker), same work, fresh home, warm direct. Printed (seconds show
   turn_phases``) for the warm stack's consecutive and cold turns and the baseline's;
 * **rollout overhead**: the baseline turns' ``restore_ms`` / ``capture_ms`` / ``store_ms`` and
   ``ratio_rollout_overhead`` = turn / (turn − restore − capture − store); **bytes stored per turn**;
-* **long history** (``bench_history.py``, on the baseline stack): ``ratio_history_first_turn``,
-  ``ratio_history_rotation``;
+* **long history** (``bench_history.py``, on the baseline stack, ``--history-runs`` rounds after the
+  latency rounds): ``ratio_history_first_turn``, ``ratio_history_rotation`` — each the median of per-pair
+  ratios (a 100,000-message session's turn over a 10-message one's, timed back to back), printed with
+  the median's 95 % confidence interval (also as ``…_ci_low`` / ``…_ci_high``), the quartiles and min–max;
 * **memory** (``bench_memory.py``): ``--memory-turns`` consecutive turns over a few sessions on the warm
   stack's worker, its RSS (kB) after ``--memory-warmup`` turns and at the end, ``worker_memory_growth``
   (target ≤ 1.05) and the median RSS per app-server under it;
@@ -43,7 +45,8 @@ loaded in the worker), same work, fresh home, warm direct. Printed (seconds show
 ``--quick`` is a tiny run for tests. Key figures are ``name: value`` lines (``bench_figures.
 parse_figures`` reads them). Needs ``DATABASE_URL`` (PostgreSQL; a ``*_bench`` database is created
 beside it and dropped after the run) and ``CELERY_BROKER_URL``. Run as ``python -m devtools.bench
-[--runs N] [--history-runs N] [--memory-turns N] [--workers 1,2,4] [--quick]``.
+[--runs N] [--history-runs N] [--memory-turns N] [--workers 1,2,4] [--quick]``; ``--runs 0 --memory-turns 0
+--workers=`` runs the long-history part alone.
 """
 from __future__ import annotations
 
@@ -68,6 +71,7 @@ from devtools.bench_figures import (
     phase_median,
     phase_medians,
     ratio,
+    ratio_spread,
     rollout_overhead,
 )
 from devtools.bench_history import BIG, SMALL, HistoryBench
@@ -78,6 +82,9 @@ from devtools.databases import create_database, database_beside, drop_database
 from devtools.processes import stand_in_argv, wait_for_port_file
 
 BASE = Path(__file__).resolve().parent.parent
+# Rounds of long-history turns (``--history-runs``): each gives one pair per kind of turn; the median of
+# the per-pair ratios of 25 pairs has a 95 % interval of ranks 8–18 (README "Benchmark").
+HISTORY_RUNS = 25
 
 
 class Direct:
@@ -232,17 +239,14 @@ class Sessions:
         return f"{self.baseline.session_id}-cold-{kind}-{i}"
 
 
-def _measure(s: Sessions, runs: int, work: str, history: HistoryBench | None, history_runs: int) -> dict[str, Any]:
+def _measure(s: Sessions, runs: int, work: str) -> dict[str, Any]:
     """``runs`` interleaved rounds: baseline stack, warm stack (consecutive turns of one session each), a
-    cold turn on each stack, same work, fresh home, warm direct — the first ``history_runs`` of them
-    followed by a round of long-history turns. Seconds of each; the stack turns' records
+    cold turn on each stack, same work, fresh home, warm direct. Seconds of each; the stack turns' records
     (``StackClient.timed_turn``)."""
     from hermes_sessions.codex.launch import app_server_argv, app_server_env, prepare_session_home
 
     s.baseline.turn("warm-up")  # starts the sessions' threads
     s.warm.turn("warm-up")
-    if history is not None:
-        history.round(0, record=False)  # warm-up: every kind of turn once, on both sessions
     argv, codex_env = app_server_argv(), app_server_env()
     Path(work).mkdir(parents=True, exist_ok=True)
     d, direct_thread = _direct_thread(argv, codex_env, work)  # the direct script's own thread
@@ -283,8 +287,6 @@ def _measure(s: Sessions, runs: int, work: str, history: HistoryBench | None, hi
         t0 = time.monotonic()
         profiled.turn(profiled_thread, f"bench {i}")
         out["warm_profile"].append(time.monotonic() - t0)
-        if history is not None and i < history_runs:
-            history.round(i)
     warm.close()
     profiled.close()
     out["stack"] = [r["seconds"] for r in out["baseline"]]
@@ -416,27 +418,40 @@ def _worker_counts(text: str) -> list[int]:
     return [int(n) for n in text.split(",") if n.strip()]
 
 
+# The options whose default ``--quick`` changes: (default, under --quick). An option given on the command
+# line wins over both (``--quick --history-runs 5`` runs five history rounds).
+SIZES: dict[str, tuple[Any, Any]] = {
+    "runs": (15, 2),
+    "history_runs": (HISTORY_RUNS, 0),
+    "workers": ([1, 2, 4], [1, 2]),
+    "throughput_sessions": (50, 4),
+    "throughput_rounds": (3, 2),
+    "memory_turns": (1000, 30),
+}
+
+
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m devtools.bench", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15, help="interleaved rounds of the latency figures")
-    parser.add_argument("--history-runs", type=int, default=9,
-                        help="rounds (of the first --runs) followed by the long-history turns; 0 skips them")
+    parser.add_argument("--runs", type=int, help="interleaved rounds of the latency figures (default 15); 0 skips them")
+    parser.add_argument("--history-runs", type=int,
+                        help=f"rounds of long-history turns, run after the latency rounds whatever --runs is (default "
+                             f"{HISTORY_RUNS}); 0 skips them")
     parser.add_argument("--warm-pool", type=int, default=1, help="HERMES_WARM_POOL of the warm stack")
-    parser.add_argument("--workers", type=_worker_counts, default=[1, 2, 4],
-                        help="worker counts of the throughput runs, comma-separated; empty skips them")
-    parser.add_argument("--throughput-sessions", type=int, default=50)
-    parser.add_argument("--throughput-rounds", type=int, default=3)
-    parser.add_argument("--memory-turns", type=int, default=1000, help="turns of the memory run; 0 skips it")
+    parser.add_argument("--workers", type=_worker_counts,
+                        help="worker counts of the throughput runs, comma-separated (default 1,2,4); empty skips them")
+    parser.add_argument("--throughput-sessions", type=int, help="default 50")
+    parser.add_argument("--throughput-rounds", type=int, help="default 3")
+    parser.add_argument("--memory-turns", type=int, help="turns of the memory run (default 1000); 0 skips it")
     parser.add_argument("--memory-warmup", type=int, default=100,
                         help="turns before the memory baseline (at most a third of --memory-turns)")
     parser.add_argument("--memory-sessions", type=int, default=4)
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run for tests: 2 rounds, no history, 1 and 2 workers × 4 sessions × 2 rounds, "
-                             "30 memory turns")
+                             "30 memory turns (each unless given explicitly)")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.runs, args.history_runs, args.workers = 2, 0, [1, 2]
-        args.throughput_sessions, args.throughput_rounds, args.memory_turns = 4, 2, 30
+    for name, (default, quick) in SIZES.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else default)
     args.memory_warmup = min(args.memory_warmup, args.memory_turns // 3)
     return args
 
@@ -473,12 +488,16 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             history.create()
             print(f"history_setup_s: {time.monotonic() - t0:.1f}   ({BIG:,} + {SMALL} messages by INSERT … SELECT generate_series)")
-        m = _measure(s, args.runs, env["CODEX_WORK_ROOT"], history, args.history_runs)
-        _print_results(args.runs, m)
-        _print_warm_figures(m, warm_settings)
-        _print_rollout_figures(m, _chunks(s.baseline.session_id))
+        if args.runs > 0:
+            m = _measure(s, args.runs, env["CODEX_WORK_ROOT"])
+            _print_results(args.runs, m)
+            _print_warm_figures(m, warm_settings)
+            _print_rollout_figures(m, _chunks(s.baseline.session_id))
+            sys.stdout.flush()
         if history is not None:
-            _print_history_figures(history)
+            t0 = time.monotonic()
+            history.run(args.history_runs)
+            _print_history_figures(history, time.monotonic() - t0)
         sys.stdout.flush()
         if args.memory_turns > 0:
             _print_memory_figures(_memory_run(warm_stack, s.warm, args.memory_turns, args.memory_warmup,
@@ -518,15 +537,27 @@ def _print_rollout_figures(m: dict[str, Any], chunks: list[tuple[int, int, int]]
     print(f"first_chunk_bytes: {c['first_chunk_bytes_raw']} raw, {c['first_chunk_bytes_stored']} stored   (the thread's first turn)")
 
 
-def _print_history_figures(h: HistoryBench) -> None:
-    """Figure 3: turns that read a 100,000-message history against a 10-message one."""
+def _print_history_figures(h: HistoryBench, seconds: float) -> None:
+    """Figure 3: turns that read a 100,000-message history against a 10-message one — the median of the
+    per-pair ratios, with their spread and the median's 95 % confidence interval."""
+    runs = len(h.seconds[(h.KINDS[0], BIG)])
+    print(f"history: {runs} rounds in {seconds:.0f} s (after an untimed one); per kind and round a pair of turns, "
+          f"{BIG:,}-message and {SMALL}-message session back to back, alternating which goes first")
     for kind in h.KINDS:
         name = "first_turn" if kind == "first" else "rotation"
         big, small = h.seconds[(kind, BIG)], h.seconds[(kind, SMALL)]
         threads = "/".join(str(phase_median(h.timings[(kind, n)], "thread_ms")) for n in (BIG, SMALL))
         print(f"median_history_{name}_ms: {median_ms(big)} ({BIG:,} messages) vs {median_ms(small)} ({SMALL})   "
               f"(worker thread_ms {threads}; {len(big)} runs each)")
-        print(f"ratio_history_{name}: {ratio(big, small):.3f}   (target ≤ 1.05)")
+        pairs = h.ratios(kind)
+        r = ratio_spread(pairs)
+        print(f"  history {name}: per-pair ratios in round order: " + " ".join(f"{x:.3f}" for x in pairs),
+              file=sys.stderr)
+        print(f"ratio_history_{name}: {r['median']:.3f}   (median of {r['n']} per-pair ratios; target ≤ 1.05; "
+              f"95 % CI of the median {r['ci_low']:.3f}–{r['ci_high']:.3f}, IQR {r['q1']:.3f}–{r['q3']:.3f}, "
+              f"min–max {r['min']:.3f}–{r['max']:.3f}; ratio of the medians {ratio(big, small):.3f})")
+        print(f"ratio_history_{name}_ci_low: {r['ci_low']:.3f}")
+        print(f"ratio_history_{name}_ci_high: {r['ci_high']:.3f}")
     print(f"median_history_seed_read_ms: {median_ms(h.seed_seconds[BIG])} ({BIG:,} messages) vs "
           f"{median_ms(h.seed_seconds[SMALL])} ({SMALL})   (turns.history_seed alone, in the bench process)")
 

@@ -1,6 +1,7 @@
 """The figures ``make bench`` prints, computed from what it measured (pure: no stack, no database)."""
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,6 +61,45 @@ def chunk_figures(chunks: Iterable[tuple[int, int, int]]) -> dict[str, float]:
 def ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """median(numerator) / median(denominator), three decimals."""
     return round(statistics.median(numerator) / statistics.median(denominator), 3)
+
+
+def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """``numerator[i] / denominator[i]`` for each pair of measurements taken side by side (same round,
+    one right after the other), so drift of the machine between rounds cancels in each ratio."""
+    if len(numerator) != len(denominator) or not numerator:
+        raise ValueError("one denominator per numerator is needed")
+    return [n / d for n, d in zip(numerator, denominator, strict=True)]
+
+
+def median_ci_ranks(n: int, confidence: float = 0.95) -> tuple[int, int, float]:
+    """Distribution-free confidence interval of a median of ``n`` values: 1-based ranks ``(lo, hi)`` of
+    the sorted values that bound it and its exact coverage (binomial, p = ½). The widest choice,
+    min–max, is returned when ``n`` is too small for ``confidence`` (its coverage is then below it)."""
+    if n < 1:
+        raise ValueError("no values")
+    def miss(k: int) -> float:  # [x_(k), x_(n+1−k)] misses the median with 2·P(X ≤ k − 1), X ~ Binomial(n, ½)
+        return 2 * sum(math.comb(n, j) for j in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= (n + 1) / 2 and miss(k + 1) <= 1 - confidence:
+        k += 1
+    coverage = 1 - miss(k)
+    return k, n + 1 - k, coverage
+
+
+def ratio_spread(ratios: Sequence[float]) -> dict[str, float | int]:
+    """The median of per-pair ratios (``paired_ratios``) with what a reader needs to tell noise from a
+    change: their quartiles (``q1``, ``q3``), ``min``/``max``, and the 95 % confidence interval of the
+    median (``ci_low``, ``ci_high``, ``ci_coverage``: ``median_ci_ranks``); three decimals."""
+    values = sorted(ratios)
+    n = len(values)
+    if not n:
+        raise ValueError("no ratios")
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if n > 1 else (values[0],) * 3
+    lo, hi, coverage = median_ci_ranks(n)
+    return {"n": n, "median": round(statistics.median(values), 3), "q1": round(q1, 3), "q3": round(q3, 3),
+            "min": round(values[0], 3), "max": round(values[-1], 3), "ci_low": round(values[lo - 1], 3),
+            "ci_high": round(values[hi - 1], 3), "ci_coverage": round(coverage, 3)}
 
 
 # --------------------------------------------------------------------------------------- where a turn's time goes

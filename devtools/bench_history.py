@@ -12,12 +12,21 @@ turns. Two kinds of turn read the history, and each is timed through the whole s
 The seed is tail-capped (``HERMES_HISTORY_SEED_MAX_CHARS``); the small session's ten rows are long enough
 to fill that cap too, so both sides send codex the same amount of text and the ratio shows only what
 the history's length costs (reading the bounded tail), not a bigger model input.
+
+The rounds run back to back after ``make bench``'s latency rounds (``--history-runs`` of them, whatever
+``--runs`` is). In each round a kind's two turns — long session, short session, in alternating order —
+are timed one right after the other, and the figure is the median of those per-pair ratios
+(``bench_figures.ratio_spread``: with its quartiles and the 95 % confidence interval of the median), so
+the machine's drift, which hits a pair's two turns alike, cancels pair by pair.
 """
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from typing import Any
+
+from devtools.bench_figures import paired_ratios
 
 BIG, SMALL = 100_000, 10
 # The big session's rows: user ~200 characters, assistant ~600 (chat-like); the small one's: long
@@ -100,13 +109,14 @@ class HistoryBench:
         seed_messages(self.sessions[SMALL], SMALL, user_chars=chars, assistant_chars=chars)
 
     def turn(self, kind: str, size: int, text: str, *, record: bool = True) -> None:
-        """One first turn or rotation in the session of ``size`` messages; checks codex did what was meant."""
+        """One first turn or rotation in the session of ``size`` messages, waited for on the session's event
+        stream as the bench's other stack turns are; checks codex did what was meant."""
         sid = self.sessions[size]
         if kind == "first":
             end_binding(sid)
         else:
             lose_thread(sid)
-        elapsed, turn = self.client.turn(text, session_id=sid)
+        elapsed, turn = self.client.turn(text, session_id=sid, watch=True)
         expected = "started" if kind == "first" else "rotated"
         if turn["thread_action"] != expected:
             raise RuntimeError(f"{kind} turn in the {size}-message session was {turn['thread_action']!r}, not {expected!r}")
@@ -123,9 +133,23 @@ class HistoryBench:
         history_seed(session_id=self.sessions[size], exclude_turn_id=uuid.uuid4())
         return time.monotonic() - t0
 
+    def run(self, rounds: int) -> None:
+        """An untimed warm-up round (every kind of turn once, in both sessions), then ``rounds`` timed
+        ones, back to back; progress on stderr."""
+        self.round(0, record=False)
+        for i in range(rounds):
+            print(f"  history round {i + 1}/{rounds}", file=sys.stderr, flush=True)
+            self.round(i)
+
+    def ratios(self, kind: str) -> list[float]:
+        """The per-pair ratios of ``kind``: each round's turn in the long session over the same round's
+        turn in the short one (timed one right after the other)."""
+        return paired_ratios(self.seconds[(kind, BIG)], self.seconds[(kind, SMALL)])
+
     def round(self, i: int, *, record: bool = True) -> None:
-        """A first turn then a rotation in each session, then a seed read in each; which session goes
-        first alternates."""
+        """A first turn in each session, then a rotation in each, then a seed read in each: each kind's
+        two turns are a pair timed back to back, and which session goes first alternates between rounds
+        (``BIG, SMALL`` in even rounds), so drift and any cost of going first or second hit both alike."""
         order = (BIG, SMALL) if i % 2 == 0 else (SMALL, BIG)
         for kind in self.KINDS:
             for size in order:

@@ -9,12 +9,15 @@ from devtools.bench_figures import (
     PHASES,
     chunk_figures,
     epoch_seconds,
+    median_ci_ranks,
     median_ms,
     memory_growth,
+    paired_ratios,
     parse_figures,
     phase_median,
     phase_medians,
     ratio,
+    ratio_spread,
     rollout_overhead,
     throughput,
     turn_phases,
@@ -169,3 +172,72 @@ def test_worker_count_result_reports_later_rounds_and_failures():
     assert f["turns_per_s"] == 2.0 and f["first_round_turns_per_s"] == 1.0
     assert f["failed"] == 1 and f["turns"] == 150 and f["warm"] == 85 and f["later_turns"] == 100
     assert WorkerCountResult(1, [Round(10, 5.0, 0, 0)]).figures()["turns_per_s"] == 2.0  # one round: it is the figure
+
+
+def test_paired_ratios_divide_each_pair_on_its_own():
+    assert paired_ratios([2.0, 3.0, 1.0], [1.0, 3.0, 2.0]) == [2.0, 1.0, 0.5]
+    with pytest.raises(ValueError):
+        paired_ratios([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError):
+        paired_ratios([], [])
+
+
+def test_median_ci_ranks_are_the_binomial_order_statistics():
+    # n = 9: P(X ≤ 1) = 10/512, so ranks 2–8 cover 1 − 2·10/512 ≈ 96.1 %; ranks 3–7 would cover only 82 %
+    assert median_ci_ranks(9) == (2, 8, pytest.approx(1 - 20 / 512))
+    lo, hi, coverage = median_ci_ranks(25)
+    assert (lo, hi) == (8, 18) and 0.95 <= coverage < 0.96
+    assert median_ci_ranks(21)[:2] == (6, 16)
+    # too few values for 95 %: min–max, with the coverage it really has
+    assert median_ci_ranks(5) == (1, 5, pytest.approx(1 - 2 / 32))
+    assert median_ci_ranks(1) == (1, 1, 0.0)
+    with pytest.raises(ValueError):
+        median_ci_ranks(0)
+
+
+def test_ratio_spread_reports_the_median_of_pairs_with_quartiles_and_interval():
+    ratios = [1.00, 0.98, 1.30, 1.02, 0.97, 1.01, 0.99, 1.03, 0.96]  # one outlier pair (1.30)
+    r = ratio_spread(ratios)
+    assert r["n"] == 9 and r["median"] == 1.0
+    assert (r["min"], r["max"]) == (0.96, 1.3)
+    assert (r["q1"], r["q3"]) == (0.98, 1.02)
+    assert (r["ci_low"], r["ci_high"]) == (0.97, 1.03)  # ranks 2 and 8 of the sorted nine
+    assert r["ci_coverage"] == pytest.approx(0.961, abs=1e-3)
+    assert ratio_spread([1.2])["median"] == 1.2
+
+
+def test_history_runs_are_not_capped_by_runs():
+    from devtools.bench import HISTORY_RUNS, _arguments
+
+    args = _arguments(["--runs", "3", "--history-runs", "21"])
+    assert (args.runs, args.history_runs) == (3, 21)
+    args = _arguments([])
+    assert (args.runs, args.history_runs, args.workers, args.memory_turns) == (15, HISTORY_RUNS, [1, 2, 4], 1000)
+    assert _arguments(["--runs", "0"]).history_runs == HISTORY_RUNS  # history alone
+
+
+def test_quick_sets_defaults_but_an_explicit_option_wins():
+    from devtools.bench import _arguments
+
+    q = _arguments(["--quick"])
+    assert (q.runs, q.history_runs, q.workers, q.throughput_sessions, q.throughput_rounds, q.memory_turns) == \
+        (2, 0, [1, 2], 4, 2, 30)
+    q = _arguments(["--quick", "--history-runs", "5", "--runs", "4", "--workers="])
+    assert (q.runs, q.history_runs, q.workers, q.memory_turns) == (4, 5, [], 30)
+    assert _arguments(["--memory-turns", "30"]).memory_warmup == 10  # at most a third of the run, as documented
+
+
+def test_history_bench_runs_a_warm_up_then_the_rounds_asked_and_pairs_them():
+    from devtools.bench_history import BIG, SMALL, HistoryBench
+
+    class Client:
+        session_id = "bench"
+
+    h = HistoryBench(Client())
+    calls: list[tuple[int, bool]] = []
+    h.round = lambda i, *, record=True: calls.append((i, record))  # type: ignore[method-assign]
+    h.run(21)
+    assert calls == [(0, False)] + [(i, True) for i in range(21)]
+    h.seconds[("first", BIG)] += [1.1, 2.0]
+    h.seconds[("first", SMALL)] += [1.0, 2.5]
+    assert h.ratios("first") == pytest.approx([1.1, 0.8])
