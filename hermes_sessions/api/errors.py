@@ -8,6 +8,7 @@ exception                                       status  code
 ==============================================  ======  ========================
 ``services.SessionIdTaken``                     409     ``session_id_taken``
 ``services.SessionBusy``                        409     ``session_busy`` (+ ``turn``)
+``services.SessionLocked``                      503     ``session_locked``
 ``services.IdempotencyMismatch``                422     ``idempotency_key_reused``
 ``services.InvalidInput``                       400     ``invalid_input``
 other ``services.ServiceError``                 400     ``refused``
@@ -89,6 +90,14 @@ class DatabaseUnavailable(exceptions.APIException):
     default_code = "database_unavailable"
 
 
+class SessionLockedError(DatabaseUnavailable):
+    """503: another writer held the session's lock longer than ``HERMES_ENQUEUE_LOCK_TIMEOUT_MS`` (an operator's
+    ``prune_sessions`` or delete of a long session); nothing was queued, retry shortly."""
+
+    default_detail = "The session is locked by another operation; nothing was queued, retry shortly."
+    default_code = "session_locked"
+
+
 #: Seconds a client should wait before retrying a 503 (``Retry-After``).
 RETRY_AFTER_SECONDS = 1
 
@@ -109,6 +118,9 @@ def _translate_service_error(exc: services.ServiceError) -> tuple[Exception, dic
         return Conflict(str(exc), code="session_id_taken"), {"field": "id"}
     if isinstance(exc, services.SessionBusy):
         return Conflict(str(exc), code="session_busy"), {"turn": exc.turn_id}
+    if isinstance(exc, services.SessionLocked):
+        logger.warning("answering 503: %s", exc)
+        return SessionLockedError(), {}
     if isinstance(exc, services.IdempotencyMismatch):
         return Unprocessable(str(exc), code="idempotency_key_reused"), {"field": "Idempotency-Key"}
     if isinstance(exc, services.InvalidIdempotencyKey):

@@ -14,7 +14,15 @@ from .bindings import (
     notice_acknowledge,
 )
 from .dispatch import session_dispatch_next_on_commit, turn_dispatch_on_commit
-from .errors import IdempotencyMismatch, InvalidIdempotencyKey, InvalidInput, ServiceError, SessionBusy, SessionIdTaken
+from .errors import (
+    IdempotencyMismatch,
+    InvalidIdempotencyKey,
+    InvalidInput,
+    ServiceError,
+    SessionBusy,
+    SessionIdTaken,
+    SessionLocked,
+)
 from .execution import turn_execute
 from .idempotency import idempotent
 from .recovery import SweepReport, turns_sweep
@@ -36,7 +44,7 @@ from .turns import (
 )
 
 __all__ = [
-    "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken",
+    "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken", "SessionLocked",
     "NOTICE_BINDING_ENDED", "NOTICE_THREAD_ROTATED", "binding_end", "binding_publish", "binding_rotate",
     "notice_acknowledge", "session_dispatch_next_on_commit", "turn_dispatch_on_commit",
     "turn_execute", "idempotent", "SweepReport", "turns_sweep", "RetryPolicy", "retry_policy", "session_create",

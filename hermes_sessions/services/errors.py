@@ -27,5 +27,10 @@ class SessionBusy(ServiceError):
         self.turn_id = turn_id
 
 
+class SessionLocked(ServiceError):
+    """Another writer held the session's row lock longer than ``HERMES_ENQUEUE_LOCK_TIMEOUT_MS``: nothing was
+    written; the client may retry shortly (HTTP 503)."""
+
+
 class IdempotencyMismatch(ServiceError):
     """The Idempotency-Key was used before with a different request body (HTTP 422)."""

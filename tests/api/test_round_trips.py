@@ -21,14 +21,14 @@ from tests.support.round_trips import counting, round_trips_counted
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # The token, the session (owned by the caller), then one transaction in two round trips (psycopg's
-# pipeline mode, ``services.pipelining``): BEGIN, the UPDATE that locks the session and draws the seq, the
-# busy turn and the route; then the turn's INSERT, the queued event's INSERT and COMMIT. The send after the
+# pipeline mode, ``services.pipelining``): BEGIN, the transaction's lock timeout (set_config), the UPDATE that
+# locks the session and draws the seq, the busy turn and the route; then the turn's INSERT, the queued event's INSERT and COMMIT. The send after the
 # commit reads nothing; then the queued event's NOTIFY, sent after the task (events.event_notify_on_commit:
 # the API's own stream read it wakes does not compete with the send). Round trips on the wire
 # (``tests.support.round_trips``); statements as Django records them (with its own BEGIN and COMMIT entries,
 # which send nothing here).
 TURN_POST_ROUND_TRIPS = 5
-TURN_POST_QUERIES = 11
+TURN_POST_QUERIES = 12
 # The token, the turn (joined to its session's owner).
 TURN_GET_QUERIES = 2
 
