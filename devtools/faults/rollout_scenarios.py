@@ -7,8 +7,10 @@ in the product's code:
                             *restore* — its ``SELECT … FROM rolloutchunk`` of the session's thread
                             (after the claim committed and the home was wiped, before the file is
                             written and before codex is spawned, so before ``thread/resume``);
-                            *store* — its ``INSERT INTO rolloutchunk`` inside the finalize transaction
-                            (rows and the generation bump sent, nothing committed);
+                            *store* — the finalize's second round trip held (the transcript rows,
+                            the turn's end, its events and the COMMIT: ``services/pipelining.py``),
+                            its first one done — the locks and the rollout's generation bump and
+                            chunk executed in the open transaction —, nothing committed;
                             *commit* — that transaction's ``COMMIT`` forwarded and PostgreSQL's answer
                             withheld (committed; the worker dies before it learns so or dispatches
                             the session's next turn).
@@ -40,6 +42,7 @@ from devtools.processes import codex_processes
 
 CHUNKS = b'FROM "hermes_sessions_rolloutchunk"'
 CHUNK_INSERT = b'INSERT INTO "hermes_sessions_rolloutchunk"'
+FINISH_UPDATE = b'UPDATE "hermes_sessions_turn" SET "status"'
 PHASES = ("restore", "store", "commit")
 
 
@@ -86,12 +89,14 @@ def _codex_running_for(sc: Scenario, session_id: str) -> bool:
 
 
 def _in_transaction(app: str) -> bool:
-    """A backend of the worker ``app`` has a transaction open (``pg_stat_activity``)."""
+    """A backend of the worker ``app`` has a transaction open that has written (``pg_stat_activity``:
+    ``backend_xid`` set) — ``idle in transaction``, or ``active`` when part of the held round trip's first
+    write already reached PostgreSQL (pipelined statements span several writes)."""
     from django.db import connection
 
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                    "AND state LIKE 'idle in transaction%%'", [app])
+                    "AND xact_start IS NOT NULL AND backend_xid IS NOT NULL", [app])
         return bool(cur.fetchone()[0])
 
 
@@ -114,7 +119,10 @@ def _arm(sc: Scenario, phase: str, thread_id: str) -> Trap:
     if phase == "restore":
         return proxy.arm(CHUNKS, _quoted(thread_id))
     if phase == "store":
-        return proxy.arm(*insert)
+        # The turn's final UPDATE (``turns._end_turn``, naming the thread) travels in the finalize's second round
+        # trip, after the first one stored the rollout (session 7: the chunk INSERT goes with BEGIN and the
+        # locks, so holding it held a transaction PostgreSQL had not seen begin).
+        return proxy.arm(FINISH_UPDATE, _quoted(thread_id), after=insert)
     return proxy.arm(b"COMMIT", action="mute", after=insert)
 
 
@@ -128,7 +136,7 @@ def _landed(sc: Scenario, phase: str, trap: Trap, session_id: str, thread_id: st
         # kept loaded after the commit — its rollout file was complete at turn/completed.
         ok = _in_transaction(trap.app)
         codex = "codex held to be kept loaded" if _codex_running_for(sc, session_id) else "codex gone"
-        return ok, f"finalize transaction open (pg_stat_activity), {codex}" if ok else "no open transaction seen"
+        return ok, f"finalize transaction open and written (pg_stat_activity), {codex}" if ok else "no open transaction seen"
     return True, ""
 
 
