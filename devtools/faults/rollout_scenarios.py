@@ -199,6 +199,11 @@ def scenario_kill_during_rollout(sc: Scenario) -> None:
         landed[phase] += ok
     kills = sum(tried.values())
     sc.rec.runs = kills
+    for p in PHASES:
+        if tried[p] and not landed[p]:
+            # As for a trap that never fires: none landing where aimed means the phase stopped testing what it
+            # names (session 7: "store 0 of 2" once the rollout's store went with the finalize's first round trip).
+            sc.rec.violations.append(f"{p}: none of {tried[p]} kill(s) landed where aimed")
     sc.rec.notes.append("kills landed where aimed: " + ", ".join(
         f"{p} {landed[p]} of {tried[p]}" for p in PHASES)
         + " (commit: landed = the killed worker's finalize committed; its answer never reached it)")
