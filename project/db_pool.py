@@ -29,7 +29,7 @@ def check_pooled_connection(conn: Any) -> None:
     except Exception:
         from django.db import connections
 
-        pool = connections["default"].pool
+        pool = getattr(connections["default"], "pool", None)  # Django's PostgreSQL backend's pool (None: not pooled)
         if pool is not None:
             logger.warning("a pooled database connection was broken; checking the pool's idle connections")
             pool.check()
