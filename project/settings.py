@@ -312,7 +312,7 @@ HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # 
 # e.g. manage.py prune_sessions on a long session or a delete — then answers 503 session_locked (Retry-After):
 # without it, POSTs piling up behind a long-held lock each held a pooled connection until the pool's 10 s
 # timeout (adversary, session 6).
-HERMES_ENQUEUE_LOCK_TIMEOUT_MS = env_int("HERMES_ENQUEUE_LOCK_TIMEOUT_MS", 3000)
+HERMES_POST_LOCK_TIMEOUT_MS = env_int("HERMES_POST_LOCK_TIMEOUT_MS", 3000)
 HERMES_LEASE_SECONDS = env_float("HERMES_LEASE_SECONDS", 30.0)  # a running turn's claim, renewed by its worker
 HERMES_HEARTBEAT_SECONDS = env_float("HERMES_HEARTBEAT_SECONDS", 1.0)  # renewal and cancel-check interval
 HERMES_MAX_ATTEMPTS = env_int("HERMES_MAX_ATTEMPTS", 3)  # claims of one turn before it fails

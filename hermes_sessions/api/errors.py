@@ -9,6 +9,7 @@ exception                                       status  code
 ``services.SessionIdTaken``                     409     ``session_id_taken``
 ``services.SessionBusy``                        409     ``session_busy`` (+ ``turn``)
 ``services.SessionLocked``                      503     ``session_locked``
+``services.IdempotencyKeyInUse``                409     ``idempotency_key_in_use`` (+ ``Retry-After``)
 ``services.IdempotencyMismatch``                422     ``idempotency_key_reused``
 ``services.InvalidInput``                       400     ``invalid_input``
 other ``services.ServiceError``                 400     ``refused``
@@ -91,11 +92,17 @@ class DatabaseUnavailable(exceptions.APIException):
 
 
 class SessionLockedError(DatabaseUnavailable):
-    """503: another writer held the session's lock longer than ``HERMES_ENQUEUE_LOCK_TIMEOUT_MS`` (an operator's
+    """503: another writer held the session's lock longer than ``HERMES_POST_LOCK_TIMEOUT_MS`` (an operator's
     ``prune_sessions`` or delete of a long session); nothing was queued, retry shortly."""
 
     default_detail = "The session is locked by another operation; nothing was queued, retry shortly."
     default_code = "session_locked"
+
+
+class KeyInUse(Conflict):
+    """409 with ``Retry-After``: a request with the same Idempotency-Key is still in progress."""
+
+    default_code = "idempotency_key_in_use"
 
 
 #: Seconds a client should wait before retrying a 503 (``Retry-After``).
@@ -121,6 +128,8 @@ def _translate_service_error(exc: services.ServiceError) -> tuple[Exception, dic
     if isinstance(exc, services.SessionLocked):
         logger.warning("answering 503: %s", exc)
         return SessionLockedError(), {}
+    if isinstance(exc, services.IdempotencyKeyInUse):
+        return KeyInUse(str(exc)), {"field": "Idempotency-Key"}
     if isinstance(exc, services.IdempotencyMismatch):
         return Unprocessable(str(exc), code="idempotency_key_reused"), {"field": "Idempotency-Key"}
     if isinstance(exc, services.InvalidIdempotencyKey):
@@ -183,7 +192,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             response.data.setdefault("code", codes)
     if isinstance(response.data, dict):
         response.data.update(extra)
-    if isinstance(exc, DatabaseUnavailable):
+    if isinstance(exc, (DatabaseUnavailable, KeyInUse)):
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
 

@@ -15,6 +15,7 @@ from .bindings import (
 )
 from .dispatch import session_dispatch_next_on_commit, turn_dispatch_on_commit
 from .errors import (
+    IdempotencyKeyInUse,
     IdempotencyMismatch,
     InvalidIdempotencyKey,
     InvalidInput,
@@ -44,7 +45,7 @@ from .turns import (
 )
 
 __all__ = [
-    "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken", "SessionLocked",
+    "IdempotencyKeyInUse", "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken", "SessionLocked",
     "NOTICE_BINDING_ENDED", "NOTICE_THREAD_ROTATED", "binding_end", "binding_publish", "binding_rotate",
     "notice_acknowledge", "session_dispatch_next_on_commit", "turn_dispatch_on_commit",
     "turn_execute", "idempotent", "SweepReport", "turns_sweep", "RetryPolicy", "retry_policy", "session_create",

@@ -28,8 +28,13 @@ class SessionBusy(ServiceError):
 
 
 class SessionLocked(ServiceError):
-    """Another writer held the session's row lock longer than ``HERMES_ENQUEUE_LOCK_TIMEOUT_MS``: nothing was
+    """Another writer held the session's row lock longer than ``HERMES_POST_LOCK_TIMEOUT_MS``: nothing was
     written; the client may retry shortly (HTTP 503)."""
+
+
+class IdempotencyKeyInUse(ServiceError):
+    """Another request with the same Idempotency-Key held it longer than ``HERMES_POST_LOCK_TIMEOUT_MS``;
+    nothing was done: retry shortly for its result (HTTP 409 with ``Retry-After``, as Stripe answers it)."""
 
 
 class IdempotencyMismatch(ServiceError):

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import Model
 from django.utils import timezone
 
 from ..models import IdempotencyKey
-from .errors import IdempotencyMismatch, InvalidIdempotencyKey
-from .locks import advisory_xact_lock
+from .errors import IdempotencyKeyInUse, IdempotencyMismatch, InvalidIdempotencyKey
+from .locks import advisory_xact_lock, bound_lock_waits, lock_wait_timed_out
 from .users import require_user
 
 if TYPE_CHECKING:
@@ -43,8 +43,10 @@ def idempotent(
     """Run ``create()`` once per ``(user, scope, key)``; return ``(object, created)``.
 
     ``key`` None: no idempotency, just ``create()``. A key whose object has since been deleted runs
-    ``create()`` again (the key then names the new object). Raises ``InvalidIdempotencyKey`` for a malformed key and
-    ``IdempotencyMismatch`` when the key was used with a different ``body``.
+    ``create()`` again (the key then names the new object). Raises ``InvalidIdempotencyKey`` for a malformed key,
+    ``IdempotencyMismatch`` when the key was used with a different ``body``, and ``IdempotencyKeyInUse`` when a
+    request with the same key held it longer than ``HERMES_POST_LOCK_TIMEOUT_MS`` (adversary, session 7: such
+    requests queued one behind another on the key's lock, each holding a pooled connection, 3 s more each).
     """
     if key is None:
         return create(), True
@@ -54,7 +56,14 @@ def idempotent(
     digest = request_hash(body)
     user = require_user(user)
     with transaction.atomic():
-        advisory_xact_lock(f"idempotency:{user.pk}:{scope}:{key}")
+        bound_lock_waits()  # a request with the same key in progress is waited for, boundedly
+        try:
+            advisory_xact_lock(f"idempotency:{user.pk}:{scope}:{key}")
+        except OperationalError as exc:
+            if lock_wait_timed_out(exc):
+                raise IdempotencyKeyInUse("a request with this Idempotency-Key is still in progress; retry shortly "
+                                          "for its result") from exc
+            raise
         fresh_after = timezone.now() - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
         row = IdempotencyKey.objects.filter(user=user, scope=scope, key=key).first()
         if row is not None and row.created_at >= fresh_after:

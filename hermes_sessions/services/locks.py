@@ -14,8 +14,10 @@ import hashlib
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.transaction import TransactionManagementError
+from psycopg.errors import LockNotAvailable
 
 from ..models import Session, Turn
 from .pipelining import Batch, Later
@@ -26,6 +28,29 @@ def _require_transaction(what: str) -> None:
     if not connection.in_atomic_block:
         # Outside atomic the lock would end with its own statement: it would protect nothing.
         raise TransactionManagementError(f"{what} must run inside transaction.atomic")
+
+
+def bound_lock_waits() -> None:
+    """Make every lock wait of the current transaction end after ``HERMES_POST_LOCK_TIMEOUT_MS`` with
+    PostgreSQL's ``lock_timeout`` error (SQLSTATE 55P03, ``psycopg.errors.LockNotAvailable`` as the
+    ``__cause__`` of Django's ``OperationalError``); until the transaction ends (``set_config(…, true)``).
+    For the API's POSTs, so that requests waiting on another's lock do not pile up holding pooled
+    connections. A no-op on other databases. Raises ``TransactionManagementError`` outside a transaction."""
+    _require_transaction("bound_lock_waits")
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [lock_timeout_value()])
+
+
+def lock_timeout_value() -> str:
+    """``HERMES_POST_LOCK_TIMEOUT_MS`` as PostgreSQL's ``lock_timeout`` setting (``'3000ms'``)."""
+    return f"{int(settings.HERMES_POST_LOCK_TIMEOUT_MS)}ms"
+
+
+def lock_wait_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django ``OperationalError``) is PostgreSQL's ``lock_timeout`` (``bound_lock_waits``)."""
+    return isinstance(exc.__cause__, LockNotAvailable) or isinstance(exc, LockNotAvailable)
 
 
 def advisory_xact_lock(name: str) -> None:

@@ -30,7 +30,6 @@ from django.core.exceptions import ValidationError
 from django.db import OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
-from psycopg.errors import LockNotAvailable
 
 from .. import policy
 from ..codex.runner import TurnOutcome
@@ -39,7 +38,7 @@ from ..models import CodexBinding, CodexRollout, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from . import affinity, bindings, dispatch, events, rollouts
 from .errors import InvalidInput, SessionBusy, SessionLocked
-from .locks import lock_session_and_turn, lock_session_and_turn_later
+from .locks import lock_session_and_turn, lock_session_and_turn_later, lock_timeout_value, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
 from .rows import row_update, row_update_sql, rows_insert_sql, touch
 from .turn_log import turn_ended_on_commit
@@ -69,7 +68,7 @@ def turn_enqueue(
     gets the session's next turn ``seq`` under the session row lock; the Celery task ``run_turn`` is
     sent only after the row commits. Raises ``InvalidInput`` for empty or oversized
     (> ``MAX_INPUT_CHARS``) input or an unknown ``on_busy``, and ``SessionLocked`` when another writer
-    held the session's lock longer than ``HERMES_ENQUEUE_LOCK_TIMEOUT_MS`` (PostgreSQL's ``lock_timeout``,
+    held the session's lock longer than ``HERMES_POST_LOCK_TIMEOUT_MS`` (PostgreSQL's ``lock_timeout``,
     SQLSTATE 55P03; nothing written).
     """
     text = clean_text(input_text)
@@ -83,7 +82,7 @@ def turn_enqueue(
     try:
         return _enqueue(session=session, text=text, created_by=created_by, on_busy=on_busy)
     except OperationalError as exc:
-        if isinstance(exc.__cause__, LockNotAvailable):
+        if lock_wait_timed_out(exc):
             raise SessionLocked(f"session {session.pk} is locked by another operation; nothing was queued, retry "
                                 "shortly") from exc
         raise
@@ -93,7 +92,7 @@ def _enqueue(*, session: Session, text: str, created_by: User | None, on_busy: s
     # Two round trips (``pipelining``): the lock, the draw and the reads; then the writes with the COMMIT.
     with pipelined_atomic() as batch:
         if connection.vendor == "postgresql":  # bound the wait for the session's lock (to this transaction's end)
-            batch.add("SELECT set_config('lock_timeout', %s, true)", [f"{settings.HERMES_ENQUEUE_LOCK_TIMEOUT_MS}ms"])
+            batch.add("SELECT set_config('lock_timeout', %s, true)", [lock_timeout_value()])  # bound_lock_waits
         # The session's row lock, taken by the UPDATE that draws the turn's seq (FOR NO KEY UPDATE — the
         # mode of the event lock, locks.lock_session_for_events — held to the commit): every other writer
         # of the session waits here, and this one waits for them (I3, docs/contract.md §8).

@@ -1,5 +1,5 @@
 """A turn's POST behind a long-held session lock (an operator's ``prune_sessions`` of a long session, a
-delete): it waits at most ``HERMES_ENQUEUE_LOCK_TIMEOUT_MS`` and answers 503 ``session_locked`` with
+delete): it waits at most ``HERMES_POST_LOCK_TIMEOUT_MS`` and answers 503 ``session_locked`` with
 ``Retry-After``, writing nothing — instead of holding a pooled connection until the pool gave up and
 answering 503 ``database_unavailable`` after 10 s (adversary, session 6). With an Idempotency-Key too."""
 from __future__ import annotations
@@ -38,7 +38,7 @@ def held_session_lock():
 @pytest.mark.parametrize("idempotency_key", [None, "k-1"])
 def test_a_post_behind_a_held_session_lock_answers_503_session_locked_soon_and_writes_nothing(
         client, user, dispatched, settings, held_session_lock, idempotency_key):
-    settings.HERMES_ENQUEUE_LOCK_TIMEOUT_MS = 300
+    settings.HERMES_POST_LOCK_TIMEOUT_MS = 300
     session = SessionFactory(owner=user)
     held_session_lock(session.pk)
     headers = {"HTTP_IDEMPOTENCY_KEY": idempotency_key} if idempotency_key else {}
@@ -54,7 +54,7 @@ def test_a_post_behind_a_held_session_lock_answers_503_session_locked_soon_and_w
 
 
 def test_the_same_post_goes_through_once_the_lock_is_released(client, user, dispatched, settings):
-    settings.HERMES_ENQUEUE_LOCK_TIMEOUT_MS = 300
+    settings.HERMES_POST_LOCK_TIMEOUT_MS = 300
     session = SessionFactory(owner=user)
     response = client.post(f"/api/sessions/{session.pk}/turns/", data=json.dumps({"input": "hi"}),
                            content_type="application/json")
@@ -63,3 +63,38 @@ def test_the_same_post_goes_through_once_the_lock_is_released(client, user, disp
     with connection.cursor() as cursor:
         cursor.execute("SHOW lock_timeout")
         assert cursor.fetchone()[0] == "0"
+
+
+def test_posts_with_one_idempotency_key_behind_a_held_session_lock_each_answer_within_the_bound(
+        user, dispatched, settings, held_session_lock):
+    """Adversary, session 7: such POSTs waited for each other on the key's lock before any lock timeout was
+    set, so the n-th answered after n × 3 s, each holding a pooled connection. Now every wait is bounded:
+    the one holding the key answers 503 session_locked, the others 409 idempotency_key_in_use (Retry-After)
+    or, had it let go already, 503 session_locked themselves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+    from rest_framework.test import APIClient
+
+    settings.HERMES_POST_LOCK_TIMEOUT_MS = 500
+    session = SessionFactory(owner=user)
+    held_session_lock(session.pk)
+
+    def post(_: int) -> tuple[int, str, str | None, float]:
+        client = APIClient()
+        client.force_authenticate(user)
+        t0 = time.monotonic()
+        try:
+            r = client.post(f"/api/sessions/{session.pk}/turns/", data=json.dumps({"input": "chain"}),
+                            content_type="application/json", HTTP_IDEMPOTENCY_KEY="k-chain")
+            return r.status_code, r.json()["code"], r.headers.get("Retry-After"), time.monotonic() - t0
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(post, range(4)))
+    assert {(status, code) for status, code, _, _ in answers} <= {(503, "session_locked"), (409, "idempotency_key_in_use")}
+    assert (503, "session_locked") in {(status, code) for status, code, _, _ in answers}
+    assert all(retry == "1" for _, _, retry, _ in answers)
+    assert max(waited for *_, waited in answers) < 1.2, answers  # the n-th after n × 0.5 s before
+    assert not Turn.objects.filter(session=session).exists()
