@@ -188,6 +188,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PARSER_CLASSES": ["hermes_sessions.api.parsers.SafeJSONParser"],
+    # DRF's two defaults, the JSON one safe for a lone surrogate quoted back in a 400 (api/renderers.py).
+    "DEFAULT_RENDERER_CLASSES": [
+        "hermes_sessions.api.renderers.SafeJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "EXCEPTION_HANDLER": "hermes_sessions.api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {

@@ -99,3 +99,24 @@ def test_an_integrity_bug_is_still_a_500_not_hidden_as_503(client, user, monkeyp
     monkeypatch.setattr("hermes_sessions.selectors.session_owned", broken)
     client.raise_request_exception = False
     assert client.post(f"/api/sessions/{session.id}/turns/", {"input": "hi"}, format="json").status_code == 500
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/api/sessions/s1/turns/", '{"input": "x", "on_busy": "\\ud800"}'),
+    ("/api/sessions/s1/turns/", '{"input": "x", "on_busy": "\\udfff"}'),
+    ("/api/sessions/", '{"model_config": {"\\ud800": 1}}'),
+    ("/api/sessions/", '{"model_config": {"model": 1, "\\udfff\\ud800": "\\ud800"}}'),
+    ("/api/sessions/", '{"model_config": {"sandbox": "\\ud800"}}'),
+    ("/api/sessions/", '{"id": "\\ud800"}'),
+    ("/api/sessions/", '{"\\ud800": 1, "title": "\\ud800"}'),
+])
+def test_a_lone_surrogate_quoted_back_in_a_400_is_u_fffd_not_a_500(client, user, path, body):
+    """Adversary, session 7: a 400 whose message quotes a lone surrogate the client sent was a 500
+    (UnicodeEncodeError in DRF's JSON renderer); api/renderers.py renders it as U+FFFD."""
+    SessionFactory(owner=user, id="s1")
+    resp = client.post(path, data=body.encode(), content_type="application/json")
+    assert resp.status_code in (201, 400), resp.content
+    text = resp.content.decode("utf-8")  # valid UTF-8 throughout
+    if resp.status_code == 400:
+        assert resp.json()["code"] in ("invalid", "invalid_setting", "invalid_input"), text
+    assert "\ud800" not in text and "\udfff" not in text
