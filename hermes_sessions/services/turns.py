@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import OperationalError, connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -193,7 +193,9 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
     the order turns actually run. The claim holds a lease of ``HERMES_LEASE_SECONDS`` that the
     worker renews (``turn_heartbeat``). A turn that is not runnable yet is not lost: the turn
     before it dispatches it when it ends, and the sweep re-dispatches any that were dropped.
-    A durable transaction: raises ``RuntimeError`` inside another ``atomic`` block.
+    A durable transaction: raises ``RuntimeError`` inside another ``atomic`` block. A connection lost
+    while its COMMIT was under way is asked about once more on a new one (the claim is returned if it
+    committed, else the turn is claimed again); Django's ``OperationalError`` / ``InterfaceError`` otherwise.
     """
     try:
         pk = Turn._meta.pk.to_python(turn_id)
@@ -202,13 +204,33 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
     if pk is None:
         logger.warning("turn %s does not exist; nothing to run", turn_id)
         return None
+    built: list[TurnClaim] = []
+    try:
+        return _claim(pk, built)
+    except (OperationalError, InterfaceError):
+        if not built:
+            raise  # lost before the claim's writes were sent: nothing of it can have committed
+    # The connection was lost while the claim's writes and COMMIT were on their way (adversary, session 7: an
+    # answer lost after the COMMIT left the turn running under a claim nobody held until its lease expired,
+    # 30 s; one lost before it, queued until the sweep). Ask again on a new connection: ours if it committed,
+    # else claimed afresh. A second loss is raised (the task fails; the sweep or the lease recovers the turn).
+    connection.close()
+    if Turn.objects.filter(pk=pk, status=Turn.Status.RUNNING, claim_token=built[0].token).exists():
+        logger.warning("turn %s: the claim's COMMIT answer was lost; it had committed, running it", pk)
+        return built[0]
+    logger.warning("turn %s: the claim was lost with its connection before it committed; claiming again", pk)
+    return _claim(pk, [])
+
+
+def _claim(pk: uuid.UUID, built: list[TurnClaim]) -> TurnClaim | None:
+    """``turn_claim``'s transaction; the claim it writes is put in ``built`` before its COMMIT is sent."""
     # Three statements in one round trip, then the writes with the COMMIT in a second (``pipelining``).
     with pipelined_atomic(durable=True) as batch:
         lock = lock_session_and_turn_later(batch, pk)
         reads = _claim_reads_later(batch, pk)
         locked = lock.get()
         if locked is None:
-            logger.warning("turn %s does not exist; nothing to run", turn_id)
+            logger.warning("turn %s does not exist; nothing to run", pk)
             return None
         session, turn = locked
         if turn.status != Turn.Status.QUEUED:
@@ -216,7 +238,9 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
         runnable = _runnable(session, turn, reads)
         if runnable is None:
             return None
-        return _start_claim(session, turn, runnable, batch)
+        claim = _start_claim(session, turn, runnable, batch)
+        built.append(claim)
+        return claim
 
 
 def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:

@@ -108,3 +108,23 @@ def test_a_finalize_whose_claim_is_gone_leaves_the_rollout_store_sent_with_its_l
     assert services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session, 1)) is None
     rollout = CodexRollout.objects.get(thread_id=THREAD)
     assert rollout.generation == 3 and rollout.length == len(STORED) and not rollout.chunks.exists()
+
+
+@pytest.mark.parametrize("reached", [True, False], ids=["commit-answer-lost", "commit-lost-on-its-way"])
+def test_a_claim_whose_connection_is_lost_with_its_commit_runs_once_not_after_the_lease(user, monkeypatch, reached):
+    """Adversary, session 7: a claim's COMMIT answer lost left the turn running under a claim nobody held
+    until its lease expired (30 s); a COMMIT lost on its way left it queued until the sweep (64 s). A proxy
+    cuts the worker off at its claim's last write — after PostgreSQL got it (the COMMIT ran, its answer
+    never came back) or before. ``turn_claim`` asks on a new connection: its own claim committed is returned,
+    one that did not is made again. Either way one claim, attempt 1, one user row, one running event."""
+    hold_dispatches(monkeypatch)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text="hi", user=user)
+    with round_trips_counted(cut_after=b"COMMIT", cut_forwards=reached) as wire:
+        claim = services.turn_claim(turn_id=turn.id)
+        assert wire.cut
+    assert claim is not None and claim.attempt == 1
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.RUNNING and turn.claim_token == claim.token and turn.attempt == 1
+    assert list(turn.messages.values_list("role", flat=True)) == ["user"]
+    assert list(turn.events.values_list("kind", flat=True)) == ["queued", "running"]
