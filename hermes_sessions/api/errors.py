@@ -86,8 +86,9 @@ class DatabaseUnavailable(exceptions.APIException):
     """503: the database could not serve the request now (``OperationalError``); retry shortly."""
 
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_detail = ("The database is unavailable or overloaded right now; retry shortly (a POST repeated "
-                      "with the same Idempotency-Key is applied once).")
+    # A POST's COMMIT can succeed with its answer lost (adversary, session 7): the retry advice covers it.
+    default_detail = ("The database is unavailable or overloaded right now; retry shortly. A POST may have been "
+                      "applied before the failure: repeat it with the same Idempotency-Key to have it applied once.")
     default_code = "database_unavailable"
 
 

@@ -80,12 +80,16 @@ def _authenticate(request: HttpRequest) -> Any:
 
 def _last_event_id(request: HttpRequest) -> int | None:
     """``Last-Event-ID`` (header) or ``?last_event_id=``; raises ``ValueError`` when not a
-    non-negative integer."""
+    non-negative integer written as ASCII digits only — ``int()`` alone also took ``3_0`` (30), ``+3``
+    and non-ASCII digits (adversary, session 7); an event id the server sent is never spelt so."""
     raw = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id")
     if raw is None or raw.strip() == "":
         return None
-    value = int(raw.strip())
-    if value < 0 or value > 2**63 - 1:
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(raw)
+    value = int(text)
+    if value > 2**63 - 1:
         raise ValueError(raw)
     return value
 

@@ -81,8 +81,10 @@ def test_errors_are_the_apis_json(server, user, token, claimed):
     assert server.get(f"/api/sessions/{claimed.session_id}/events/", other)[0] == 404
     status, _, body = server.get("/api/turns/not-a-uuid/events/", token)
     assert status == 404 and b'"code":"not_found"' in body
-    status, _, body = server.get(path + "?last_event_id=-3", token)
-    assert status == 400 and b'"code":"invalid_event_id"' in body
+    # Only ASCII digits (adversary, session 7: int() took "3_0" as 30, and "+3").
+    for bad in ("-3", "3_0", "%2B3", "%D9%A3", "1e5", "3.0"):
+        status, _, body = server.get(path + f"?last_event_id={bad}", token)
+        assert status == 400 and b'"code":"invalid_event_id"' in body, bad
 
 
 def test_under_wsgi_a_stream_is_refused_not_buffered_forever(claimed, token):
