@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from asgiref import sync as asgiref_sync
-from asgiref.testing import ApplicationCommunicator
 from django.core.handlers.asgi import ASGIHandler
 from rest_framework.authtoken.models import Token
 
 from project.asgi_handler import HermesASGIHandler, _async_view
+from tests.support.asgi import asgi_call
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the request runs in another thread, on its own connection
 
@@ -30,17 +30,8 @@ def _scope(path: str, token: str = "", method: str = "GET", query: bytes = b"") 
 
 
 async def _call(app: Any, scope: dict[str, Any]) -> tuple[int, bytes]:
-    comm = ApplicationCommunicator(app, scope)
-    await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
-    start = await comm.receive_output(timeout=10)
-    body = b""
-    while True:
-        msg = await comm.receive_output(timeout=10)
-        body += msg.get("body", b"")
-        if not msg.get("more_body"):
-            break
-    await comm.wait(timeout=5)
-    return start["status"], body
+    status, _headers, body = await asgi_call(app, scope)
+    return status, body
 
 
 def _run(app: Any, scope: dict[str, Any]) -> tuple[int, bytes]:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import pytest
 from asgiref.sync import async_to_sync
-from asgiref.testing import ApplicationCommunicator
 from django.db import connection
 from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
@@ -26,6 +25,7 @@ from hermes_sessions.services.events import TurnEventWriter
 from hermes_sessions.services.turns import TurnClaim
 from project.asgi_handler import HermesASGIHandler
 from tests.factories import UserFactory
+from tests.support.asgi import asgi_call
 from tests.support.dispatch import hold_dispatches
 from tests.support.sse import ApiServer, open_stream
 from tests.test_asgi_handler import _scope
@@ -536,20 +536,7 @@ def test_options_on_a_stream_answers_like_drfs_views(server, token, claimed):
 def _asgi(method: str, path: str, token: str) -> tuple[int, dict[bytes, bytes], bytes]:
     """``method path`` through the ASGI application in this process (as uvicorn calls it); the whole
     response within 5 s or ``TimeoutError`` (a stream left open)."""
-    async def call() -> tuple[int, dict[bytes, bytes], bytes]:
-        comm = ApplicationCommunicator(HermesASGIHandler(), _scope(path, token, method=method))
-        await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
-        start = await comm.receive_output(timeout=5)
-        body = b""
-        while True:
-            message = await comm.receive_output(timeout=5)
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        await comm.wait(timeout=5)
-        return start["status"], dict(start["headers"]), body
-
-    return async_to_sync(call)()
+    return async_to_sync(asgi_call)(HermesASGIHandler(), _scope(path, token, method=method), timeout=5)
 
 
 def test_head_and_options_through_the_asgi_application_end_at_once(token, claimed):
