@@ -149,6 +149,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL;",
     }
+# The server's TCP keepalives on our connections: a connection whose client vanished without a FIN (a network
+# cut, a frozen VM — not kill -9, whose socket the kernel closes) is found dead within DATABASE_KEEPALIVES_IDLE
+# + 3 × 10 s and its transaction rolled back, instead of after the OS default of 2 h while it holds a session's
+# row lock (every writer of that session waits: claims, finalizes; POSTs get 503 session_locked). PGOPTIONS
+# (libpq's own variable, e.g. a statement log for a diagnosis) is kept in front.
+DATABASE_KEEPALIVES_IDLE = env_int("DATABASE_KEEPALIVES_IDLE", 30)
+PGOPTIONS = env_str("PGOPTIONS")
+if "postgresql" in DATABASES["default"]["ENGINE"]:
+    DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None, [
+        PGOPTIONS.strip(),
+        f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
+    ]))
 # ASGI (make run): psycopg's connection pool with CONN_MAX_AGE = 0 — persistent connections are not
 # supported under ASGI and leak (../shared/pitfalls.md, Django #37066). Off by default: Celery's prefork
 # workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork).

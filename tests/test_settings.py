@@ -132,3 +132,25 @@ def test_every_environment_variable_is_in_the_readme_table():
     table = README.split("### Settings (environment)", 1)[1]
     missing = sorted(n for n in names if f"| `{n}`" not in table)
     assert missing == [], f"README 'Settings (environment)' lacks {missing}"
+
+
+@pytest.mark.django_db
+def test_postgresql_finds_a_vanished_client_within_a_minute_not_two_hours():
+    """A connection whose worker vanished without a FIN keeps its transaction, and the session row lock it
+    holds, until the server's TCP keepalives find it dead: the OS default waits 2 h before the first probe.
+    Every connection asks for 30 s + 3 × 10 s (settings ``DATABASE_KEEPALIVES_IDLE``; seen while testing a
+    claim whose connection was cut mid-transaction, session 7)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), "
+                       "current_setting('tcp_keepalives_count')")
+        assert cursor.fetchone() == ("30", "10", "3")
+
+
+def test_pgoptions_for_a_diagnosis_is_kept_in_front_of_the_keepalives(tmp_path):
+    env = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/nowhere", "DJANGO_SECRET_KEY": "k" * 50,
+           "HERMES_VAR_DIR": str(tmp_path), "PGOPTIONS": "-c log_min_duration_statement=0"}
+    values = _settings_json(env, "DATABASES")
+    assert ("'options': '-c log_min_duration_statement=0 -c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 "
+            "-c tcp_keepalives_count=3'") in values["DATABASES"]
