@@ -30,22 +30,23 @@ def _require_transaction(what: str) -> None:
         raise TransactionManagementError(f"{what} must run inside transaction.atomic")
 
 
-def bound_lock_waits() -> None:
+def bound_lock_waits(batch: Batch | None = None) -> None:
     """Make every lock wait of the current transaction end after ``HERMES_POST_LOCK_TIMEOUT_MS`` with
     PostgreSQL's ``lock_timeout`` error (SQLSTATE 55P03, ``psycopg.errors.LockNotAvailable`` as the
     ``__cause__`` of Django's ``OperationalError``); until the transaction ends (``set_config(…, true)``).
     For the API's POSTs, so that requests waiting on another's lock do not pile up holding pooled
-    connections. A no-op on other databases. Raises ``TransactionManagementError`` outside a transaction."""
+    connections. ``batch``: held there (``pipelining``: it travels with the transaction's first
+    statements) instead of run now. A no-op on other databases. Raises ``TransactionManagementError``
+    outside a transaction."""
     _require_transaction("bound_lock_waits")
     if connection.vendor != "postgresql":
         return
+    statement = ("SELECT set_config('lock_timeout', %s, true)", [f"{int(settings.HERMES_POST_LOCK_TIMEOUT_MS)}ms"])
+    if batch is not None:
+        batch.add(*statement)
+        return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [lock_timeout_value()])
-
-
-def lock_timeout_value() -> str:
-    """``HERMES_POST_LOCK_TIMEOUT_MS`` as PostgreSQL's ``lock_timeout`` setting (``'3000ms'``)."""
-    return f"{int(settings.HERMES_POST_LOCK_TIMEOUT_MS)}ms"
+        cursor.execute(*statement)
 
 
 def lock_wait_timed_out(exc: BaseException) -> bool:

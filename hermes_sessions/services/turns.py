@@ -38,7 +38,7 @@ from ..models import CodexBinding, CodexRollout, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from . import affinity, bindings, dispatch, events, rollouts
 from .errors import InvalidInput, SessionBusy, SessionLocked
-from .locks import lock_session_and_turn, lock_session_and_turn_later, lock_timeout_value, lock_wait_timed_out
+from .locks import bound_lock_waits, lock_session_and_turn, lock_session_and_turn_later, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
 from .rows import row_update, row_update_sql, rows_insert_sql, touch
 from .turn_log import turn_ended_on_commit
@@ -91,8 +91,7 @@ def turn_enqueue(
 def _enqueue(*, session: Session, text: str, created_by: User | None, on_busy: str) -> Turn:
     # Two round trips (``pipelining``): the lock, the draw and the reads; then the writes with the COMMIT.
     with pipelined_atomic() as batch:
-        if connection.vendor == "postgresql":  # bound the wait for the session's lock (to this transaction's end)
-            batch.add("SELECT set_config('lock_timeout', %s, true)", [lock_timeout_value()])  # bound_lock_waits
+        bound_lock_waits(batch)  # the wait for the session's lock below, and any other, until this transaction ends
         # The session's row lock, taken by the UPDATE that draws the turn's seq (FOR NO KEY UPDATE — the
         # mode of the event lock, locks.lock_session_for_events — held to the commit): every other writer
         # of the session waits here, and this one waits for them (I3, docs/contract.md §8).
