@@ -374,6 +374,9 @@ class TurnWorker(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField()
     kept = models.PositiveIntegerField(default=0)  # threads it holds loaded at its last heartbeat
+    # Its wake listener was listening at its last heartbeat (``services/wake.py``): a turn routed to it
+    # is announced by NOTIFY, and only the shared queue's countdown copy goes through Celery.
+    wakeable = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return self.queue

@@ -20,15 +20,20 @@ def run_turn(self: Task, turn_id: str, fallback: bool = False) -> dict[str, str]
 
     ``fallback``: the shared queue's copy sent ``HERMES_AFFINITY_DEADLINE`` after a turn routed to the
     worker holding its thread (``services/dispatch.py``). Almost always that worker ran the turn long
-    before; one unlocked read then says so, instead of the claim's locks and commit.
+    before; one unlocked read then says so, instead of the claim's locks and commit. The same read goes
+    first in a process whose wake listener may have run the turn already; there the delivery holds the
+    process's turn slot while it runs (``services.delivery_slot``).
 
     Returns ``{"turn": <turn id>, "turn_status": <status>}`` — ``"skipped"`` when this delivery had
     nothing to do — which Celery logs as ``Task …run_turn[<task id>] succeeded in …: {'turn': …,
     'turn_status': 'failed'}``: the task ran, the turn failed. The turn's own end line
     (``hermes_sessions.turns``) names this task id."""
-    if fallback and not selectors.turn_is_queued(turn_id=turn_id):
+    # A process with a wake listener (services/wake.py) has usually run the turn by the time its message
+    # arrives: the same read, instead of waiting for the slot and then the claim's locks.
+    if (fallback or services.wake_listening()) and not selectors.turn_is_queued(turn_id=turn_id):
         return {"turn": str(turn_id), "turn_status": "skipped"}
-    turn = services.turn_execute(turn_id=turn_id, task_id=self.request.id)
+    with services.delivery_slot():
+        turn = services.turn_execute(turn_id=turn_id, task_id=self.request.id)
     return {"turn": str(turn_id), "turn_status": turn.status if turn is not None else "skipped"}
 
 

@@ -109,11 +109,15 @@ def _close_spares(**_: object) -> None:
     """A pool process that exits (warm shutdown, max-tasks-per-child) closes its spares and the
     app-servers it kept loaded, and forgets its routing rows; a killed one takes them along by
     ``PR_SET_PDEATHSIG`` (its rows go stale and the sweep removes them)."""
+    from django.conf import settings
+
     from hermes_sessions.codex.kept import close_keeper
     from hermes_sessions.codex.warm import close_spare_pool
     from hermes_sessions.services.affinity import affinity_stop
     from hermes_sessions.services.recovery import lease_loop_stop
+    from hermes_sessions.services.wake import wake_stop
 
+    wake_stop(turn_timeout=settings.CODEX_TURN_TIMEOUT + 30)  # first: a woken turn ends on its app-server
     close_spare_pool()
     affinity_stop(close_keeper())
     lease_loop_stop()

@@ -16,14 +16,18 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from project.db_liveness import quiet_and_idle
+
 logger = logging.getLogger(__name__)
 
 
 def check_pooled_connection(conn: Any) -> None:
-    """``ConnectionPool(check=…)``: ``ConnectionPool.check_connection`` (an empty statement; raises on a
-    broken connection). When it fails, first sweep the pool's other idle connections
+    """``ConnectionPool(check=…)``: nothing when the connection is quiet and idle (``db_liveness``), else
+    ``ConnectionPool.check_connection`` (an empty statement; raises on a broken connection). When it fails, first sweep the pool's other idle connections
     (``ConnectionPool.check``) of the database alias ``default`` — the one pooled — then re-raise, so
     that the pool discards this connection too and retries at once with a sound one."""
+    if quiet_and_idle(conn):  # no round trip (project/db_liveness.py)
+        return
     try:
         ConnectionPool.check_connection(conn)
     except Exception:

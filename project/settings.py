@@ -139,6 +139,10 @@ DATABASES = {
         conn_health_checks=True,  # a persistent connection killed by a database restart is replaced, not a 500
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's PostgreSQL backend whose health check of a reused connection costs no round trip when the
+    # connection is quiet and idle (project/db_liveness.py).
+    DATABASES["default"]["ENGINE"] = "project.postgresql_backend"
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Django's SQLite backend that also makes the database file's folder on first connection.
     DATABASES["default"]["ENGINE"] = "project.sqlite_backend"
@@ -321,6 +325,9 @@ HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 8)  # kept app-serv
 HERMES_WARM_MAX_TURNS = env_int("HERMES_WARM_MAX_TURNS", 200)  # turns one kept app-server runs before it is recycled
 HERMES_WARM_MAX_RSS_MB = env_int("HERMES_WARM_MAX_RSS_MB", 512)  # a kept app-server above this resident size is closed
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
+# The enqueue of a routed turn also wakes its worker by PostgreSQL NOTIFY, ahead of the Celery message (which
+# stays the durable path); 0: Celery only (hermes_sessions/services/wake.py).
+HERMES_WAKE = env_bool("HERMES_WAKE", True)
 HERMES_WORKER_HEARTBEAT_SECONDS = env_float("HERMES_WORKER_HEARTBEAT_SECONDS", 2.0)  # a warm worker's heartbeat row
 HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # older: not routed to; swept
 

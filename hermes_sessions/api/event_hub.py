@@ -48,6 +48,7 @@ from psycopg.rows import dict_row
 from .. import selectors
 from ..models import TurnEvent
 from ..services.events import CHANNEL
+from ..services.own_connections import own_connection_params
 
 logger = logging.getLogger(__name__)
 
@@ -60,16 +61,6 @@ T = TypeVar("T")
 #: What a read raises when the database cannot serve it (a restart, an exhausted pool: psycopg_pool's
 #: ``PoolTimeout`` is a ``psycopg.OperationalError``); streams outlive these.
 DATABASE_ERRORS = (DatabaseError, psycopg.Error)
-
-
-def _listen_params() -> dict[str, Any]:
-    """Connection parameters of the default database, for a connection of our own (not Django's:
-    LISTEN needs a connection that no pool recycles and nothing else uses)."""
-    db = settings.DATABASES["default"]
-    params: dict[str, Any] = {"dbname": db["NAME"], "user": db.get("USER") or None,
-                              "password": db.get("PASSWORD") or None, "host": db.get("HOST") or None,
-                              "port": db.get("PORT") or None, "application_name": "hermes-sse-listener"}
-    return {k: v for k, v in params.items() if v is not None}
 
 
 def _close_after(read: Callable[..., T]) -> Callable[..., T]:
@@ -206,7 +197,7 @@ class EventHub:
     async def _listen(self, ready: asyncio.Event) -> None:
         conn: psycopg.AsyncConnection[Any] | None = None
         try:
-            conn = await psycopg.AsyncConnection.connect(**_listen_params(), autocommit=True)
+            conn = await psycopg.AsyncConnection.connect(**own_connection_params("hermes-sse-listener"), autocommit=True)
             await conn.execute(f"LISTEN {CHANNEL}")
             self.listening = True
             await self._open_reader()  # now, not at the first notification
@@ -276,7 +267,7 @@ class EventHub:
             return None
         try:
             reader = await psycopg.AsyncConnection.connect(
-                **{**_listen_params(), "application_name": "hermes-sse-reader"}, autocommit=True,
+                **own_connection_params("hermes-sse-reader"), autocommit=True,
                 row_factory=dict_row, connect_timeout=int(LISTEN_CONNECT_SECONDS))
         except psycopg.Error:
             logger.warning("event streams: reader connection could not be opened; reading in threads", exc_info=True)

@@ -224,22 +224,30 @@ class TurnListCreateView(_ApiView, generics.ListAPIView):
         return selectors.turn_list_newest_first(session=self.get_session())
 
     def post(self, request: Request, session_id: str) -> Response:
-        session = self.get_session()
-        body = TurnCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        turn, _ = services.idempotent(
-            user=request.user,
-            scope=f"turns:{session.id}",
-            key=_idempotency_key(request),
-            body=request.data,
-            create=lambda: services.turn_enqueue(
-                session=session,
-                input_text=body.validated_data["input"],
+        # The session is not read first: the enqueue's locking UPDATE checks that the caller owns it (one round
+        # trip fewer per turn). A request that fails otherwise still answers 404 first for a session the caller
+        # cannot see — a bad body, key or anything else — as a read first would (invariant I7).
+        try:
+            body = TurnCreateSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            turn, _ = services.idempotent(
                 user=request.user,
-                on_busy=body.validated_data["on_busy"],
-            ),
-            load=lambda pk: Turn.objects.get(pk=pk, session=session),
-        )
+                scope=f"turns:{session_id}",
+                key=_idempotency_key(request),
+                body=request.data,
+                create=lambda: services.turn_enqueue(
+                    owned_session_id=session_id,
+                    input_text=body.validated_data["input"],
+                    user=request.user,
+                    on_busy=body.validated_data["on_busy"],
+                ),
+                load=lambda pk: Turn.objects.get(pk=pk, session_id=session_id),
+            )
+        except Session.DoesNotExist as exc:
+            raise NotFound("No such session.") from exc
+        except Exception:
+            self.get_session()
+            raise
         return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -43,6 +43,7 @@ from .turns import (
     turn_note_thread,
     turn_requeue,
 )
+from .wake import delivery_slot, wake_listening
 
 __all__ = [
     "IdempotencyKeyInUse", "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken", "SessionLocked",
@@ -51,4 +52,5 @@ __all__ = [
     "turn_execute", "idempotent", "SweepReport", "turns_sweep", "RetryPolicy", "retry_policy", "session_create",
     "MAX_INPUT_CHARS", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
     "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat", "turn_note_thread", "turn_requeue",
+    "delivery_slot", "wake_listening",
 ]

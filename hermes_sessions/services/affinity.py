@@ -36,6 +36,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -47,6 +48,7 @@ from django.utils import timezone
 
 from ..codex.kept import Keeper, KeptThread
 from ..models import CodexRollout, Session, Turn, TurnWorker, WarmThread
+from . import wake
 from .periodic import PeriodicLoop
 from .rows import rows_insert_sql
 
@@ -110,11 +112,30 @@ def turn_route(turn_id: uuid.UUID | str) -> str:
     return row or ""
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where a turn goes first: the own queue of the worker holding its session's thread, and whether
+    that worker's wake listener listens (``TurnWorker.wakeable``, ``services/wake.py``)."""
+
+    queue: str
+    wakeable: bool = False
+
+
+def parse_route(value: str | None) -> Route | None:
+    """``session_route_sql``'s value (``'wake:<queue>'`` or ``'queue:<queue>'``) → ``Route``; ``None``
+    for ``NULL`` (no route)."""
+    if not value:
+        return None
+    kind, _, queue = value.partition(":")
+    return Route(queue=queue, wakeable=kind == "wake") if queue else None
+
+
 def session_route_sql(session_id: str) -> tuple[str, list[Any]]:
-    """``turn_route`` for a turn of session ``session_id`` as a scalar subquery (``(SELECT queue …)``,
-    ``NULL`` for none) and its parameters: lets ``turn_enqueue`` read the route in a query it makes
-    anyway, under the session lock. Raw SQL (text built once per process) on any backend: the ORM's
-    compile of the annotated subquery cost ~1 ms of the POST."""
+    """``turn_route`` for a turn of session ``session_id`` as a scalar subquery and its parameters: its
+    value is ``'wake:<queue>'`` (the holder's wake listener listens) or ``'queue:<queue>'``, ``NULL`` for
+    none (``parse_route`` reads it). Lets ``turn_enqueue`` read the route in a query it makes anyway, under
+    the session lock. Raw SQL (text built once per process) on any backend: the ORM's compile of the
+    annotated subquery cost ~1 ms of the POST."""
     now = timezone.now()
     until, beat = WarmThread._meta.get_field("until"), TurnWorker._meta.get_field("heartbeat_at")
     fresh = now - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
@@ -127,9 +148,9 @@ def _session_route_sql() -> str:
     """``_routable`` of one session (``%s``: its id, the time now, the oldest fresh heartbeat)."""
     q = connection.ops.quote_name
     warm, workers = q(WarmThread._meta.db_table), q(TurnWorker._meta.db_table)
-    return (f"(SELECT w.{q('queue')} FROM {warm} w WHERE w.{q('session_id')} = %s AND w.{q('until')} > %s "
-            f"AND EXISTS (SELECT 1 FROM {workers} tw WHERE tw.{q('queue')} = w.{q('queue')} "
-            f"AND tw.{q('heartbeat_at')} > %s) LIMIT 1)")
+    return (f"(SELECT CASE WHEN tw.{q('wakeable')} THEN 'wake:' ELSE 'queue:' END || w.{q('queue')} "
+            f"FROM {warm} w JOIN {workers} tw ON tw.{q('queue')} = w.{q('queue')} "
+            f"WHERE w.{q('session_id')} = %s AND w.{q('until')} > %s AND tw.{q('heartbeat_at')} > %s LIMIT 1)")
 
 
 def warm_thread_record(*, session: Session, queue: str, thread_id: str, generation: int) -> None:
@@ -253,8 +274,9 @@ def hand_off(*, session_id: str, turn_id: uuid.UUID, queue: str | None, redispat
     return True
 
 
-def worker_heartbeat(*, queue: str, kept: int) -> str:
-    """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now``; returns ``""``. Refuses (writes
+def worker_heartbeat(*, queue: str, kept: int, wakeable: bool = False) -> str:
+    """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now`` (``kept`` threads held loaded,
+    ``wakeable``: its wake listener listens); returns ``""``. Refuses (writes
     nothing, returns why) when the row is another live worker's (``own_queue_taken``): this process was
     frozen (SIGSTOP, a stalled VM) long enough to be swept, and a worker started since with the same node
     name took the queue — the row is that worker's, and this one must keep nothing (``AffinityLoop``).
@@ -263,7 +285,7 @@ def worker_heartbeat(*, queue: str, kept: int) -> str:
     row lock (a lock held by a frozen process would stall the sweep and its namesake's heartbeat)."""
     host, pid = socket.gethostname()[:255], os.getpid()
     node = queue[len(settings.HERMES_TURN_QUEUE) + 1:] if queue.startswith(f"{settings.HERMES_TURN_QUEUE}.") else queue
-    fields = {"node": node[:255], "host": host, "pid": pid, "kept": kept}
+    fields = {"node": node[:255], "host": host, "pid": pid, "kept": kept, "wakeable": wakeable}
     for _ in range(3):  # a namesake may insert or take the row between two statements
         now = timezone.now()
         stale = now - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
@@ -338,7 +360,7 @@ class AffinityLoop(PeriodicLoop):
                     logger.warning("affinity: turn %s of session %s waited past HERMES_AFFINITY_DEADLINE for a worker "
                                    "whose heartbeat stopped: handed to any worker", turn_id, session_id)
         swept = self.beaten and not TurnWorker.objects.filter(queue=self.queue).exists()
-        refused = worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()))
+        refused = worker_heartbeat(queue=self.queue, kept=len(self.keeper.held()), wakeable=wake.wake_listening_now())
         if refused:
             self._yield(refused)
             return

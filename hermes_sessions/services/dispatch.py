@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 RUN_TURN_TASK = "hermes_sessions.tasks.run_turn"
 
 
-def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, route: str | None = None) -> None:
+def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, route: str | None = None,
+                            woken: bool = False) -> None:
     """Send ``run_turn(turn_id)`` once the current transaction commits, and stamp ``dispatched_at``.
 
     The turn row is durable before the send, so a broker that is down loses nothing: the failure
@@ -35,18 +36,22 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
 
     ``turn_enqueue`` saves two queries: ``stamped`` (it inserted the row with ``dispatched_at``
     already) and ``route`` (``affinity.turn_route``'s answer, read in its transaction under the
-    session lock; ``None``: read it after the commit)."""
+    session lock; ``None``: read it after the commit) and ``woken`` (the transaction also wakes the worker
+    of ``route`` by NOTIFY, ``wake.wake_held``: no message to its queue, only the shared queue's countdown
+    copy — Celery's send, consume and pool hop were ~6 ms of a warm turn's ``queue`` phase on 2 cores,
+    and the two deliveries competed for them, ``make bench-warm``)."""
     if not stamped:
         Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
 
     def send() -> None:
         try:
-            queue = _route(turn_id) if route is None else _route_given(route)
+            queue = _route(turn_id) if route is None else route_given(route)
             task = _run_turn_task()
             if queue:
                 # Session affinity (services/affinity.py): the worker holding the thread loaded first; the
                 # shared queue after the deadline, for any worker, should that one not claim it by then.
-                task.apply_async(args=(str(turn_id),), queue=queue)
+                if not woken:
+                    task.apply_async(args=(str(turn_id),), queue=queue)
                 task.apply_async(args=(str(turn_id),), kwargs={"fallback": True},
                                  countdown=settings.HERMES_AFFINITY_DEADLINE)
             else:
@@ -57,8 +62,9 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
     transaction.on_commit(send)
 
 
-def _route_given(route: str) -> str:
-    """A route read by the caller (``turn_enqueue``), or ``""`` when tasks run in-process (``_route``)."""
+def route_given(route: str) -> str:
+    """A route read by the caller (``turn_enqueue``), or ``""`` when tasks run in-process (``_route``):
+    the own queue a routed turn goes to (or whose worker is woken), ``""`` for the shared queue only."""
     return "" if current_app.conf.task_always_eager else route
 
 

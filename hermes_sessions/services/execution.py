@@ -54,7 +54,7 @@ from ..codex.server_requests import make_server_request_handler
 from ..codex.warm import Spare, die_with_parent, spare_pool
 from ..history_seed import seeded_input
 from ..models import Turn
-from . import affinity
+from . import affinity, wake
 from .dispatch import turn_dispatch_on_commit
 from .events import RETRYING, TurnEventWriter
 from .recovery import LOOP_TAKE_BACK_LIMIT, lease_renewed_here, leases_take_back
@@ -76,21 +76,24 @@ logger = logging.getLogger(__name__)
 
 STDERR_TAIL_LINES = 12  # what goes into a failed turn's error text
 T = TypeVar("T")
+WOKEN_TASK_ID = "wake"  # the end line's task= of a turn run on its wake-up (turn_log.py)
 
 
-def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None) -> Turn | None:
+def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False) -> Turn | None:
     """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
     this call's to run (not the session's next turn, already running or finished — a duplicate
     delivery changes nothing), when it went back to the queue, or when this worker lost its claim
     mid-run. Every codex failure ends the turn ``failed`` (or requeued) with a readable reason;
     none escapes. ``task_id``: the Celery task delivering it, named in the turn's end line
-    (``turn_log.py``)."""
+    (``turn_log.py``). ``woken``: run by the wake listener (``wake``), recorded as ``timings["woken"]``."""
     with delivery(task_id):
         t0 = time.monotonic()
         claim = turn_claim(turn_id=turn_id)
         if claim is None:
             return None
         claim.timings["claim_ms"] = _ms_since(t0)
+        if woken:
+            claim.timings["woken"] = 1
         control = TurnControl()
         stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                  attempt=claim.attempt)
@@ -545,14 +548,13 @@ class _Held:
     """The app-server one turn ran on, between ``turn/completed`` and the finalize commit.
 
     ``may_keep``: this process keeps threads loaded (an own queue — a one-turn-at-a-time worker,
-    ``services/affinity.py`` —, keeping on, and the main thread: ``PR_SET_PDEATHSIG`` follows the
-    spawning thread). ``settle`` hands the process to the keeper after a commit that succeeded and
+    ``services/affinity.py`` —, keeping on, and the main thread or the wake listener's:
+    ``PR_SET_PDEATHSIG`` follows the spawning thread, ``wake.in_long_lived_thread``). ``settle`` hands the process to the keeper after a commit that succeeded and
     stored the rollout; ``close`` closes whatever was not handed over."""
 
     def __init__(self, *, may_keep: bool | None = None) -> None:
         if may_keep is None:
-            may_keep = (bool(affinity.own_queue()) and keeper() is not None
-                        and threading.current_thread() is threading.main_thread())
+            may_keep = bool(affinity.own_queue()) and keeper() is not None and wake.in_long_lived_thread()
         self.may_keep = may_keep
         self.running: _Running | None = None
 
@@ -592,13 +594,35 @@ class _Held:
             running.release()
 
 
+def turn_execute_woken(turn_id: uuid.UUID, session_id: str) -> Turn | None:
+    """Run turn ``turn_id`` of ``session_id`` on its wake-up (``wake.WakeListener``, this process's
+    listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn the main thread
+    runs ends first), as a message in its own queue would have waited — on the kept thread, or cold when
+    this process let the thread go meanwhile (the wake is the only message this worker gets for the turn).
+    ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the shared
+    queue's countdown copy, or the affinity loop's hand-off, gives the turn to any worker then. The
+    thread's database connection is checked as a task's is (``close_old_connections``). ``session_id``:
+    from the wake's payload, for the log."""
+    with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
+        if not taken:
+            logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
+                        "its countdown copy runs it", turn_id, session_id)
+            return None
+        close_old_connections()
+        return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True)
+
+
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:
     """This worker process's affinity loop (once; at the pool process's start, ``project/celery.py``, and
     at a kept turn): hand-offs sent with ``turn_dispatch_on_commit``, expired leases taken back with
     ``_take_back_leases`` — given here, as affinity cannot import dispatch or recovery (both import it).
     Every starter must come through here: the first start wins (a start without the take-back left a
-    worker with no lease recovery — ``make faults`` kill-beat-with-worker caught it)."""
-    return affinity.affinity_start(k, redispatch=turn_dispatch_on_commit, take_back_leases=_take_back_leases)
+    worker with no lease recovery — ``make faults`` kill-beat-with-worker caught it). Also starts the
+    process's wake listener (``wake.wake_start``; runs ``turn_execute_woken``)."""
+    loop = affinity.affinity_start(k, redispatch=turn_dispatch_on_commit, take_back_leases=_take_back_leases)
+    if loop is not None:
+        wake.wake_start(loop.queue, run=turn_execute_woken)
+    return loop
 
 
 def _take_back_leases(by: str) -> None:

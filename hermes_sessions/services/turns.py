@@ -36,7 +36,8 @@ from ..codex.runner import TurnOutcome
 from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history_seed
 from ..models import CodexBinding, CodexRollout, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
-from . import affinity, bindings, dispatch, events, rollouts
+from ..selectors import is_valid_session_id
+from . import affinity, bindings, dispatch, events, rollouts, wake
 from .errors import InvalidInput, SessionBusy, SessionLocked
 from .locks import bound_lock_waits, lock_session_and_turn, lock_session_and_turn_later, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
@@ -58,9 +59,15 @@ ON_BUSY = ("enqueue", "reject", "interrupt")
 
 
 def turn_enqueue(
-    *, session: Session, input_text: str, user: User | AnonymousUser | None, on_busy: str = "enqueue"
+    *, session: Session | None = None, input_text: str, user: User | AnonymousUser | None, on_busy: str = "enqueue",
+    owned_session_id: str | None = None,
 ) -> Turn:
     """Accept one user input for ``session`` as a queued turn and schedule it.
+
+    ``owned_session_id`` instead of ``session`` (the API's ``POST``): the session of that id owned by
+    ``user``, checked by the enqueue's locking UPDATE itself (``… WHERE id = … AND owner_id = …``) —
+    no read of the session before it, one round trip fewer; ``Session.DoesNotExist`` when it is
+    malformed, unknown or someone else's (nothing written; invariant I7: the three look alike).
 
     ``on_busy`` says what to do when the session already has a turn running or queued:
     ``enqueue`` (run after them, in order), ``reject`` (raise ``SessionBusy`` naming that turn) or
@@ -79,16 +86,24 @@ def turn_enqueue(
     if on_busy not in ON_BUSY:
         raise InvalidInput(f"on_busy must be one of {', '.join(ON_BUSY)}")
     created_by = None if user is None else require_user(user)
+    if session is not None:
+        session_id, owner_id = str(session.pk), None
+    elif owned_session_id is not None and created_by is not None:
+        if not is_valid_session_id(owned_session_id):  # never reaches the database (a NUL byte, an over-long id)
+            raise Session.DoesNotExist(f"no session {owned_session_id!r}")
+        session_id, owner_id = owned_session_id, created_by.pk
+    else:
+        raise TypeError("turn_enqueue needs session, or owned_session_id and a user")
     try:
-        return _enqueue(session=session, text=text, created_by=created_by, on_busy=on_busy)
+        return _enqueue(session_id=session_id, owner_id=owner_id, text=text, created_by=created_by, on_busy=on_busy)
     except OperationalError as exc:
         if lock_wait_timed_out(exc):
-            raise SessionLocked(f"session {session.pk} is locked by another operation; nothing was queued, retry "
+            raise SessionLocked(f"session {session_id} is locked by another operation; nothing was queued, retry "
                                 "shortly") from exc
         raise
 
 
-def _enqueue(*, session: Session, text: str, created_by: User | None, on_busy: str) -> Turn:
+def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: User | None, on_busy: str) -> Turn:
     # Two round trips (``pipelining``): the lock, the draw and the reads; then the writes with the COMMIT.
     with pipelined_atomic() as batch:
         bound_lock_waits(batch)  # the wait for the session's lock below, and any other, until this transaction ends
@@ -96,40 +111,54 @@ def _enqueue(*, session: Session, text: str, created_by: User | None, on_busy: s
         # mode of the event lock, locks.lock_session_for_events — held to the commit): every other writer
         # of the session waits here, and this one waits for them (I3, docs/contract.md §8).
         now = timezone.now()
-        batch.add(_draw_seq_sql(), [Session._meta.get_field("updated_at").get_db_prep_save(now, connection), session.pk])
+        updated_at = Session._meta.get_field("updated_at").get_db_prep_save(now, connection)
+        drawn: Later[Any]
+        if owner_id is None:
+            drawn = batch.add(_draw_seq_sql(), [updated_at, session_id])
+        else:
+            drawn = batch.add(_draw_seq_sql(owned=True), [updated_at, session_id, owner_id])
         # A statement of its own, after the lock: its snapshot has every turn committed while it waited.
-        route_sql, route_params = affinity.session_route_sql(session.pk)
+        route_sql, route_params = affinity.session_route_sql(session_id)
         row = batch.add(_enqueue_reads_sql(route_sql), [
-            session.pk, Turn.Status.RUNNING, Turn.Status.QUEUED, session.pk, Turn.Status.RUNNING,
-            Turn.Status.QUEUED, *route_params, session.pk]).one()
-        if row is None:  # the UPDATE found no row to lock
-            raise Session.DoesNotExist(f"no session {session.pk!r}")
-        seq, busy_id, busy_status, route = row
+            session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, session_id, Turn.Status.RUNNING,
+            Turn.Status.QUEUED, *route_params, session_id]).one()
+        if row is None or drawn.rowcount != 1:  # the UPDATE found no row to lock (or not the owner's)
+            raise Session.DoesNotExist(f"no session {session_id!r}")
+        seq, busy_id, busy_status, route_value = row
+        route = affinity.parse_route(route_value)
         if busy_id is not None:
             busy_id = Turn._meta.pk.to_python(busy_id)  # SQLite: hex text
         if busy_id is not None and on_busy == "reject":
             raise SessionBusy(f"turn {busy_id} of this session is {busy_status}", turn_id=str(busy_id))
         if busy_id is not None and on_busy == "interrupt":
-            Turn.objects.filter(session=session, status=Turn.Status.RUNNING, cancel_requested_at__isnull=True).update(
+            Turn.objects.filter(session_id=session_id, status=Turn.Status.RUNNING, cancel_requested_at__isnull=True).update(
                 cancel_requested_at=timezone.now()
             )
         # Stamped as sent now, in the row: the task goes out right after this transaction commits.
-        turn = Turn(session=session, seq=seq, input=text, created_by=created_by, dispatched_at=timezone.now())
+        turn = Turn(session_id=session_id, seq=seq, input=text, created_by=created_by, dispatched_at=timezone.now())
         _insert_turn(turn, batch)
         # Its event lock: held already (above). Its NOTIFY goes out after the task (event_notify_on_commit).
         queued = events.event_append_held(batch, turn=turn, items=[(events.QUEUED, {"seq": turn.seq})], notify=False)
-        dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=route or "")
+        # A holder whose wake listener listens hears of the turn by NOTIFY at the commit instead of a Celery
+        # message to its queue (``wake``) — not of a turn queued behind another, which it claims only once
+        # that one has ended: that one's finalize dispatches it.
+        queue = dispatch.route_given(route.queue) if route is not None else ""
+        woken = bool(queue) and route is not None and route.wakeable and busy_id is None and wake.wake_enabled()
+        if woken:
+            wake.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id)
+        dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=woken)
         events.event_notify_on_commit(queued)
     return turn
 
 
 @functools.cache
-def _draw_seq_sql() -> str:
+def _draw_seq_sql(*, owned: bool = False) -> str:
     """The enqueue's lock and draw: ``last_turn_seq + 1`` and ``updated_at`` of the session row (an
-    UPDATE: ``FOR NO KEY UPDATE``'s lock, as the ORM's ``update(F(…) + 1)`` took)."""
+    UPDATE: ``FOR NO KEY UPDATE``'s lock, as the ORM's ``update(F(…) + 1)`` took); ``owned``: only
+    when its ``owner_id`` is the third parameter (no row otherwise: nothing locked, nothing changed)."""
     q = connection.ops.quote_name
     return (f"UPDATE {q(Session._meta.db_table)} SET {q('last_turn_seq')} = {q('last_turn_seq')} + 1, "
-            f"{q('updated_at')} = %s WHERE {q('id')} = %s")
+            f"{q('updated_at')} = %s WHERE {q('id')} = %s" + (f" AND {q('owner_id')} = %s" if owned else ""))
 
 
 @functools.cache

@@ -3,15 +3,15 @@ whose psycopg pool checks connections with ``project.db_pool.check_pooled_connec
 
 Django builds the pool itself and passes it ``check=ConnectionPool.check_connection`` when
 ``CONN_HEALTH_CHECKS`` is on (a ``check`` in ``OPTIONS["pool"]`` is refused as a second value). That
-check is kept; only what follows its failure changes (``project/db_pool.py``). The pool keeps the
+check is kept, after a check without a round trip (``project/db_liveness.py``), and what follows its
+failure changes (``project/db_pool.py``). The pool keeps the
 callable as ``_check`` (psycopg_pool 3.3; ``tests/test_asgi_settings.py`` fails if that stops holding)."""
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.backends.postgresql import base
-
 from project.db_pool import check_pooled_connection
+from project.postgresql_backend import base
 
 
 class DatabaseWrapper(base.DatabaseWrapper):

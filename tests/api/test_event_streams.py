@@ -164,14 +164,15 @@ def test_the_hubs_one_statement_read_returns_the_rows_the_orm_read_returns(claim
     import psycopg
     from psycopg.rows import dict_row
 
-    from hermes_sessions.api.event_hub import _listen_params, _session_rows, session_rows_sql
+    from hermes_sessions.api.event_hub import _session_rows, session_rows_sql
+    from hermes_sessions.services.own_connections import own_connection_params
 
     writer = writer_for(claimed)
     writer.add(events.DELTA, {"item_id": "m1", "text": "caf\u00e9 \u2603"})
     writer.flush()
     finish(claimed, "done")
     orm = _session_rows(claimed.session_id, 0)
-    with psycopg.connect(**_listen_params(), row_factory=dict_row) as conn:
+    with psycopg.connect(**own_connection_params("test"), row_factory=dict_row) as conn:
         raw = conn.execute(session_rows_sql(), (claimed.session_id, 0, 500)).fetchall()
         after_first = conn.execute(session_rows_sql(), (claimed.session_id, orm[0]["id"], 2)).fetchall()
     assert [e["kind"] for e in orm] == ["queued", "running", "delta", "completed"]

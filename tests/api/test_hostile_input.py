@@ -79,6 +79,7 @@ def test_a_database_that_cannot_serve_the_request_is_503_with_retry_after_not_50
         raise failure()
 
     monkeypatch.setattr("hermes_sessions.selectors.session_owned", unavailable)
+    monkeypatch.setattr("hermes_sessions.services.turn_enqueue", unavailable)  # the POST's first query is its own
     for method, path, body in [("post", f"/api/sessions/{session.id}/turns/", {"input": "hi"}),
                                ("get", f"/api/sessions/{session.id}/messages/", None)]:
         response = getattr(client, method)(path, body, format="json") if body else getattr(client, method)(path)
@@ -97,6 +98,7 @@ def test_an_integrity_bug_is_still_a_500_not_hidden_as_503(client, user, monkeyp
         raise DataError("value too long for type character varying(64)")
 
     monkeypatch.setattr("hermes_sessions.selectors.session_owned", broken)
+    monkeypatch.setattr("hermes_sessions.services.turn_enqueue", broken)
     client.raise_request_exception = False
     assert client.post(f"/api/sessions/{session.id}/turns/", {"input": "hi"}, format="json").status_code == 500
 

@@ -20,15 +20,16 @@ from tests.support.round_trips import counting, round_trips_counted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The token, the session (owned by the caller), then one transaction in two round trips (psycopg's
-# pipeline mode, ``services.pipelining``): BEGIN, the transaction's lock timeout (set_config), the UPDATE that
-# locks the session and draws the seq, the busy turn and the route; then the turn's INSERT, the queued event's INSERT and COMMIT. The send after the
+# The token, then one transaction in two round trips (psycopg's pipeline mode, ``services.pipelining``):
+# BEGIN, the transaction's lock timeout (set_config), the UPDATE that locks the session and draws the seq —
+# only the caller's session: the ownership is checked there, not by a read before (session 8) —, the busy
+# turn and the route; then the turn's INSERT, the queued event's INSERT and COMMIT. The send after the
 # commit reads nothing; then the queued event's NOTIFY, sent after the task (events.event_notify_on_commit:
 # the API's own stream read it wakes does not compete with the send). Round trips on the wire
 # (``tests.support.round_trips``); statements as Django records them (with its own BEGIN and COMMIT entries,
 # which send nothing here).
-TURN_POST_ROUND_TRIPS = 5
-TURN_POST_QUERIES = 12
+TURN_POST_ROUND_TRIPS = 4
+TURN_POST_QUERIES = 11
 # The token, the turn (joined to its session's owner).
 TURN_GET_QUERIES = 2
 
@@ -56,7 +57,7 @@ def sends(monkeypatch) -> list[tuple[str, str | None, float | None]]:
         celery_app.conf.task_always_eager = True
 
 
-def test_a_turn_post_costs_five_round_trips_with_its_routing(token_client, user, sends, settings,
+def test_a_turn_post_costs_four_round_trips_with_its_routing(token_client, user, sends, settings,
                                                             django_assert_max_num_queries, monkeypatch):
     from django.db import connection
 
@@ -85,6 +86,27 @@ def test_a_turn_post_costs_five_round_trips_with_its_routing(token_client, user,
     assert sent_at_query == [len(sqls) - 1] * 2, "the task is sent before the NOTIFY, after the COMMIT"
     assert turn.dispatched_at is not None and turn.seq == 1
     assert list(turn.events.values_list("kind", "data")) == [("queued", {"seq": 1})]
+
+
+def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_client, user, sends, settings,
+                                                                    django_assert_max_num_queries):
+    """The wake's ``pg_notify`` joins the transaction's second round trip (``services/wake.py``); the holder
+    gets no Celery message, the shared queue its countdown copy."""
+    session = SessionFactory(owner=user)
+    queue = affinity.own_queue_name("round-trips-wake@host")
+    TurnWorker.objects.create(queue=queue, node="round-trips-wake@host", heartbeat_at=timezone.now(), wakeable=True)
+    WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
+                              until=timezone.now() + timedelta(seconds=60))
+    with round_trips_counted() as wire, counting(wire) as trips, \
+            django_assert_max_num_queries(TURN_POST_QUERIES + 1) as captured:
+        response = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
+                                     content_type="application/json")
+    assert response.status_code == 202, response.content
+    assert trips == [TURN_POST_ROUND_TRIPS]
+    sqls = [q["sql"] for q in captured.captured_queries]
+    commit = sqls.index("COMMIT")
+    assert any(s.startswith("SELECT pg_notify(") for s in sqls[:commit]), sqls  # in the transaction
+    assert sends == [(response.json()["id"], None, settings.HERMES_AFFINITY_DEADLINE)]
 
 
 def test_a_turn_post_without_a_warm_worker_goes_to_the_shared_queue_alone(token_client, user, sends,

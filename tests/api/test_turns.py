@@ -105,15 +105,44 @@ def test_nul_byte_and_lone_surrogate_in_input_are_stored_safely(client, session)
     assert turn.input == "a\ufffdb \ufffd c"
 
 
-def test_post_turn_to_another_users_session_is_404(client):
+def test_post_turn_to_another_users_session_is_404_and_changes_nothing(client, dispatched):
+    """The POST does not read the session first: the enqueue's locking UPDATE checks the owner (session 8).
+    Someone else's session is neither locked nor counted up, and nothing is sent."""
     other = SessionFactory()
-    response = post_turn(client, other.id, {"input": "hi"})
-    assert response.status_code == 404
-    assert not Turn.objects.exists()
+    before = Session.objects.filter(pk=other.pk).values("last_turn_seq", "updated_at").get()
+    for body in ({"input": "hi"}, {"input": "hi", "on_busy": "reject"}):
+        response = post_turn(client, other.id, body)
+        assert (response.status_code, response.json()["code"]) == (404, "not_found")
+    assert not Turn.objects.exists() and dispatched == []
+    assert Session.objects.filter(pk=other.pk).values("last_turn_seq", "updated_at").get() == before
 
 
-def test_post_turn_to_unknown_session_is_404(client):
-    assert post_turn(client, "nope", {"input": "hi"}).status_code == 404
+@pytest.mark.parametrize("session_id", ["nope", "x" * 300, "a/b", "%00"])
+def test_post_turn_to_unknown_or_malformed_session_is_404(client, session_id):
+    assert post_turn(client, session_id, {"input": "hi"}).status_code in (404, 400)
+    if session_id in ("nope", "x" * 300):
+        assert post_turn(client, session_id, {"input": "hi"}).status_code == 404
+
+
+@pytest.mark.parametrize(("body", "raw", "headers"), [
+    ({"input": ""}, None, {}),  # invalid input
+    (None, "{not json", {}),  # parse error
+    ({"input": "hi", "on_busy": "nope"}, None, {}),
+    ({"input": "hi"}, None, {"HTTP_IDEMPOTENCY_KEY": "k" * 300}),  # malformed key
+])
+def test_a_bad_request_to_a_session_the_caller_cannot_see_is_404_first(client, body, raw, headers):
+    """As when the session was read first: 404 before 400 for any session not the caller's (I7)."""
+    other = SessionFactory()
+    for session_id in ("nope", other.id):
+        data = raw if raw is not None else json.dumps(body)
+        response = client.post(f"/api/sessions/{session_id}/turns/", data=data, content_type="application/json",
+                               **headers)
+        assert response.status_code == 404, response.content
+    mine = SessionFactory(owner=other.owner)  # the same request on a session of one's own: the 400
+    client.force_authenticate(other.owner)
+    data = raw if raw is not None else json.dumps(body)
+    response = client.post(f"/api/sessions/{mine.id}/turns/", data=data, content_type="application/json", **headers)
+    assert response.status_code == 400, response.content
 
 
 def test_turn_detail_shows_fields(client, session):

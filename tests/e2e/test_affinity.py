@@ -4,7 +4,7 @@ Each worker is a real ``celery worker -c 1`` process (so it consumes its own que
 loaded, ``services/affinity.py``), all on one host (one ``CODEX_HOMES_ROOT``), against the model
 stand-in. What is checked is what a user and an operator see: turns succeed, the thread is resumed (no
 rotation, no notice), the model gets the whole conversation, consecutive turns run on the loaded thread
-(``timings.warm``), and no codex process outlives its worker or a thread another worker took.
+(``timings.warm``), woken by NOTIFY (``timings.woken``), and no codex process outlives its worker or a thread another worker took.
 """
 from __future__ import annotations
 
@@ -133,6 +133,8 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
     assert (first.status, first.thread_action) == ("succeeded", "started"), first.error
     app_server = workers.codex_of("a")
     assert len(app_server) == 1  # kept after the turn
+    _wait(lambda: TurnWorker.objects.filter(queue=workers.queue("a"), wakeable=True).exists(), 10,
+          "a's wake listener is not listening")
     row = WarmThread.objects.get(session=session)
     assert row.queue == workers.queue("a") and row.thread_id == first.codex_thread_id
     assert row.generation == CodexRollout.objects.get(thread_id=first.codex_thread_id).generation
@@ -141,6 +143,7 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
         turn = _turn(session, user, f"warm {n}")
         assert (turn.status, turn.thread_action) == ("succeeded", "resumed"), turn.error
         assert turn.timings.get("warm") == 1 and turn.timings.get("restore_ms") == 0.0, turn.timings
+        assert turn.timings.get("woken") == 1, turn.timings  # by NOTIFY, not a Celery message (services/wake.py)
         assert turn.codex_thread_id == first.codex_thread_id
         assert workers.codex_of("a") == app_server  # the same process ran it
     texts = _model_saw(stand_in, "warm 3")

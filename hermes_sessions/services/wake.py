@@ -1,0 +1,215 @@
+"""Waking the worker that holds a session's thread through PostgreSQL's ``NOTIFY``, instead of a Celery message to its queue.
+
+A warm turn's way to its worker through Celery — the API's send to the broker, the worker's consumer, the
+prefork pool's hop to its child, the task's start — was the largest part of its ``queue`` phase (~6.7 of
+~55 ms the stack added to codex's turn on this 2-core machine, traced per hop, ``make bench-warm``). So
+the enqueue of a turn routed to a worker's own queue (``affinity.session_route_sql``) whose wake listener
+listened at its last heartbeat (``TurnWorker.wakeable``) sends
+``pg_notify(wake_channel(queue), '<turn id> <session id>')`` in its transaction instead of a Celery message
+to that queue: PostgreSQL delivers it at the commit. The worker process that consumes that queue listens
+(``WakeListener``, a thread of its own with a connection of its own) and runs the turn at once.
+
+The wake is a hint; the durable path stays Celery's: the shared queue's countdown copy
+(``HERMES_AFFINITY_DEADLINE`` later, ``dispatch.turn_dispatch_on_commit``) is sent as for any routed turn,
+and the affinity loop hands an overdue turn of a dead holder to any worker. A wake that finds this process
+busy past the deadline (``turn_slot``), or that never arrives (listener reconnecting, worker gone), costs
+time, never the turn: one of those runs it. Sending both the own-queue message and the wake gained
+nothing measurable — on 2 cores the second delivery competed for the CPU the first one needed; the
+countdown copy of a turn already run costs one read (``tasks.run_turn``). Whichever delivery claims the
+turn first runs it; any other finds it taken (``turns.turn_claim``) and does nothing. ``HERMES_WAKE=0``
+turns the wake off (both Celery messages, as before).
+
+Facts: PostgreSQL 15 delivers a notification sent in a transaction only when it commits, and never for
+one rolled back (docs: NOTIFY); a channel name is an identifier of at most 63 bytes, so a worker's
+channel is named by a hash of its queue.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import connection
+
+from .own_connections import own_connection_params
+from .pipelining import Batch
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_PREFIX = "hermes_wake_"
+RECONNECT_SECONDS = 1.0  # a lost LISTEN connection is opened again after this pause
+
+# One turn at a time per worker process that keeps threads loaded: Celery's delivery (the main thread)
+# and the wake listener's both run a turn only while holding it.
+_slot = threading.Lock()
+
+
+def wake_channel(queue: str) -> str:
+    """The ``LISTEN`` channel of the worker consuming own queue ``queue``: ``hermes_wake_`` + 20 hex
+    digits of its SHA-1 (a node name can be longer than a channel name may be)."""
+    return CHANNEL_PREFIX + hashlib.sha1(queue.encode()).hexdigest()[:20]
+
+
+def wake_enabled() -> bool:
+    """``HERMES_WAKE`` (default on) and the database is PostgreSQL."""
+    return bool(settings.HERMES_WAKE) and connection.vendor == "postgresql"
+
+
+def wake_held(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str) -> None:
+    """Hold, in ``batch``'s transaction, the ``pg_notify`` that wakes the worker consuming ``queue`` for
+    turn ``turn_id`` of ``session_id`` — delivered by PostgreSQL at the commit, never if it rolls back.
+    A no-op when ``wake_enabled()`` is false or ``queue`` is empty."""
+    if queue and wake_enabled():
+        batch.add("SELECT pg_notify(%s, %s)", [wake_channel(queue), f"{turn_id} {session_id}"])
+
+
+@contextlib.contextmanager
+def turn_slot(*, timeout: float | None = None) -> Iterator[bool]:
+    """This process's one turn slot, held for the block; yields whether it was taken within ``timeout``
+    seconds (``None``: waits as long as it takes, always ``True``). Not reentrant."""
+    taken = _slot.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+    try:
+        yield taken
+    finally:
+        if taken:
+            _slot.release()
+
+
+@contextlib.contextmanager
+def delivery_slot() -> Iterator[None]:
+    """For a Celery delivery of ``run_turn``: hold ``turn_slot`` (waiting for a woken turn to end) while
+    this process has a wake listener; otherwise nothing — no other thread runs turns here (an eager task
+    inside a request, a worker with several slots or keeping off)."""
+    if not wake_listening():
+        yield
+        return
+    with turn_slot():
+        yield
+
+
+def parse_payload(payload: str) -> tuple[uuid.UUID, str] | None:
+    """``'<turn id> <session id>'`` → ``(turn id, session id)``; ``None`` for anything else."""
+    turn, _, session = payload.partition(" ")
+    try:
+        return uuid.UUID(turn), session
+    except ValueError:
+        return None
+
+
+class WakeListener:
+    """A daemon thread that ``LISTEN``s on ``wake_channel(queue)`` on a connection of its own (autocommit,
+    not Django's) and calls ``run(turn_id, session_id)`` for each wake, on this thread. A lost connection
+    is logged and opened again after ``RECONNECT_SECONDS``; wakes sent meanwhile are lost, which costs
+    only time (the Celery messages run those turns). ``run`` must not raise; if it does, it is logged."""
+
+    def __init__(self, queue: str, run: Callable[[uuid.UUID, str], object]) -> None:
+        self.queue, self.channel, self.run = queue, wake_channel(queue), run
+        self.listening = threading.Event()  # set while the LISTEN is in place (tests wait for it)
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._loop, name="hermes-wake", daemon=True)
+        self._thread.hermes_long_lived = True  # type: ignore[attr-defined]  # may spawn kept app-servers
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop listening and wait for the thread (``timeout`` seconds at most; a turn it is running
+        has its own deadline). A no-op from the listener's own thread."""
+        self._stop.set()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():  # started
+            self._thread.join(timeout=timeout)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._listen()
+                except psycopg.Error:
+                    logger.warning("wake: LISTEN %s lost; listening again in %.0f s (turns still arrive by Celery)",
+                                   self.channel, RECONNECT_SECONDS, exc_info=True)
+                finally:
+                    self.listening.clear()
+                self._stop.wait(RECONNECT_SECONDS)
+        finally:
+            connection.close()  # the Django connection the turns of this thread used
+
+    def _listen(self) -> None:
+        with psycopg.Connection.connect(**own_connection_params("hermes-wake"), autocommit=True) as conn:
+            conn.execute(f"LISTEN {self.channel}")
+            self.listening.set()
+            while not self._stop.is_set():
+                for note in conn.notifies(timeout=1.0):  # returns each second to look at the stop flag
+                    if self._stop.is_set():
+                        return
+                    self._woken(note.payload)
+
+    def _woken(self, payload: str) -> None:
+        parsed = parse_payload(payload)
+        if parsed is None:
+            logger.warning("wake: ignoring payload %r on %s", payload[:100], self.channel)
+            return
+        try:
+            self.run(*parsed)
+        except Exception:  # noqa: BLE001 — the Celery delivery still runs the turn
+            logger.exception("wake: turn %s could not be run from its wake-up; its Celery delivery will", parsed[0])
+
+
+def in_long_lived_thread() -> bool:
+    """Whether this thread lives as long as its process (the main thread, a ``WakeListener``): only
+    such a thread may spawn app-servers that outlive the turn, as ``PR_SET_PDEATHSIG`` kills a child
+    when the thread that spawned it ends (``codex/launch.py``)."""
+    current = threading.current_thread()
+    return current is threading.main_thread() or bool(getattr(current, "hermes_long_lived", False))
+
+
+_listener: tuple[int, WakeListener] | None = None
+_listener_lock = threading.Lock()
+
+
+def wake_start(queue: str, run: Callable[[uuid.UUID, str], object]) -> WakeListener | None:
+    """Start this process's ``WakeListener`` for own queue ``queue`` once (after any fork); ``None`` when
+    ``wake_enabled()`` is false or ``queue`` is empty."""
+    global _listener
+    if not queue or not wake_enabled():
+        return None
+    with _listener_lock:
+        if _listener is None or _listener[0] != os.getpid():
+            listener = WakeListener(queue, run)
+            listener.start()
+            _listener = (os.getpid(), listener)
+        return _listener[1]
+
+
+def wake_listening_now() -> bool:
+    """Whether this process's ``WakeListener`` has its ``LISTEN`` in place now (the heartbeat's
+    ``TurnWorker.wakeable``)."""
+    listener = _listener
+    return listener is not None and listener[0] == os.getpid() and listener[1].listening.is_set()
+
+
+def wake_listening() -> bool:
+    """Whether this process has a running ``WakeListener`` (its deliveries may find turns already run)."""
+    return _listener is not None and _listener[0] == os.getpid()
+
+
+def wake_stop(*, turn_timeout: float) -> None:
+    """Worker shutdown: stop this process's listener, then wait (``turn_timeout`` seconds at most) for a
+    turn it may be running to end, so the app-servers are closed after it, not under it."""
+    global _listener
+    with _listener_lock:
+        listener, _listener = _listener, None
+    if listener is None or listener[0] != os.getpid():
+        return
+    listener[1].stop()
+    if _slot.acquire(timeout=turn_timeout):
+        _slot.release()
+    else:
+        logger.warning("wake: a woken turn still runs after %.0f s at shutdown; its lease brings it back", turn_timeout)

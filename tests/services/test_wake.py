@@ -1,0 +1,349 @@
+"""Waking a session's holder by PostgreSQL ``NOTIFY`` (``services/wake.py``): what the enqueue sends and
+when, the listener thread, the process's one turn slot, and the deliveries that find a woken turn run.
+
+Real PostgreSQL (the notifications are PostgreSQL's own, received on a connection of the test's) and the
+real Redis broker where messages are sent; no codex runs. The whole path with real workers and the real
+codex binary: ``tests/e2e/test_affinity.py`` (``timings["woken"]``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from hermes_sessions import services, tasks
+from hermes_sessions.models import Turn, TurnWorker
+from hermes_sessions.services import affinity, execution, wake
+from hermes_sessions.services.own_connections import own_connection_params
+from project.celery import app as celery_app
+from tests.factories import SessionFactory, TurnFactory
+
+from .test_affinity import broker, forget_queue, messages_for, own, remove_messages, warm_row, worker_row  # noqa: F401
+
+pytestmark = [pytest.mark.django_db, pytest.mark.timeout(30)]
+
+
+class Listening:
+    """A ``LISTEN`` on one channel on a connection of the test's own (autocommit)."""
+
+    def __init__(self, channel: str) -> None:
+        self.conn = psycopg.Connection.connect(**own_connection_params("test-wake"), autocommit=True)
+        self.conn.execute(f"LISTEN {channel}")
+
+    def payloads(self, wait: float = 0.5) -> list[str]:
+        return [n.payload for n in self.conn.notifies(timeout=wait, stop_after=10)]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture
+def listening():
+    opened: list[Listening] = []
+
+    def listen(queue: str) -> Listening:
+        opened.append(Listening(wake.wake_channel(queue)))
+        return opened[-1]
+
+    yield listen
+    for one in opened:
+        one.close()
+
+
+# --- the route and the channel ------------------------------------------------------------------------
+
+def test_parse_route_reads_the_route_subquerys_value():
+    assert affinity.parse_route(None) is None and affinity.parse_route("") is None
+    assert affinity.parse_route("wake:turns.a@h") == affinity.Route("turns.a@h", wakeable=True)
+    assert affinity.parse_route("queue:turns.a@h") == affinity.Route("turns.a@h", wakeable=False)
+    assert affinity.parse_route("queue:") is None
+
+
+def test_a_channel_name_fits_postgresqls_identifier_limit_for_any_queue():
+    long = own("n" * 300)
+    assert len(wake.wake_channel(long)) <= 63 and wake.wake_channel(long).startswith("hermes_wake_")
+    assert wake.wake_channel(long) != wake.wake_channel(own("n" * 300))
+
+
+@pytest.mark.parametrize("wakeable", [True, False])
+def test_the_heartbeat_records_whether_the_listener_listens(wakeable):
+    queue = own("beat")
+    assert affinity.worker_heartbeat(queue=queue, kept=2, wakeable=wakeable) == ""
+    row = TurnWorker.objects.get(queue=queue)
+    assert (row.kept, row.wakeable) == (2, wakeable)
+    assert affinity.worker_heartbeat(queue=queue, kept=1, wakeable=not wakeable) == ""
+    assert TurnWorker.objects.get(queue=queue).wakeable is (not wakeable)
+
+
+# --- what the enqueue sends ---------------------------------------------------------------------------
+
+def _enqueue(session, text: str, captured):
+    with captured(execute=True):
+        return services.turn_enqueue(session=session, input_text=text, user=session.owner)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_for_a_wakeable_holder_wakes_it_at_the_commit_and_sends_only_the_countdown_copy(
+        settings, broker, listening, django_capture_on_commit_callbacks):  # noqa: F811
+    shared, queue = settings.HERMES_TURN_QUEUE, own("wake")
+    session = SessionFactory()
+    warm_row(session, queue)
+    worker_row(queue, wakeable=True)
+    heard = listening(queue)
+    try:
+        with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+            turn = services.turn_enqueue(session=session, input_text="hi", user=session.owner)
+            assert heard.payloads(wait=0.3) == []  # not before the commit
+        assert heard.payloads() == [f"{turn.pk} {session.pk}"]
+        assert messages_for(broker, queue, turn.pk) == []  # no message to the holder's queue
+        [later] = messages_for(broker, shared, turn.pk)
+        assert later["headers"]["eta"] is not None and later["headers"]["kwargsrepr"] == "{'fallback': True}"
+    finally:
+        forget_queue(broker, queue)
+        remove_messages(broker, shared, turn.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("case", ["not wakeable", "HERMES_WAKE=0"])
+def test_otherwise_the_holder_gets_a_message_and_no_wake(
+        settings, broker, listening, django_capture_on_commit_callbacks, case):  # noqa: F811
+    shared, queue = settings.HERMES_TURN_QUEUE, own("nowake")
+    session = SessionFactory()
+    warm_row(session, queue)
+    worker_row(queue, wakeable=case != "not wakeable")
+    settings.HERMES_WAKE = case != "HERMES_WAKE=0"
+    heard = listening(queue)
+    try:
+        turn = _enqueue(session, "hi", django_capture_on_commit_callbacks)
+        assert heard.payloads() == []
+        assert len(messages_for(broker, queue, turn.pk)) == 1 and len(messages_for(broker, shared, turn.pk)) == 1
+    finally:
+        forget_queue(broker, queue)
+        remove_messages(broker, shared, turn.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_queued_behind_another_wakes_nobody(settings, broker, listening, django_capture_on_commit_callbacks):  # noqa: F811
+    """The holder claims it only after the running one ends; that one's finalize dispatches it."""
+    shared, queue = settings.HERMES_TURN_QUEUE, own("busy")
+    session = SessionFactory(last_turn_seq=1)
+    TurnFactory(session=session, seq=1, status=Turn.Status.RUNNING)
+    warm_row(session, queue)
+    worker_row(queue, wakeable=True)
+    heard = listening(queue)
+    turn = None
+    try:
+        turn = _enqueue(session, "behind", django_capture_on_commit_callbacks)
+        assert turn.status == Turn.Status.QUEUED and heard.payloads() == []
+        assert len(messages_for(broker, queue, turn.pk)) == 1
+    finally:
+        forget_queue(broker, queue)
+        if turn is not None:
+            remove_messages(broker, shared, turn.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_enqueue_wakes_nobody(listening, monkeypatch):
+    """The NOTIFY rides in the enqueue's transaction: PostgreSQL drops it with a rollback."""
+    queue = own("rollback")
+    session = SessionFactory()
+    warm_row(session, queue)
+    worker_row(queue, wakeable=True)
+    heard = listening(queue)
+    celery_app.conf.task_always_eager = False
+    monkeypatch.setattr(services.turns.events, "event_notify_on_commit",
+                        lambda *_: (_ for _ in ()).throw(RuntimeError("after the NOTIFY was held")))
+    try:
+        with pytest.raises(RuntimeError):
+            services.turn_enqueue(session=session, input_text="lost", user=session.owner)
+    finally:
+        celery_app.conf.task_always_eager = True
+    assert heard.payloads() == [] and not Turn.objects.filter(session=session).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_run_in_process_wake_nobody(listening, django_capture_on_commit_callbacks, monkeypatch):
+    ran: list = []
+    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    queue = own("eager")
+    session = SessionFactory()
+    warm_row(session, queue)
+    worker_row(queue, wakeable=True)
+    heard = listening(queue)
+    assert celery_app.conf.task_always_eager is True
+    turn = _enqueue(session, "here", django_capture_on_commit_callbacks)
+    assert heard.payloads() == [] and ran == [str(turn.pk)]
+
+
+# --- the listener ---------------------------------------------------------------------------------------
+
+def _notify(queue: str, payload: str) -> None:
+    with psycopg.Connection.connect(**own_connection_params("test-wake-sender"), autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, %s)", [wake.wake_channel(queue), payload])
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_listener_runs_each_wake_skips_malformed_ones_and_survives_a_failing_run(caplog):
+    queue = own("listen")
+    ran: list[tuple[uuid.UUID, str]] = []
+
+    def run(turn_id: uuid.UUID, session_id: str) -> None:
+        ran.append((turn_id, session_id))
+        if session_id == "boom":
+            raise RuntimeError("the run failed")
+
+    listener = wake.WakeListener(queue, run)
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        first, second = uuid.uuid4(), uuid.uuid4()
+        for payload in ("not a wake", f"{first} boom", "\x01" * 50, f"{second} s-2"):
+            _notify(queue, payload)
+        _wait_for(lambda: len(ran) == 2)
+        assert ran == [(first, "boom"), (second, "s-2")]
+        assert "ignoring payload 'not a wake'" in caplog.text and "the run failed" in caplog.text
+        _notify(own("other"), f"{uuid.uuid4()} s-x")  # another worker's channel
+        time.sleep(0.3)
+        assert len(ran) == 2
+    finally:
+        listener.stop()
+    assert not listener._thread.is_alive() and not listener.listening.is_set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_listener_listens_again_after_its_connection_is_killed(monkeypatch):
+    monkeypatch.setattr(wake, "RECONNECT_SECONDS", 0.05)
+    queue = own("relisten")
+    ran: list = []
+    listener = wake.WakeListener(queue, lambda t, s: ran.append(t))
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'hermes-wake'")
+        _wait_for(lambda: not listener.listening.is_set(), 5)
+        assert listener.listening.wait(10)
+        turn = uuid.uuid4()
+        _notify(queue, f"{turn} s")
+        _wait_for(lambda: ran == [turn])
+    finally:
+        listener.stop()
+
+
+def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkeypatch):
+    started: list = []
+    monkeypatch.setattr(wake.WakeListener, "start", lambda self: started.append(self))
+    monkeypatch.setattr(wake, "_listener", None)
+    assert wake.wake_start("", run=lambda *_: None) is None  # no own queue
+    monkeypatch.setattr(wake, "wake_enabled", lambda: False)
+    assert wake.wake_start(own("off"), run=lambda *_: None) is None
+    monkeypatch.setattr(wake, "wake_enabled", lambda: True)
+    queue = own("once")
+    one = wake.wake_start(queue, run=lambda *_: None)
+    assert one is not None and wake.wake_start(queue, run=lambda *_: None) is one and started == [one]
+    assert wake.wake_listening() and not wake.wake_listening_now()  # started, not yet listening
+    one.listening.set()
+    assert wake.wake_listening_now()
+    monkeypatch.setattr(wake, "_listener", (os.getpid() + 1, one))  # a forked child sees its parent's
+    assert not wake.wake_listening() and not wake.wake_listening_now()
+    monkeypatch.setattr(wake, "_listener", (os.getpid(), one))
+    wake.wake_stop(turn_timeout=1)
+    assert wake._listener is None and not wake.wake_listening() and one._stop.is_set()
+
+
+# --- one turn at a time ---------------------------------------------------------------------------------
+
+def _held_slot() -> tuple[threading.Event, threading.Event]:
+    """Another thread holds the turn slot until the returned ``release`` is set."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with wake.turn_slot() as ok:
+            assert ok
+            taken.set()
+            release.wait(10)
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert taken.wait(5)
+    return taken, release
+
+
+def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(settings, monkeypatch, caplog):
+    settings.HERMES_AFFINITY_DEADLINE = 0.2
+    ran: list = []
+    monkeypatch.setattr(execution, "turn_execute", lambda **kw: ran.append(kw))
+    turn_id = uuid.uuid4()
+    _, release = _held_slot()
+    t0 = time.monotonic()
+    assert execution.turn_execute_woken(turn_id, "s-1") is None
+    assert 0.15 < time.monotonic() - t0 < 2 and ran == []
+    assert "countdown copy runs it" in caplog.text
+    release.set()
+    execution.turn_execute_woken(turn_id, "s-1")
+    assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True}]
+
+
+def test_a_celery_delivery_waits_for_a_woken_turn_only_where_a_listener_runs(monkeypatch):
+    _, release = _held_slot()
+    try:
+        monkeypatch.setattr(wake, "_listener", None)
+        with wake.delivery_slot():  # no listener: nothing else runs turns here
+            pass
+        monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
+        entered = threading.Event()
+
+        def deliver() -> None:
+            with wake.delivery_slot():
+                entered.set()
+
+        threading.Thread(target=deliver, daemon=True).start()
+        assert not entered.wait(0.3)  # waits for the woken turn
+        release.set()
+        assert entered.wait(5)
+    finally:
+        release.set()
+
+
+def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
+    listener = wake.WakeListener(own("stop"), lambda *_: None)
+    monkeypatch.setattr(wake, "_listener", (os.getpid(), listener))
+    _, release = _held_slot()
+    threading.Timer(0.3, release.set).start()
+    t0 = time.monotonic()
+    wake.wake_stop(turn_timeout=5)
+    assert 0.2 < time.monotonic() - t0 < 4 and "still runs" not in caplog.text
+    monkeypatch.setattr(wake, "_listener", (os.getpid(), listener))
+    _, release = _held_slot()
+    try:
+        wake.wake_stop(turn_timeout=0.1)
+        assert "still runs after" in caplog.text
+    finally:
+        release.set()
+
+
+def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypatch, django_assert_num_queries):
+    ran: list = []
+    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
+    session = SessionFactory(owner=user)
+    done = TurnFactory(session=session, seq=1, status=Turn.Status.SUCCEEDED)
+    queued = TurnFactory(session=session, seq=2, status=Turn.Status.QUEUED)
+    with django_assert_num_queries(1):
+        assert tasks.run_turn.run(str(done.pk))["turn_status"] == "skipped"
+    tasks.run_turn.run(str(queued.pk))
+    assert ran == [str(queued.pk)]
+    monkeypatch.setattr(wake, "_listener", None)
+    tasks.run_turn.run(str(done.pk))  # no listener: the claim decides, as always
+    assert ran == [str(queued.pk), str(done.pk)]
