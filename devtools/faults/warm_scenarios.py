@@ -19,11 +19,12 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
 ``freeze-warm-holder`` SIGSTOP (its process group and its app-servers) of the worker that holds the most
                       sessions' threads loaded, while the others are busy: all but one with a SLOW turn
                       (``--slow-seconds``); the held sessions' next turns are posted (the first copy to the
-                      frozen holder's queue, the countdown copy reserved at once by the one idle worker),
+                      frozen holder — a NOTIFY wake-up, or a message in its own queue with ``HERMES_WAKE=0``
+                      —, the countdown copy reserved at once by the one idle worker),
                       and that worker then starts a long turn (``SLOW<--freeze-slow-seconds>``), so the
                       countdown copies sit behind it (adversary F2, session 4); a round starts with every
                       worker idle, and notes when the set-up did not hold (first copies not in the holder's
-                      queue, the long turn started after the countdown copies were due). A keeping worker's loop must
+                      queue nor woken, the long turn started after the countdown copies were due). A keeping worker's loop must
                       hand the turns off (``affinity.stalled_holder_turns``): each claimed within
                       ``HERMES_AFFINITY_DEADLINE`` + 3 heartbeats + 3 s of its post, or 3 s after a turn slot
                       came free if that is later (a SLOW turn ended); succeeded, resumed cold, attempt 1.
@@ -463,14 +464,40 @@ def _setting(name: str) -> Any:
     return getattr(settings, name)
 
 
+class _WakeWatch:
+    """The NOTIFY wake-ups sent to one worker (``hermes_sessions/services/wake.py``), heard on a connection of
+    the harness's own: a turn routed to a holder whose wake listener listens gets a wake-up instead of a
+    message in its own queue."""
+
+    def __init__(self, queue: str) -> None:
+        import psycopg
+
+        from hermes_sessions.services.own_connections import own_connection_params
+        from hermes_sessions.services.wake import wake_channel
+
+        self.conn = psycopg.connect(**own_connection_params("faults-wake-watch"), autocommit=True)
+        self.conn.execute(f"LISTEN {wake_channel(queue)}")
+        self.turns: set[str] = set()
+
+    def count(self, turn_ids: list[str]) -> int:
+        """How many of ``turn_ids`` were woken so far."""
+        self.turns.update(n.payload.partition(" ")[0] for n in self.conn.notifies(timeout=0.2))
+        return len(self.turns & {str(t) for t in turn_ids})
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[str], first: int) -> dict[str, Any]:
     """SIGSTOP the holder (and pause the sweeper), make the other workers busy, post the held sessions'
     next turns, wait until they are claimed and done, SIGCONT; what was posted and seen."""
     a, stack = sc.args, sc.stack
     peers = [w for w in stack.workers if w.alive() and w is not worker]
     sweeper = stack.procs[2]
-    out: dict[str, Any] = {"short": [], "long": [], "posted": [], "frozen_for": 0.0, "in_queue": -1, "t_cont": 0.0}
+    out: dict[str, Any] = {"short": [], "long": [], "posted": [], "frozen_for": 0.0, "in_queue": -1, "woken": 0,
+                           "t_cont": 0.0}
     own_queue = stack.worker_queue(worker)
+    wakes = _WakeWatch(own_queue) if own_queue else None
     try:
         # The sweep (here every 1 s, stale after 4 s; by default 10 + 10 s) would free the held turns ≈ 5 s
         # after the freeze and hide the wait: paused, as if it had not come yet.
@@ -490,10 +517,13 @@ def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[st
         if not _wait_claimed(_turn_ids(out["long"]), 10):
             sc.rec.notes.append(f"round {rnd}: the long SLOW turn was not claimed within 10 s")
         out["in_queue"] = stack.broker.queue_length(own_queue) if own_queue else -1
+        out["woken"] = wakes.count(_turn_ids(out["posted"])) if wakes is not None else 0
         claimed = _wait_claimed(_turn_ids(out["posted"]), a.freeze_slow_seconds + 20)
         _settled(sc, held, 30 if claimed else 1)
         out["frozen_for"] = time.monotonic() - t_freeze
     finally:
+        if wakes is not None:
+            wakes.close()
         _signal_holder(worker, pids, signal.SIGCONT)
         out["t_cont"] = time.monotonic()
         # The holder beats again before the sweep resumes: a sweep now would remove the row of a live worker.
@@ -545,9 +575,10 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
     handed_before = _log_count(sc, _HANDED_OFF)
     seen = _freeze(sc, rnd, worker, pids, held, first)
     bounds, shorts = _check_frozen_turns(sc, rnd, worker, seen)
-    if seen["in_queue"] != len(held):  # routed to the shared queue only: the round did not set up F2
-        sc.rec.notes.append(f"round {rnd}: {seen['in_queue']} of {len(held)} first copies were in the frozen holder's "
-                            "own queue (its heartbeat went stale before the posts?): this round proves less")
+    if seen["in_queue"] + seen["woken"] != len(held):  # routed to the shared queue only: the round did not set up F2
+        sc.rec.notes.append(f"round {rnd}: {seen['in_queue'] + seen['woken']} of {len(held)} first copies went to the "
+                            "frozen holder (its own queue or a wake-up; its heartbeat went stale before the posts?): "
+                            "this round proves less")
     released = _check_released(sc, rnd, worker, held, seen["t_cont"])
     after = [sc.post(s, sc.text(first + 95 + n)) for n, s in enumerate(held)]
     _settled(sc, held, a.bound)
@@ -568,7 +599,7 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
         "delays": [d for _, d, _ in bounds], "bounds": [b for _, _, b in bounds],
         "warm": _check_warm_only_after_own(sc, rnd, held),
         "peer_free": sorted(t.finished_at.timestamp() - first_post for t in shorts if t.finished_at),
-        "handed_off": _log_count(sc, _HANDED_OFF) - handed_before, "in_queue": seen["in_queue"],
+        "handed_off": _log_count(sc, _HANDED_OFF) - handed_before, "in_queue": seen["in_queue"], "woken": seen["woken"],
         "long_at": long_at, "held_on": sorted(ran_on.get(i, "?") for i in posted_at),
         "short_on": sorted(ran_on.get(str(t.pk), "?") for t in shorts),
         "handed_after": sorted(t - posted_at[i] for i, t in _handed_off_at(sc, list(posted_at)).items()),
@@ -591,7 +622,8 @@ def scenario_freeze_warm_holder(sc: Scenario) -> None:
             f"freeze {n}: {r['worker']} frozen {r['frozen_for']:.1f} s keeping {r['held']} session(s); the other "
             f"workers busy (SLOW turns on {', '.join(r['short_on'])} freeing "
             f"{', '.join(f'{f:.1f}' for f in r['peer_free'])} s after the post, one SLOW{a.freeze_slow_seconds:g} "
-            f"claimed {r['long_at']:.1f} s after it); {r['in_queue']} message(s) in its own queue while frozen; "
+            f"claimed {r['long_at']:.1f} s after it); {r['in_queue']} message(s) in its own queue and {r['woken']} wake-up(s) "
+            f"sent to it while frozen; "
             f"{r['handed_off']} hand-off log line(s), {handed} s after the post; the held turns claimed "
             f"{', '.join(f'{d:.1f}' for d in r['delays'])} s after the post, ran on {', '.join(r['held_on'])} (bound "
             f"{', '.join(f'{b:.1f}' for b in r['bounds'])} s: max(HERMES_AFFINITY_DEADLINE + 3 heartbeats + "
