@@ -1,10 +1,10 @@
 """Celery tasks: thin, id-taking, calling services. Sent by name from ``services/dispatch.py``."""
-import math
-
 from celery import Task, shared_task
-from django.conf import settings
 
 from . import selectors, services
+from .services.time_limits import turn_time_limits
+
+SOFT_TIME_LIMIT, TIME_LIMIT = turn_time_limits()
 
 
 @shared_task(
@@ -12,8 +12,9 @@ from . import selectors, services
     name="hermes_sessions.tasks.run_turn",
     ignore_result=True,
     # Backstops behind the runner's own turn deadline (which interrupts codex and fails the turn).
-    soft_time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 60),
-    time_limit=math.ceil(settings.CODEX_TURN_TIMEOUT + 120),
+    # A woken turn gets the same two outside Celery (services/time_limits.py).
+    soft_time_limit=SOFT_TIME_LIMIT,
+    time_limit=TIME_LIMIT,
 )
 def run_turn(self: Task, turn_id: str, fallback: bool = False) -> dict[str, str]:
     """Run turn ``turn_id`` if it is its session's next turn (see ``services.turn_execute``).

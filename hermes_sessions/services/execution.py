@@ -60,6 +60,7 @@ from .events import RETRYING, TurnEventWriter
 from .recovery import LOOP_TAKE_BACK_LIMIT, lease_renewed_here, leases_take_back
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
+from .time_limits import thread_time_limits, turn_time_limits
 from .turn_log import delivery
 from .turns import (
     TurnClaim,
@@ -601,15 +602,18 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str) -> Turn | None:
     this process let the thread go meanwhile (the wake is the only message this worker gets for the turn).
     ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the shared
     queue's countdown copy, or the affinity loop's hand-off, gives the turn to any worker then. The
-    thread's database connection is checked as a task's is (``close_old_connections``). ``session_id``:
-    from the wake's payload, for the log."""
+    thread's database connection is checked as a task's is (``close_old_connections``), and the turn has a
+    task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only in
+    its tasks). ``session_id``: from the wake's payload, for the log."""
     with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
         if not taken:
             logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
                         "its countdown copy runs it", turn_id, session_id)
             return None
         close_old_connections()
-        return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True)
+        soft, hard = turn_time_limits()
+        with thread_time_limits(soft=soft, hard=hard, what=f"woken turn {turn_id}"):
+            return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True)
 
 
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:

@@ -347,3 +347,64 @@ def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypa
     monkeypatch.setattr(wake, "_listener", None)
     tasks.run_turn.run(str(done.pk))  # no listener: the claim decides, as always
     assert ran == [str(queued.pk), str(done.pk)]
+
+
+# --- a woken turn's time limits (Celery enforces its own only in its tasks) ----------------------------
+
+def test_past_the_soft_limit_a_woken_turn_gets_soft_time_limit_exceeded_in_its_thread(monkeypatch):
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from hermes_sessions.services import time_limits
+
+    killed: list = []
+    monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    t0 = time.monotonic()
+    with pytest.raises(SoftTimeLimitExceeded):
+        with time_limits.thread_time_limits(soft=0.2, hard=30, what="test"):
+            while time.monotonic() - t0 < 10:
+                time.sleep(0.01)  # a turn waiting in short steps, as codex's client does
+    assert 0.15 < time.monotonic() - t0 < 2 and killed == []
+
+
+def test_a_block_that_ends_in_time_gets_nothing_after_it(monkeypatch):
+    from hermes_sessions.services import time_limits
+
+    killed: list = []
+    monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    with time_limits.thread_time_limits(soft=0.2, hard=0.4, what="test"):
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.6:  # past both limits: no exception, no kill
+        time.sleep(0.01)
+    assert killed == []
+
+
+def test_past_the_hard_limit_the_process_is_killed_as_celery_would(monkeypatch, caplog):
+    import signal as signals
+
+    from hermes_sessions.services import time_limits
+
+    killed: list = []
+    monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    with time_limits.thread_time_limits(soft=0.1, hard=0.3, what="woken turn t"):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:
+            try:
+                time.sleep(0.01)
+            except BaseException:  # noqa: BLE001 — a turn that swallows the soft limit (a bug) meets the hard one
+                pass
+    assert killed == [(os.getpid(), signals.SIGKILL)]
+    assert "past the hard time limit" in caplog.text
+
+
+def test_a_woken_turn_runs_under_the_tasks_time_limits(settings, monkeypatch):
+    from hermes_sessions import tasks as tasks_module
+
+    seen: list = []
+    monkeypatch.setattr(execution, "thread_time_limits",
+                        lambda **kw: (seen.append(kw), __import__("contextlib").nullcontext())[1])
+    monkeypatch.setattr(execution, "turn_execute", lambda **kw: None)
+    execution.turn_execute_woken(uuid.uuid4(), "s")
+    [limits] = seen
+    assert (limits["soft"], limits["hard"]) == (tasks_module.run_turn.soft_time_limit, tasks_module.run_turn.time_limit)
+    assert limits["soft"] >= settings.CODEX_TURN_TIMEOUT + 60
