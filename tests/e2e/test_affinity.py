@@ -235,6 +235,25 @@ def test_a_session_taken_elsewhere_is_released_by_its_old_holder(user, workers, 
     assert "released its loaded thread" in workers.log("a")
 
 
+def test_a_warm_shutdown_lets_a_woken_turn_finish(user, workers, stand_in):
+    """SIGTERM to the worker's main process (systemd's KillMode=mixed) while a turn it was woken for runs:
+    Celery's warm shutdown waits only for its own tasks, so the pool process's shutdown waits for the woken
+    turn (``wake.wake_stop``) before it closes the app-servers — the turn succeeds, nothing is left."""
+    a = workers.start("a")
+    session = services.session_create(owner=user, session_id="aff-stop")
+    assert _turn(session, user, "first").status == "succeeded"
+    _wait(lambda: TurnWorker.objects.filter(queue=workers.queue("a"), wakeable=True).exists(), 10,
+          "a's wake listener is not listening")
+    slow = services.turn_enqueue(session=session, input_text="SLOW finish me", user=user)
+    _wait(lambda: Turn.objects.get(pk=slow.pk).status == "running", 30, "a did not start the woken turn")
+    os.kill(a.pid, signal.SIGTERM)
+    done = _turn_done(slow)
+    assert (done.status, done.timings.get("woken"), done.attempt) == ("succeeded", 1, 1), (done.error, done.timings)
+    a.wait(timeout=60)
+    assert workers.codex_of("a") == [] and not TurnWorker.objects.exists()
+    assert done.final_text  # the model's whole reply, streamed past the SIGTERM
+
+
 def _turn_done(turn: Turn, timeout: float = 60) -> Turn:
     _wait(lambda: Turn.objects.get(pk=turn.pk).is_terminal, timeout, f"turn {turn.input!r} did not end")
     return Turn.objects.get(pk=turn.pk)
