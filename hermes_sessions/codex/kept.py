@@ -93,6 +93,8 @@ class KeptThread:
         claim's bound thread and its stored rollout generation; ``config``: the session's effective config."""
         if thread_id != self.thread_id:
             return f"the session is bound to thread {thread_id}, not {self.thread_id}"
+        if generation is None:  # forgotten (``forget_rollout``) or never stored
+            return f"the session has no stored rollout (this copy holds generation {self.base.generation})"
         if generation != self.base.generation:
             return f"the rollout moved on to generation {generation} (this copy holds {self.base.generation})"
         if config != self.config:

@@ -222,7 +222,9 @@ def taken_elsewhere(*, queue: str, held: list[tuple[str, str, int]]) -> dict[str
         if rows.get(session_id) != queue:
             why[session_id] = f"its last turn ended on {rows.get(session_id) or 'a worker that keeps nothing'}"
         elif generations.get(thread_id) != generation:
-            why[session_id] = f"its rollout moved on to generation {generations.get(thread_id)}"
+            stored = generations.get(thread_id)
+            why[session_id] = (f"its rollout moved on to generation {stored}" if stored is not None
+                               else "its stored rollout is gone")
     return why
 
 

@@ -354,10 +354,14 @@ def test_taken_elsewhere_names_each_reason():
     for s in (mine, gone, renamed):
         rollout_row(s, thread_id=threads[s.pk], generation=3)
     rollout_row(moved, thread_id=threads[moved.pk], generation=4)
-    held = [(s.pk, threads[s.pk], 3) for s in (mine, moved, gone, renamed)]
+    forgotten = SessionFactory()  # its rollout deleted (forget_rollout): no generation at all
+    threads[forgotten.pk] = "019a0000-0000-7000-8000-000000000099"
+    warm_row(forgotten, queue, generation=3, thread_id=threads[forgotten.pk])
+    held = [(s.pk, threads[s.pk], 3) for s in (mine, moved, gone, renamed, forgotten)]
     why = affinity.taken_elsewhere(queue=queue, held=held)
-    assert set(why) == {moved.pk, gone.pk, renamed.pk}
+    assert set(why) == {moved.pk, gone.pk, renamed.pk, forgotten.pk}
     assert why[moved.pk] == "its rollout moved on to generation 4"
+    assert why[forgotten.pk] == "its stored rollout is gone"
     assert why[gone.pk] == "its last turn ended on a worker that keeps nothing"
     assert why[renamed.pk] == f"its last turn ended on {other}"
     assert affinity.taken_elsewhere(queue=queue, held=[]) == {}
