@@ -13,7 +13,7 @@ from .bindings import (
     binding_rotate,
     notice_acknowledge,
 )
-from .dispatch import session_dispatch_next_on_commit, turn_dispatch_on_commit
+from .dispatch import session_dispatch_next_on_commit, turn_dispatch_on_commit, turn_pass_on
 from .errors import (
     IdempotencyKeyInUse,
     IdempotencyMismatch,
@@ -52,5 +52,5 @@ __all__ = [
     "turn_execute", "idempotent", "SweepReport", "turns_sweep", "RetryPolicy", "retry_policy", "session_create",
     "MAX_INPUT_CHARS", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
     "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat", "turn_note_thread", "turn_requeue",
-    "delivery_slot", "wake_listening",
+    "delivery_slot", "wake_listening", "turn_pass_on",
 ]

@@ -62,6 +62,17 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
     transaction.on_commit(send)
 
 
+def turn_pass_on(turn_id: uuid.UUID | str) -> None:
+    """Send ``run_turn(turn_id)`` to the shared queue now — outside any transaction: the turn row is
+    committed — for a delivery that cannot run it in this process (busy with a woken turn,
+    ``wake.delivery_slot``): any idle worker takes it. Never raises: a broker that is down leaves the turn
+    to the sweep's re-send (``HERMES_REDISPATCH_SECONDS``), as for any send that failed."""
+    try:
+        _run_turn_task().apply_async(args=(str(turn_id),))
+    except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep re-sends
+        logger.exception("turn %s: could not pass run_turn on to the broker; the sweep will re-send it", turn_id)
+
+
 def route_given(route: str) -> str:
     """A route read by the caller (``turn_enqueue``), or ``""`` when tasks run in-process (``_route``):
     the own queue a routed turn goes to (or whose worker is woken), ``""`` for the shared queue only."""

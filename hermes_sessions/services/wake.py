@@ -83,15 +83,21 @@ def turn_slot(*, timeout: float | None = None) -> Iterator[bool]:
 
 
 @contextlib.contextmanager
-def delivery_slot() -> Iterator[None]:
-    """For a Celery delivery of ``run_turn``: hold ``turn_slot`` (waiting for a woken turn to end) while
-    this process has a wake listener; otherwise nothing — no other thread runs turns here (an eager task
-    inside a request, a worker with several slots or keeping off)."""
+def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
+    """For a Celery delivery of ``run_turn``: hold ``turn_slot`` while this process has a wake listener,
+    waiting at most ``timeout`` seconds for a woken turn to end; yields whether the slot is this
+    delivery's. Without a listener, nothing to hold (always ``True``): no other thread runs turns here
+    (an eager task inside a request, a worker with several slots or keeping off).
+
+    Why the bound: Celery does not see a woken turn, so it counts this pool process idle and hands it the
+    next message of any queue it consumes — a new session's turn waited behind a woken 100 s turn until
+    the sweep re-sent it, 62 s later, while another worker sat idle (adversary, session 8). A delivery
+    that cannot have the slot passes the turn on instead (``tasks.run_turn``)."""
     if not wake_listening():
-        yield
+        yield True
         return
-    with turn_slot():
-        yield
+    with turn_slot(timeout=timeout) as taken:
+        yield taken
 
 
 def parse_payload(payload: str) -> tuple[uuid.UUID, str] | None:

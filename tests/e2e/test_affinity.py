@@ -254,6 +254,34 @@ def test_a_warm_shutdown_lets_a_woken_turn_finish(user, workers, stand_in):
     assert done.final_text  # the model's whole reply, streamed past the SIGTERM
 
 
+def test_a_worker_busy_with_a_woken_turn_passes_other_turns_on(user, workers, stand_in):
+    """The adversary's F1 (session 8): a woken turn runs on the listener's thread, which Celery cannot see,
+    so it hands that pool process the shared queue's next message — here the first turns of new sessions.
+    Each must run on the idle worker within seconds (the busy one passes it on after
+    HERMES_AFFINITY_DEADLINE), not wait for the woken turn's 30 s or the sweep's re-send (60 s)."""
+    workers.start("a")
+    held = services.session_create(owner=user, session_id="aff-woken-busy")
+    assert _turn(held, user, "held by a").status == "succeeded"
+    _wait(lambda: TurnWorker.objects.filter(queue=workers.queue("a"), wakeable=True).exists(), 10,
+          "a's wake listener is not listening")
+    workers.start("b")
+    slow = services.turn_enqueue(session=held, input_text="SLOW30 keep a busy", user=user)
+    _wait(lambda: Turn.objects.get(pk=slow.pk).status == "running", 30, "a did not start the woken turn")
+    t0 = time.monotonic()
+    posted = []
+    for n in range(3):
+        posted.append(services.turn_enqueue(session=services.session_create(owner=user, session_id=f"aff-new-{n}"),
+                                            input_text=f"new {n}", user=user))
+        time.sleep(0.3)
+    for turn in posted:
+        done = _turn_done(turn, timeout=25)
+        assert done.status == "succeeded", done.error
+    assert time.monotonic() - t0 < 15, "a new session's turn waited behind the woken turn"
+    assert Turn.objects.get(pk=slow.pk).status == "running"  # all that while
+    services.turn_cancel(turn=Turn.objects.get(pk=slow.pk))
+    assert _turn_done(slow).status == "cancelled"
+
+
 def _turn_done(turn: Turn, timeout: float = 60) -> Turn:
     _wait(lambda: Turn.objects.get(pk=turn.pk).is_terminal, timeout, f"turn {turn.input!r} did not end")
     return Turn.objects.get(pk=turn.pk)

@@ -316,6 +316,36 @@ def test_a_celery_delivery_waits_for_a_woken_turn_only_where_a_listener_runs(mon
         release.set()
 
 
+def test_a_delivery_stuck_behind_a_woken_turn_passes_its_turn_on(user, settings, monkeypatch, caplog):
+    """The adversary's F1 (session 8): a woken SLOW100 turn held the slot; Celery, which cannot see it,
+    handed the same pool process a new session's turn from the shared queue, and that turn waited in
+    ``delivery_slot`` until the sweep re-sent it 62 s later while the other worker sat idle. Now the
+    delivery waits at most ``HERMES_AFFINITY_DEADLINE`` and sends the turn to the shared queue again."""
+    settings.HERMES_AFFINITY_DEADLINE = 0.2
+    ran: list = []
+    passed: list = []
+    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(tasks.run_turn, "apply_async", lambda args, **kw: passed.append((args, kw)))
+    monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
+    queued = TurnFactory(session=SessionFactory(owner=user), seq=1, status=Turn.Status.QUEUED)
+    _, release = _held_slot()  # the woken turn runs on the listener's thread
+    try:
+        t0 = time.monotonic()
+        celery_app.conf.task_always_eager = False  # sent to the broker (recorded), not run in here again
+        try:
+            result = tasks.run_turn.run(str(queued.pk))
+        finally:
+            celery_app.conf.task_always_eager = True
+        assert result == {"turn": str(queued.pk), "turn_status": "passed_on"}
+        assert 0.15 < time.monotonic() - t0 < 2 and ran == []
+        assert passed == [((str(queued.pk),), {})]  # the shared queue (no queue given: run_turn's route)
+        assert "passed on to the shared queue" in caplog.text
+    finally:
+        release.set()
+    tasks.run_turn.run(str(queued.pk))  # the slot free again: this delivery runs it
+    assert ran == [str(queued.pk)]
+
+
 def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
     listener = wake.WakeListener(own("stop"), lambda *_: None)
     monkeypatch.setattr(wake, "_listener", (os.getpid(), listener))
