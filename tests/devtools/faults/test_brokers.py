@@ -14,7 +14,10 @@ ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/usr/local/bin"}
 
 
 def _publish(url: str, queue: str) -> None:
-    with Connection(url, connect_timeout=5) as conn:
+    """Publish one persistent message. On RabbitMQ with publisher confirms: the node confirms a persistent
+    message on a durable queue only once it is on disk, so a ``kill -9`` right after cannot lose it (CI
+    lost an unconfirmed one that way). Redis ignores the option."""
+    with Connection(url, connect_timeout=5, transport_options={"confirm_publish": True}) as conn:
         conn.default_channel.queue_declare(queue, durable=True, auto_delete=False)
         conn.Producer().publish({"turn": "t"}, routing_key=queue, serializer="json", delivery_mode=2)
 
