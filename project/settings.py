@@ -165,6 +165,13 @@ if "postgresql" in DATABASES["default"]["ENGINE"]:
         PGOPTIONS.strip(),
         f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
     ]))
+# The statements of the warm path's pipelined transactions (hermes_sessions/services/pipelining.py: the
+# enqueue, the claim, the finalize) are bound server-side and prepared on a connection once it has run them
+# this many times, so PostgreSQL stops parsing and planning them on every turn (parse + plan were ~70 % of
+# the server's time on those statements, statement log of make bench-warm). Django's own queries keep its
+# default (client-side binding, nothing prepared). 0: no prepared statements (e.g. behind PgBouncer in
+# transaction mode before 1.21, which cannot keep them).
+DATABASE_PREPARE_THRESHOLD = env_int("DATABASE_PREPARE_THRESHOLD", 2)
 # ASGI (make run): psycopg's connection pool with CONN_MAX_AGE = 0 — persistent connections are not
 # supported under ASGI and leak (../shared/pitfalls.md, Django #37066). Off by default: Celery's prefork
 # workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork).

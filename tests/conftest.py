@@ -142,3 +142,13 @@ def _no_lease_loop_left():
     if leaked is not None:
         recovery.lease_loop_stop()
         pytest.fail(f"the test left a lease loop running ({leaked[1].by})")
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback_copy_left():
+    """Fallback copies a test's woken turns left held in this process (``services/fallback_copies.py``) are
+    dropped at its end: sent later, they would reach a broker queue another test reads."""
+    yield
+    from hermes_sessions.services import fallback_copies
+
+    fallback_copies.SENDER.drop()

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from ..models import Session, Turn
 from . import affinity
+from .fallback_copies import fallback_copy_later
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +38,10 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
     ``turn_enqueue`` saves two queries: ``stamped`` (it inserted the row with ``dispatched_at``
     already) and ``route`` (``affinity.turn_route``'s answer, read in its transaction under the
     session lock; ``None``: read it after the commit) and ``woken`` (the transaction also wakes the worker
-    of ``route`` by NOTIFY, ``wake.wake_held``: no message to its queue, only the shared queue's countdown
-    copy — Celery's send, consume and pool hop were ~6 ms of a warm turn's ``queue`` phase on 2 cores,
-    and the two deliveries competed for them, ``make bench-warm``)."""
+    of ``route`` by NOTIFY, ``wake.wake_held``: no message to its queue — Celery's send, consume and pool
+    hop were ~6 ms of a warm turn's ``queue`` phase on 2 cores, and the two deliveries competed for them,
+    ``make bench-warm`` — and the shared queue's fallback copy is sent by this process when it is due
+    (``fallback_copies``), not at the commit with a countdown)."""
     if not stamped:
         Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
 
@@ -50,8 +52,10 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
             if queue:
                 # Session affinity (services/affinity.py): the worker holding the thread loaded first; the
                 # shared queue after the deadline, for any worker, should that one not claim it by then.
-                if not woken:
-                    task.apply_async(args=(str(turn_id),), queue=queue)
+                if woken:
+                    fallback_copy_later(uuid.UUID(str(turn_id)), delay=settings.HERMES_AFFINITY_DEADLINE)
+                    return
+                task.apply_async(args=(str(turn_id),), queue=queue)
                 task.apply_async(args=(str(turn_id),), kwargs={"fallback": True},
                                  countdown=settings.HERMES_AFFINITY_DEADLINE)
             else:
@@ -60,6 +64,12 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
             logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
 
     transaction.on_commit(send)
+
+
+def send_fallback_copy(turn_id: uuid.UUID | str) -> None:
+    """Send ``run_turn(turn_id, fallback=True)`` to the shared queue now (``fallback_copies``: a woken
+    turn's copy, due). Raises what kombu raises when the broker cannot take it."""
+    _run_turn_task().apply_async(args=(str(turn_id),), kwargs={"fallback": True})
 
 
 def turn_pass_on(turn_id: uuid.UUID | str) -> None:

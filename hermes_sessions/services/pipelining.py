@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
+from django.conf import settings
 from django.db import connection, transaction
 
 T = TypeVar("T")
@@ -155,7 +156,7 @@ class Batch:
             # Errors surface when the pipeline ends, outside the cursors' own wrapping: wrapped here.
             with connection.wrap_database_errors, raw.pipeline():
                 for sql, params in texts:
-                    cursor = connection.cursor()
+                    cursor = _prepared_cursor(raw)
                     cursors.append(cursor)
                     cursor.execute(sql, params)
             self.round_trips += 1
@@ -172,6 +173,21 @@ class Batch:
         if self._held and not self._sending:
             self.send()
         return execute(sql, params, many, context)
+
+
+def _prepared_cursor(raw: Any) -> Any:
+    """A Django-wrapped cursor (so ``connection.queries``, ``execute_wrapper`` and the error wrapping see its
+    statements) that binds its parameters server-side, on ``raw`` with ``DATABASE_PREPARE_THRESHOLD`` set:
+    the batch's statements, the same texts on every turn, are prepared there after that many runs instead of
+    parsed and planned each time (Django's own cursors bind client-side, inlining the values: every text
+    differs, psycopg's ``ClientCursor`` never prepares). 0: server-side binding, nothing prepared."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    threshold = settings.DATABASE_PREPARE_THRESHOLD or None
+    if raw.prepare_threshold != threshold:
+        raw.prepare_threshold = threshold
+    # Django wraps its own cursors this way (BaseDatabaseWrapper.cursor); the stubs know neither name.
+    return connection._prepare_cursor(ServerBindingCursor(raw))  # type: ignore[attr-defined,call-arg]
 
 
 def _idle() -> bool:

@@ -72,7 +72,7 @@ def finish(claim: TurnClaim, text: str) -> None:
 def test_errors_are_the_apis_json(server, user, token, claimed):
     path = f"/api/turns/{claimed.turn_id}/events/"
     status, headers, body = server.get(path, None)
-    assert (status, headers.get("WWW-Authenticate")) == (401, "Token")
+    assert (status, headers.get("www-authenticate")) == (401, "Token")
     assert body.startswith(b"{") and b'"code":"not_authenticated"' in body
     status, _, body = server.get(path, "0" * 40)
     assert status == 401 and b'"code":"authentication_failed"' in body

@@ -5,6 +5,7 @@ routing read after the commit)."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from hermes_sessions.models import Turn, TurnWorker, WarmThread
-from hermes_sessions.services import affinity
+from hermes_sessions.services import affinity, fallback_copies
 from project.celery import app as celery_app
 from tests.factories import SessionFactory
 from tests.support.round_trips import counting, round_trips_counted
@@ -91,7 +92,8 @@ def test_a_turn_post_costs_four_round_trips_with_its_routing(token_client, user,
 def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_client, user, sends, settings,
                                                                     django_assert_max_num_queries):
     """The wake's ``pg_notify`` joins the transaction's second round trip (``services/wake.py``); the holder
-    gets no Celery message, the shared queue its countdown copy."""
+    gets no Celery message, and the shared queue's fallback copy is held until due (``fallback_copies``): no
+    Celery send during the request."""
     session = SessionFactory(owner=user)
     queue = affinity.own_queue_name("round-trips-wake@host")
     TurnWorker.objects.create(queue=queue, node="round-trips-wake@host", heartbeat_at=timezone.now(), wakeable=True)
@@ -106,7 +108,10 @@ def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_clie
     sqls = [q["sql"] for q in captured.captured_queries]
     commit = sqls.index("COMMIT")
     assert any(s.startswith("SELECT pg_notify(") for s in sqls[:commit]), sqls  # in the transaction
-    assert sends == [(response.json()["id"], None, settings.HERMES_AFFINITY_DEADLINE)]
+    assert sends == []
+    assert uuid.UUID(response.json()["id"]) in fallback_copies.SENDER.pending()
+    assert fallback_copies.SENDER.flush() >= 1
+    assert (response.json()["id"], None, None) in sends  # the copy: the shared queue, no countdown
 
 
 def test_a_turn_post_without_a_warm_worker_goes_to_the_shared_queue_alone(token_client, user, sends,

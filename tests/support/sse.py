@@ -88,12 +88,13 @@ class ApiServer:
             conn.close()
 
     def get(self, path: str, token: str | None) -> tuple[int, dict[str, str], bytes]:
-        """A plain GET (no streaming): status, headers, body."""
+        """A plain GET (no streaming): status, headers (names lower-cased: HTTP's are case-insensitive, and
+        uvicorn's httptools writer and its h11 one spell them differently), body."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
             conn.request("GET", path, headers={"Authorization": f"Token {token}"} if token else {})
             resp = conn.getresponse()
-            return resp.status, dict(resp.getheaders()), resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
         finally:
             conn.close()
 

@@ -1,0 +1,115 @@
+"""The shared queue's fallback copy of a woken turn, sent by a thread of the sending process when it is due.
+
+A turn routed to the worker that holds its thread is woken by NOTIFY (``wake.py``); should that worker not
+claim it, the fallback copy — ``run_turn(turn_id, fallback=True)`` on the shared queue,
+``HERMES_AFFINITY_DEADLINE`` seconds after the commit — gives it to any worker. It used to be sent at the
+commit with a Celery countdown. Building and publishing a Celery message is ~3 ms of the API process's
+CPU (kombu, the broker round trip; ``py-spy`` on ``make bench-warm``), and at the commit it ran on the
+2-core host exactly while the woken worker claimed the turn and codex started it: the ``POST`` took
+14 ms instead of 10, and the claim's round trips waited for the CPU. Sent when due instead, the copy
+costs the same once, off the turn's way; a worker finds the turn claimed long before and skips it with one
+read (``tasks.run_turn``).
+
+What this gives up: a copy exists only in this process's memory until it is due. If the process dies
+first (kill -9) *and* the woken worker does not claim the turn, the turn waits for the affinity loops of
+the other workers (``affinity.stalled_holder_turns``: seconds) or the sweep (``HERMES_REDISPATCH_SECONDS``)
+instead of the deadline — two faults at once; nothing is lost, the turn row is committed. A process that
+exits normally (gunicorn's graceful stop, ``atexit``) sends what it still holds at once.
+
+``send_later`` is thread-safe; the sender thread starts on first use in each process (after a fork, too).
+"""
+from __future__ import annotations
+
+import atexit
+import heapq
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+
+class FallbackSender:
+    """Sends ``send(turn_id)`` for each turn given to ``send_later`` once its delay has passed, on a daemon
+    thread of its own (``hermes-fallback-copies``). ``send`` must not raise for a broker fault it can log;
+    anything it raises is logged and that copy dropped (the sweep re-sends a turn nobody ran)."""
+
+    def __init__(self, send: Callable[[uuid.UUID], None]) -> None:
+        self._send = send
+        self._due: list[tuple[float, int, uuid.UUID]] = []  # (monotonic due time, order, turn id)
+        self._order = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def send_later(self, turn_id: uuid.UUID, *, delay: float) -> None:
+        """Send ``turn_id``'s copy ``delay`` seconds from now (monotonic)."""
+        with self._cond:
+            self._start_if_needed()
+            self._order += 1
+            heapq.heappush(self._due, (time.monotonic() + delay, self._order, turn_id))
+            self._cond.notify()
+
+    def pending(self) -> list[uuid.UUID]:
+        """The turns whose copies are not sent yet, in due order (for tests and ``flush``)."""
+        with self._cond:
+            return [t for _, _, t in sorted(self._due)]
+
+    def flush(self) -> int:
+        """Send every held copy now, due or not (at exit, and in tests); how many were sent."""
+        with self._cond:
+            held, self._due = sorted(self._due), []
+        for _, _, turn_id in held:
+            self._send_one(turn_id)
+        return len(held)
+
+    def drop(self) -> int:
+        """Forget every held copy without sending it (tests); how many there were."""
+        with self._cond:
+            held, self._due = len(self._due), []
+        return held
+
+    def _start_if_needed(self) -> None:
+        # After a fork the child has the parent's heap but not its thread: it starts one of its own and
+        # keeps nothing of the parent's (the parent sends those).
+        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
+            return
+        if self._pid != os.getpid():
+            self._due = []
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name="hermes-fallback-copies", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._cond.wait(timeout=(self._due[0][0] - time.monotonic()) if self._due else None)
+                _, _, turn_id = heapq.heappop(self._due)
+            self._send_one(turn_id)
+
+    def _send_one(self, turn_id: uuid.UUID) -> None:
+        try:
+            self._send(turn_id)
+        except Exception:  # noqa: BLE001 — the sweep re-sends a turn nobody ran
+            logger.exception("turn %s: its fallback copy could not be sent; the sweep re-sends the turn if "
+                             "nobody ran it", turn_id)
+
+
+def _send_copy(turn_id: uuid.UUID) -> None:
+    from .dispatch import send_fallback_copy  # dispatch imports this module
+
+    send_fallback_copy(turn_id)
+
+
+SENDER = FallbackSender(_send_copy)
+atexit.register(SENDER.flush)
+
+
+def fallback_copy_later(turn_id: uuid.UUID, *, delay: float) -> None:
+    """Send ``turn_id``'s fallback copy to the shared queue ``delay`` seconds from now, from this process
+    (``FallbackSender``; the module docstring says what that gives up)."""
+    SENDER.send_later(turn_id, delay=delay)
