@@ -601,14 +601,14 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str) -> Turn | None:
     runs ends first), as a message in its own queue would have waited — on the kept thread, or cold when
     this process let the thread go meanwhile (the wake is the only message this worker gets for the turn).
     ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the shared
-    queue's countdown copy, or the affinity loop's hand-off, gives the turn to any worker then. The
+    queue's fallback copy, or the affinity loop's hand-off, gives the turn to any worker then. The
     thread's database connection is checked as a task's is (``close_old_connections``), and the turn has a
     task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only in
     its tasks). ``session_id``: from the wake's payload, for the log."""
     with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
         if not taken:
             logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
-                        "its countdown copy runs it", turn_id, session_id)
+                        "its fallback copy runs it", turn_id, session_id)
             return None
         close_old_connections()
         soft, hard = turn_time_limits()

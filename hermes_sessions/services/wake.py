@@ -9,13 +9,13 @@ listened at its last heartbeat (``TurnWorker.wakeable``) sends
 to that queue: PostgreSQL delivers it at the commit. The worker process that consumes that queue listens
 (``WakeListener``, a thread of its own with a connection of its own) and runs the turn at once.
 
-The wake is a hint; the durable path stays Celery's: the shared queue's countdown copy
-(``HERMES_AFFINITY_DEADLINE`` later, ``dispatch.turn_dispatch_on_commit``) is sent as for any routed turn,
+The wake is a hint; the durable path stays Celery's: the shared queue's fallback copy is sent
+``HERMES_AFFINITY_DEADLINE`` after the commit (by the enqueuing process when due, ``fallback_copies``),
 and the affinity loop hands an overdue turn of a dead holder to any worker. A wake that finds this process
 busy past the deadline (``turn_slot``), or that never arrives (listener reconnecting, worker gone), costs
 time, never the turn: one of those runs it. Sending both the own-queue message and the wake gained
 nothing measurable — on 2 cores the second delivery competed for the CPU the first one needed; the
-countdown copy of a turn already run costs one read (``tasks.run_turn``). Whichever delivery claims the
+fallback copy of a turn already run costs one read (``tasks.run_turn``). Whichever delivery claims the
 turn first runs it; any other finds it taken (``turns.turn_claim``) and does nothing. ``HERMES_WAKE=0``
 turns the wake off (both Celery messages, as before).
 

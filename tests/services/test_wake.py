@@ -298,7 +298,7 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     t0 = time.monotonic()
     assert execution.turn_execute_woken(turn_id, "s-1") is None
     assert 0.15 < time.monotonic() - t0 < 2 and ran == []
-    assert "countdown copy runs it" in caplog.text
+    assert "fallback copy runs it" in caplog.text
     release.set()
     execution.turn_execute_woken(turn_id, "s-1")
     assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True}]
