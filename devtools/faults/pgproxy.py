@@ -7,8 +7,7 @@ bytes unchanged and can, from outside the product's code:
 * **go down** (:meth:`PgProxy.down`): every proxied connection is closed and new ones are refused
   (the listening socket is closed) until :meth:`PgProxy.up` — PostgreSQL unreachable for the workers;
 * **trap a statement** (:meth:`PgProxy.arm`): the first client→server write that contains every one of
-  a trap's byte patterns (SQL text: Django's psycopg 3 binds parameters client-side, so a statement's
-  literals are in the clear) is *held* — never forwarded — so the worker sending it is stopped exactly
+  a trap's byte patterns is *held* — never forwarded — so the worker sending it is stopped exactly
   there (inside a restore, inside the finalize transaction) until the harness kills it and
   :meth:`Trap.drop` s the connection; or it makes the proxy go down (``action="down"``); or, with
   ``action="mute"``, it is forwarded but PostgreSQL's answer is withheld (the statement, e.g. a
@@ -16,15 +15,24 @@ bytes unchanged and can, from outside the product's code:
 
 A trap can require an earlier statement on the same connection (``after``): "the ``COMMIT`` of the
 transaction that stored this rollout chunk".
+
+What a write contains, for the patterns: its bytes — SQL text and values, whether Django's cursors inlined
+the values (client-side binding) or psycopg sent them in a Bind message (server-side binding, the warm
+path's pipelined statements, ``services/pipelining.py``) — plus the SQL text of every prepared statement a
+Bind message in it runs: once psycopg has prepared a statement on a connection (``DATABASE_PREPARE_THRESHOLD``)
+it sends only its name, so the proxy remembers each connection's named Parse messages (PostgreSQL's
+frontend protocol: ``P`` name ``\0`` query ``\0`` …; ``B`` portal ``\0`` statement ``\0`` …).
 """
 from __future__ import annotations
 
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 
+_MAX_MESSAGE = 1 << 26  # a longer frontend message means the bytes are not PostgreSQL's protocol
 _TAIL = 256  # bytes of the previous write kept, so a pattern split across two writes still matches
 
 
@@ -73,6 +81,9 @@ class _Pair:
         self.muted = False
         self.closed = threading.Event()
         self._tail = b""
+        self._unparsed = b""  # the start of a frontend message whose end has not arrived yet
+        self._started = False  # the StartupMessage (no type byte) was parsed
+        self.prepared: dict[bytes, bytes] = {}  # statement name → its SQL text (named Parse messages)
 
     def close(self) -> None:
         if self.closed.is_set():
@@ -103,11 +114,52 @@ class _Pair:
         finally:
             self.close()
 
+    def _statements_run(self, data: bytes) -> list[bytes]:
+        """The SQL texts of the prepared statements that this write's Bind messages run (learning the named
+        Parse messages on the way). Parses PostgreSQL's frontend messages across writes."""
+        buf, self._unparsed, texts = self._unparsed + data, b"", []
+        at = 0
+        while True:
+            if not self._started:
+                if len(buf) - at < 4:
+                    break
+                (length,) = struct.unpack_from("!I", buf, at)
+                if len(buf) - at < length:
+                    break
+                self._started, at = True, at + length
+                continue
+            if len(buf) - at < 5:
+                break
+            kind = buf[at:at + 1]
+            (length,) = struct.unpack_from("!I", buf, at + 1)
+            end = at + 1 + length
+            if length < 4 or length > _MAX_MESSAGE:
+                self._unparsed, self._started = b"", True  # not PostgreSQL's protocol (a test's raw bytes)
+                return texts
+            if len(buf) < end:
+                break
+            body = buf[at + 5:end]
+            if kind == b"P":
+                name, _, rest = body.partition(b"\x00")
+                if name:
+                    self.prepared[name] = rest.partition(b"\x00")[0]
+            elif kind == b"B":
+                _portal, _, rest = body.partition(b"\x00")
+                text = self.prepared.get(rest.partition(b"\x00")[0])
+                if text is not None:
+                    texts.append(text)
+            at = end
+        self._unparsed = buf[at:]
+        return texts
+
     def _from_client(self, data: bytes) -> None:
         if not self.app:
             self.app = _startup_app_name(data)
         window, tail = self._tail + data, len(self._tail)
         self._tail = window[-_TAIL:]
+        texts = self._statements_run(data)
+        if texts:  # the prepared statements' texts, searchable with the write's own bytes
+            window = window + b"\x00" + b"\x00".join(texts)
         trap = self.proxy._match(self, window, tail)
         if trap is None:
             self.upstream.sendall(data)

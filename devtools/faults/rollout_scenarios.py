@@ -47,7 +47,9 @@ PHASES = ("restore", "store", "commit")
 
 
 def _quoted(thread_id: str) -> bytes:
-    return f"'{thread_id}'".encode()
+    """The thread id as it travels in a write: inlined as a quoted literal by Django's cursors, a Bind
+    message's value for the pipelined statements (server-side binding) — its bytes match both."""
+    return thread_id.encode()
 
 
 def _start_threads(sc: Scenario, n: int) -> list[str]:

@@ -92,3 +92,31 @@ def test_mute_forwards_the_write_after_the_named_statement_and_withholds_the_ans
     s.settimeout(0.3)
     with pytest.raises(TimeoutError):
         s.recv(1024)
+
+
+def _message(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack("!I", 4 + len(body)) + body
+
+
+def test_a_trap_sees_the_text_of_a_prepared_statement_that_a_write_only_binds(proxy):
+    """psycopg sends a prepared statement's text once (a named Parse), then only its name in each Bind
+    (the warm path's pipelined statements, server-side bound): the trap still matches that text, with the
+    Bind's values."""
+    s = connect(proxy)
+    parse = _message(b"P", b"_pg3_1\x00UPDATE turn SET status = $1 WHERE thread = $2\x00\x00\x00")
+    s.sendall(parse)
+    assert s.recv(1024).startswith(b"echo:")
+    trap = proxy.arm(b"UPDATE turn SET status", b"thread-abc")
+    bind = _message(b"B", b"\x00_pg3_1\x00\x00\x00\x00\x02\x00\x00\x00\x04done\x00\x00\x00\x0athread-abc\x00\x00")
+    other = _message(b"B", b"\x00_pg3_1\x00\x00\x00\x00\x02\x00\x00\x00\x04done\x00\x00\x00\x0athread-xyz\x00\x00")
+    s.sendall(other + _message(b"E", b"\x00\x00\x00\x00\x00"))  # another thread: forwarded
+    assert s.recv(1024).startswith(b"echo:")
+    half = bind + _message(b"E", b"\x00\x00\x00\x00\x00")
+    s.sendall(half[:7])  # a message split across writes is still read whole
+    assert s.recv(1024) == b"echo:" + half[:7]  # the first part alone matches nothing: forwarded
+    s.sendall(half[7:])
+    assert trap.wait(2) and trap.app == "worker7"
+    s.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        s.recv(1024)  # held
+    trap.drop()
