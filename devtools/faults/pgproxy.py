@@ -116,29 +116,9 @@ class _Pair:
 
     def _statements_run(self, data: bytes) -> list[bytes]:
         """The SQL texts of the prepared statements that this write's Bind messages run (learning the named
-        Parse messages on the way). Parses PostgreSQL's frontend messages across writes."""
-        buf, self._unparsed, texts = self._unparsed + data, b"", []
-        at = 0
-        while True:
-            if not self._started:
-                if len(buf) - at < 4:
-                    break
-                (length,) = struct.unpack_from("!I", buf, at)
-                if len(buf) - at < length:
-                    break
-                self._started, at = True, at + length
-                continue
-            if len(buf) - at < 5:
-                break
-            kind = buf[at:at + 1]
-            (length,) = struct.unpack_from("!I", buf, at + 1)
-            end = at + 1 + length
-            if length < 4 or length > _MAX_MESSAGE:
-                self._unparsed, self._started = b"", True  # not PostgreSQL's protocol (a test's raw bytes)
-                return texts
-            if len(buf) < end:
-                break
-            body = buf[at + 5:end]
+        Parse messages on the way)."""
+        texts = []
+        for kind, body in self._messages(data):
             if kind == b"P":
                 name, _, rest = body.partition(b"\x00")
                 if name:
@@ -148,9 +128,28 @@ class _Pair:
                 text = self.prepared.get(rest.partition(b"\x00")[0])
                 if text is not None:
                     texts.append(text)
-            at = end
-        self._unparsed = buf[at:]
         return texts
+
+    def _messages(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """PostgreSQL's frontend messages completed by ``data`` (type byte, body), read across writes; the
+        StartupMessage (no type byte) is skipped. Bytes that are not the protocol stop the reading."""
+        buf, at, out = self._unparsed + data, 0, []
+        if not self._started:
+            if len(buf) < 4 or len(buf) < struct.unpack_from("!I", buf)[0]:
+                self._unparsed = buf
+                return out
+            self._started, at = True, struct.unpack_from("!I", buf)[0]
+        while len(buf) - at >= 5:
+            (length,) = struct.unpack_from("!I", buf, at + 1)
+            if length < 4 or length > _MAX_MESSAGE:
+                self._unparsed = b""  # not PostgreSQL's protocol (a test's raw bytes): nothing to read
+                return out
+            if len(buf) < at + 1 + length:
+                break
+            out.append((buf[at:at + 1], buf[at + 5:at + 1 + length]))
+            at += 1 + length
+        self._unparsed = buf[at:]
+        return out
 
     def _from_client(self, data: bytes) -> None:
         if not self.app:
