@@ -15,7 +15,6 @@ same way and then fails. Everything else ends the turn with a reason.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -57,7 +56,8 @@ from ..models import Turn
 from . import affinity, wake
 from .dispatch import turn_dispatch_on_commit
 from .events import RETRYING, TurnEventWriter
-from .recovery import LOOP_TAKE_BACK_LIMIT, lease_renewed_here, leases_take_back
+from .heartbeats import HEARTBEATS
+from .recovery import LOOP_TAKE_BACK_LIMIT, leases_take_back
 from .retry_policy import RetryPolicy, retry_policy
 from .rollouts import RolloutFenced, rollout_restore
 from .time_limits import thread_time_limits, turn_time_limits
@@ -98,12 +98,8 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
         control = TurnControl()
         stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                  attempt=claim.attempt)
-        beat = _Heartbeat(claim, control)
-        beat.start()
-        try:
+        with HEARTBEATS.beating(claim, control):
             return _run_with_retries(claim, control, retry_policy(), stream)
-        finally:
-            beat.stop()
 
 
 def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
@@ -633,40 +629,3 @@ def _take_back_leases(by: str) -> None:
     """The affinity loop's lease recovery each round (``affinity.AffinityLoop``): ``leases_take_back``
     of at most ``LOOP_TAKE_BACK_LIMIT`` turns."""
     leases_take_back(limit=LOOP_TAKE_BACK_LIMIT, by=by)
-
-
-class _Heartbeat:
-    """Renews the lease every ``HERMES_HEARTBEAT_SECONDS`` on its own database connection; sets
-    ``control.interrupt`` on a cancel request and ``control.abandon`` when the claim is gone."""
-
-    def __init__(self, claim: TurnClaim, control: TurnControl):
-        self.claim, self.control = claim, control
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"turn-heartbeat-{claim.turn_id}", daemon=True)
-
-    def start(self) -> None:
-        lease_renewed_here(self.claim.token, renewing=True)  # this process's lease take-back leaves it alone
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        lease_renewed_here(self.claim.token, renewing=False)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(settings.HERMES_HEARTBEAT_SECONDS):
-                try:
-                    close_old_connections()
-                    beat = turn_heartbeat(turn_id=self.claim.turn_id, token=self.claim.token)
-                except Exception:  # noqa: BLE001 — a database blip must not kill the turn; the lease has slack
-                    logger.exception("turn %s: heartbeat failed", self.claim.turn_id)
-                    continue
-                if not beat.held:
-                    self.control.abandon.set()
-                    return
-                if beat.cancel_requested:
-                    self.control.interrupt.set()
-        finally:
-            connection.close()
-

@@ -100,7 +100,7 @@ _renewed_here_lock = threading.Lock()
 
 def lease_renewed_here(token: uuid.UUID, *, renewing: bool) -> None:
     """Register (``renewing=True``) or drop the claim ``token`` whose lease a thread of this process
-    renews (``execution._Heartbeat``, from its start to its stop). ``leases_take_back`` in this process
+    renews (``heartbeats.TurnHeartbeats.beating``, for the turn's run). ``leases_take_back`` in this process
     never takes such a turn back: a process whose threads all stalled (SIGSTOP, a paused VM) wakes with
     its own turn's lease expired, and its affinity loop may run before the turn's heartbeat renews it —
     the turn is alive, its own heartbeat decides (it stops the turn if another process took it back)."""

@@ -176,7 +176,7 @@ def test_a_caller_whose_clock_runs_ahead_takes_nothing_early(sent, monkeypatch):
 
 def test_a_process_never_takes_back_a_turn_whose_lease_it_renews(sent):
     """A process whose threads all stalled wakes with its own turn's lease expired; its loop may run before
-    the turn's heartbeat (``execution._Heartbeat`` registers the claim): the turn is left to that heartbeat.
+    the turn's heartbeat (``heartbeats.TurnHeartbeats.beating`` registers the claim): the turn is left to that heartbeat.
     Any other process takes it back."""
     own = running_turn(expires_in=-1)
     recovery.lease_renewed_here(own.claim_token, renewing=True)

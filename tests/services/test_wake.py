@@ -447,3 +447,30 @@ def test_a_woken_turn_runs_under_the_tasks_time_limits(settings, monkeypatch):
     [limits] = seen
     assert (limits["soft"], limits["hard"]) == (tasks_module.run_turn.soft_time_limit, tasks_module.run_turn.time_limit)
     assert limits["soft"] >= settings.CODEX_TURN_TIMEOUT + 60
+
+
+def test_blocks_share_one_watcher_thread_per_process(monkeypatch):
+    """No thread started per block (it was one per woken turn, on its way to codex): one watcher for all."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from hermes_sessions.services import time_limits
+
+    monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: None)
+    results: list[bool] = []
+
+    def block() -> None:
+        try:
+            with time_limits.thread_time_limits(soft=0.2, hard=30, what="test"):
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 5:
+                    time.sleep(0.01)  # in short steps, as codex's client waits
+        except SoftTimeLimitExceeded:
+            results.append(True)
+
+    threads = [threading.Thread(target=block) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [True, True, True]
+    assert [t.name for t in threading.enumerate()].count("hermes-time-limits") == 1
