@@ -8,6 +8,7 @@ from celery.signals import (
     celeryd_after_setup,
     task_postrun,
     task_prerun,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -43,6 +44,30 @@ def _close_old_connections(task: object = None, **_: object) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@worker_init.connect
+def _bound_idle_transactions(**_: object) -> None:
+    """A worker's PostgreSQL connections end a transaction left idle for
+    ``HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS`` (``idle_in_transaction_session_timeout``, set in the
+    connection's startup options: no round trip). Found by an adversary: a worker frozen (SIGSTOP, a paused
+    VM) between a claim's two round trips held the session and turn row locks — TCP keepalives cannot see a
+    stopped process — and every writer of that session, the other workers' hand-offs and the sweep waited
+    behind it for as long as it stayed frozen. Now PostgreSQL ends that transaction and the locks go; the
+    frozen worker finds its connection gone when it wakes. Worker processes only: their transactions are
+    short, the API's and the tests' are not theirs to bound. Sent before the pool forks: its processes
+    inherit the options."""
+    from django.conf import settings
+    from django.db import connections
+
+    seconds = settings.HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS
+    conn = connections["default"]
+    if conn.vendor != "postgresql" or seconds <= 0:
+        return
+    options = conn.settings_dict.setdefault("OPTIONS", {})
+    setting = f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"
+    if setting not in options.get("options", ""):
+        options["options"] = f"{options.get('options', '')} {setting}".strip()
 
 
 @worker_process_init.connect

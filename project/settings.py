@@ -344,6 +344,9 @@ HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # 
 # without it, POSTs piling up behind a long-held lock each held a pooled connection until the pool's 10 s
 # timeout (adversary, session 6).
 HERMES_POST_LOCK_TIMEOUT_MS = env_int("HERMES_POST_LOCK_TIMEOUT_MS", 3000)
+# A worker's transaction left idle this long is ended by PostgreSQL (project/celery.py): a frozen worker must
+# not hold a session's row locks. Well above any gap inside our transactions (milliseconds), below the lease.
+HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS = env_float("HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS", 10.0)
 HERMES_LEASE_SECONDS = env_float("HERMES_LEASE_SECONDS", 30.0)  # a running turn's claim, renewed by its worker
 HERMES_HEARTBEAT_SECONDS = env_float("HERMES_HEARTBEAT_SECONDS", 1.0)  # renewal and cancel-check interval
 HERMES_MAX_ATTEMPTS = env_int("HERMES_MAX_ATTEMPTS", 3)  # claims of one turn before it fails

@@ -1,4 +1,5 @@
 """Celery is configured for at-least-once delivery of turns (issue 3 §4)."""
+import pytest
 from django.conf import settings
 
 from hermes_sessions.tasks import run_turn, sweep_turns
@@ -56,3 +57,37 @@ def test_an_api_process_has_the_tasks_registered_before_its_first_dispatch():
     done = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.django_db
+def test_a_workers_transaction_left_idle_is_ended_by_postgresql(settings):
+    """Found by an adversary: a worker frozen (SIGSTOP) between a claim's round trips held the session's row
+    locks for as long as it stayed frozen, and every writer of that session, the hand-offs and the sweep
+    waited behind it. A worker's connections now carry ``idle_in_transaction_session_timeout``
+    (``project/celery.py``, at ``worker_init``): PostgreSQL ends such a transaction and its locks go."""
+    import time
+
+    import psycopg
+    from django.db import connections
+
+    from project import celery as project_celery
+
+    settings.HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS = 0.5
+    options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    saved = options.get("options")
+    try:
+        project_celery._bound_idle_transactions()
+        project_celery._bound_idle_transactions()  # once: a second start adds nothing
+        assert options["options"].count("idle_in_transaction_session_timeout=500") == 1
+        params = connections["default"].get_connection_params()
+        with psycopg.connect(**{k: v for k, v in params.items() if k not in ("context", "cursor_factory")}) as conn:
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0] == "500ms"
+            conn.execute("SELECT 1")  # a transaction begins (psycopg's default), then the client goes quiet
+            time.sleep(1.5)
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                conn.execute("SELECT 1")
+    finally:
+        if saved is None:
+            options.pop("options", None)
+        else:
+            options["options"] = saved

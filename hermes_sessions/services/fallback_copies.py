@@ -14,7 +14,9 @@ What this gives up: a copy exists only in this process's memory until it is due.
 first (kill -9) *and* the woken worker does not claim the turn, the turn waits for the affinity loops of
 the other workers (``affinity.stalled_holder_turns``: seconds) or the sweep (``HERMES_REDISPATCH_SECONDS``)
 instead of the deadline — two faults at once; nothing is lost, the turn row is committed. A process that
-exits normally (gunicorn's graceful stop, ``atexit``) sends what it still holds at once.
+exits normally (``atexit``) or is stopped by SIGTERM (``flush_on_sigterm``: gunicorn's graceful stop of a
+uvicorn worker ends in the default SIGTERM action, which skips ``atexit`` — found by an adversary) sends
+what it still holds at once.
 
 ``send_later`` is thread-safe; the sender thread starts on first use in each process (after a fork, too).
 """
@@ -24,10 +26,12 @@ import atexit
 import heapq
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from types import FrameType
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +111,33 @@ def _send_copy(turn_id: uuid.UUID) -> None:
 
 SENDER = FallbackSender(_send_copy)
 atexit.register(SENDER.flush)
+
+
+def flush_on_sigterm() -> None:
+    """Send the held copies when this process gets SIGTERM, then do what SIGTERM did before (the handler
+    it replaces, or the default action: the process ends with SIGTERM, as before). Called where an API
+    process loads its application (``project/asgi.py``, ``project/wsgi.py``) — after gunicorn's worker set
+    its signals and before uvicorn captures them: uvicorn's server hands a captured SIGTERM back to this
+    handler once it has shut down. The copies go from a thread of their own, at most 5 s, so a broker
+    connection the interrupted main thread holds cannot deadlock it. Main thread only; once per process."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "hermes_flushes", False):
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        sender = threading.Thread(target=SENDER.flush, name="hermes-fallback-flush", daemon=True)
+        sender.start()
+        sender.join(5)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    on_sigterm.hermes_flushes = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def fallback_copy_later(turn_id: uuid.UUID, *, delay: float) -> None:

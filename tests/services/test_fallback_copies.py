@@ -90,3 +90,26 @@ def test_a_process_that_exits_normally_sends_what_it_still_holds(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60,
                    cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.read_text().split() == [str(uuid.UUID(int=7))]
+
+
+def test_sigterm_to_an_api_process_sends_what_it_holds_and_still_ends_it(tmp_path):
+    """Found by an adversary: gunicorn's graceful stop of a uvicorn worker ends with SIGTERM's default action
+    (uvicorn hands the captured signal back once it has shut down), which skips ``atexit``: the held
+    copies were lost. ``project/asgi.py`` installs ``flush_on_sigterm``; the process still ends by SIGTERM."""
+    import signal
+
+    out = tmp_path / "sent"
+    code = (
+        "import signal, uuid\n"
+        "import project.asgi\n"
+        "from hermes_sessions.services import fallback_copies\n"
+        f"fallback_copies.SENDER._send = lambda t: open({str(out)!r}, 'a').write(str(t) + '\\n')\n"
+        "fallback_copies.fallback_copy_later(uuid.UUID(int=9), delay=600)\n"
+        "signal.raise_signal(signal.SIGTERM)  # as uvicorn does after its shutdown\n"
+        "import time; time.sleep(5)\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert done.returncode == -signal.SIGTERM
+    assert out.read_text().split() == [str(uuid.UUID(int=9))]
