@@ -104,9 +104,16 @@ class FallbackSender:
 
 
 def _send_copy(turn_id: uuid.UUID) -> None:
+    from django.db import connection
+
     from .dispatch import send_fallback_copy  # dispatch imports this module
 
-    send_fallback_copy(turn_id)
+    try:
+        send_fallback_copy(turn_id)
+    finally:
+        # Tasks that run in-process (CELERY_TASK_ALWAYS_EAGER: tests, the demo) ran the turn on this thread's
+        # connection: not kept open between copies (a test database's drop waited for it).
+        connection.close()
 
 
 SENDER = FallbackSender(_send_copy)
