@@ -53,7 +53,8 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
                 # Session affinity (services/affinity.py): the worker holding the thread loaded first; the
                 # shared queue after the deadline, for any worker, should that one not claim it by then.
                 if woken:
-                    fallback_copy_later(uuid.UUID(str(turn_id)), delay=settings.HERMES_AFFINITY_DEADLINE)
+                    fallback_copy_later(uuid.UUID(str(turn_id)), delay=settings.HERMES_AFFINITY_DEADLINE,
+                                        send=send_fallback_copy)
                     return
                 task.apply_async(args=(str(turn_id),), queue=queue)
                 task.apply_async(args=(str(turn_id),), kwargs={"fallback": True},

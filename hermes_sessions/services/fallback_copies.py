@@ -33,41 +33,48 @@ import uuid
 from collections.abc import Callable
 from types import FrameType
 
+from django.db import connection
+
 logger = logging.getLogger(__name__)
 
 
-class FallbackSender:
-    """Sends ``send(turn_id)`` for each turn given to ``send_later`` once its delay has passed, on a daemon
-    thread of its own (``hermes-fallback-copies``). ``send`` must not raise for a broker fault it can log;
-    anything it raises is logged and that copy dropped (the sweep re-sends a turn nobody ran)."""
+Send = Callable[[uuid.UUID], None]
 
-    def __init__(self, send: Callable[[uuid.UUID], None]) -> None:
+
+class FallbackSender:
+    """Calls each turn's ``send(turn_id)`` given to ``send_later`` (or the sender's own ``send``) once its
+    delay has passed, on a daemon thread of its own (``hermes-fallback-copies``), and closes that thread's
+    database connection after each (an in-process task — ``CELERY_TASK_ALWAYS_EAGER`` — ran on it). Anything
+    a send raises is logged and that copy dropped (the sweep re-sends a turn nobody ran)."""
+
+    def __init__(self, send: Send | None = None) -> None:
         self._send = send
-        self._due: list[tuple[float, int, uuid.UUID]] = []  # (monotonic due time, order, turn id)
+        self._due: list[tuple[float, int, uuid.UUID, Send | None]] = []  # (monotonic due, order, turn, send)
         self._order = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pid = 0
 
-    def send_later(self, turn_id: uuid.UUID, *, delay: float) -> None:
-        """Send ``turn_id``'s copy ``delay`` seconds from now (monotonic)."""
+    def send_later(self, turn_id: uuid.UUID, *, delay: float, send: Send | None = None) -> None:
+        """Send ``turn_id``'s copy ``delay`` seconds from now (monotonic), with ``send`` (default: the
+        sender's own)."""
         with self._cond:
             self._start_if_needed()
             self._order += 1
-            heapq.heappush(self._due, (time.monotonic() + delay, self._order, turn_id))
+            heapq.heappush(self._due, (time.monotonic() + delay, self._order, turn_id, send))
             self._cond.notify()
 
     def pending(self) -> list[uuid.UUID]:
         """The turns whose copies are not sent yet, in due order (for tests and ``flush``)."""
         with self._cond:
-            return [t for _, _, t in sorted(self._due)]
+            return [entry[2] for entry in sorted(self._due, key=lambda e: (e[0], e[1]))]
 
     def flush(self) -> int:
         """Send every held copy now, due or not (at exit, and in tests); how many were sent."""
         with self._cond:
-            held, self._due = sorted(self._due), []
-        for _, _, turn_id in held:
-            self._send_one(turn_id)
+            held, self._due = sorted(self._due, key=lambda e: (e[0], e[1])), []
+        for _, _, turn_id, send in held:
+            self._send_one(turn_id, send)
         return len(held)
 
     def drop(self) -> int:
@@ -92,31 +99,24 @@ class FallbackSender:
             with self._cond:
                 while not self._due or self._due[0][0] > time.monotonic():
                     self._cond.wait(timeout=(self._due[0][0] - time.monotonic()) if self._due else None)
-                _, _, turn_id = heapq.heappop(self._due)
-            self._send_one(turn_id)
+                _, _, turn_id, send = heapq.heappop(self._due)
+            self._send_one(turn_id, send)
 
-    def _send_one(self, turn_id: uuid.UUID) -> None:
+    def _send_one(self, turn_id: uuid.UUID, send: Send | None) -> None:
         try:
-            self._send(turn_id)
+            (send or self._send or _no_send)(turn_id)
         except Exception:  # noqa: BLE001 — the sweep re-sends a turn nobody ran
             logger.exception("turn %s: its fallback copy could not be sent; the sweep re-sends the turn if "
                              "nobody ran it", turn_id)
+        finally:
+            connection.close()  # not kept open between copies (a test database's drop waited for it)
 
 
-def _send_copy(turn_id: uuid.UUID) -> None:
-    from django.db import connection
-
-    from .dispatch import send_fallback_copy  # dispatch imports this module
-
-    try:
-        send_fallback_copy(turn_id)
-    finally:
-        # Tasks that run in-process (CELERY_TASK_ALWAYS_EAGER: tests, the demo) ran the turn on this thread's
-        # connection: not kept open between copies (a test database's drop waited for it).
-        connection.close()
+def _no_send(turn_id: uuid.UUID) -> None:
+    raise RuntimeError("no send function given for the fallback copy")
 
 
-SENDER = FallbackSender(_send_copy)
+SENDER = FallbackSender()
 atexit.register(SENDER.flush)
 
 
@@ -147,7 +147,8 @@ def flush_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def fallback_copy_later(turn_id: uuid.UUID, *, delay: float) -> None:
-    """Send ``turn_id``'s fallback copy to the shared queue ``delay`` seconds from now, from this process
+def fallback_copy_later(turn_id: uuid.UUID, *, delay: float, send: Send | None = None) -> None:
+    """Send ``turn_id``'s fallback copy ``delay`` seconds from now, from this process, with ``send``
+    (``dispatch.send_fallback_copy``: the shared queue; given by the caller, as dispatch imports this module)
     (``FallbackSender``; the module docstring says what that gives up)."""
-    SENDER.send_later(turn_id, delay=delay)
+    SENDER.send_later(turn_id, delay=delay, send=send)
