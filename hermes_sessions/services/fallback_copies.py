@@ -35,31 +35,32 @@ from types import FrameType
 
 from django.db import connection
 
+from .due_threads import DueThread
+
 logger = logging.getLogger(__name__)
 
 
 Send = Callable[[uuid.UUID], None]
 
 
-class FallbackSender:
-    """Calls each turn's ``send(turn_id)`` given to ``send_later`` (or the sender's own ``send``) once its
-    delay has passed, on a daemon thread of its own (``hermes-fallback-copies``), and closes that thread's
-    database connection after each (an in-process task — ``CELERY_TASK_ALWAYS_EAGER`` — ran on it). Anything
-    a send raises is logged and that copy dropped (the sweep re-sends a turn nobody ran)."""
+class FallbackSender(DueThread):
+    """Calls each turn's ``send(turn_id)`` given to ``send_later`` once its delay has passed, on this
+    process's thread (``hermes-fallback-copies``), and closes that thread's database connection after each
+    (an in-process task — ``CELERY_TASK_ALWAYS_EAGER`` — ran on it). Anything a send raises is logged and
+    that copy dropped (the sweep re-sends a turn nobody ran)."""
 
-    def __init__(self, send: Send | None = None) -> None:
-        self._send = send
-        self._due: list[tuple[float, int, uuid.UUID, Send | None]] = []  # (monotonic due, order, turn, send)
+    thread_name = "hermes-fallback-copies"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._due: list[tuple[float, int, uuid.UUID, Send]] = []  # a heap: (monotonic due, order, turn, send)
         self._order = 0
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
 
-    def send_later(self, turn_id: uuid.UUID, *, delay: float, send: Send | None = None) -> None:
-        """Send ``turn_id``'s copy ``delay`` seconds from now (monotonic), with ``send`` (default: the
-        sender's own)."""
+    def send_later(self, turn_id: uuid.UUID, *, delay: float, send: Send) -> None:
+        """Send ``turn_id``'s copy with ``send`` ``delay`` seconds from now (monotonic)."""
         with self._cond:
-            self._start_if_needed()
+            if self._ensure_started():
+                self._due = []  # a forked child keeps nothing of its parent's (the parent sends those)
             self._order += 1
             heapq.heappush(self._due, (time.monotonic() + delay, self._order, turn_id, send))
             self._cond.notify()
@@ -73,8 +74,8 @@ class FallbackSender:
         """Send every held copy now, due or not (at exit, and in tests); how many were sent."""
         with self._cond:
             held, self._due = sorted(self._due, key=lambda e: (e[0], e[1])), []
-        for _, _, turn_id, send in held:
-            self._send_one(turn_id, send)
+        for entry in held:
+            self._run_due(entry)
         return len(held)
 
     def drop(self) -> int:
@@ -83,37 +84,24 @@ class FallbackSender:
             held, self._due = len(self._due), []
         return held
 
-    def _start_if_needed(self) -> None:
-        # After a fork the child has the parent's heap but not its thread: it starts one of its own and
-        # keeps nothing of the parent's (the parent sends those).
-        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
-            return
-        if self._pid != os.getpid():
-            self._due = []
-        self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._run, name="hermes-fallback-copies", daemon=True)
-        self._thread.start()
+    def _take_due(self, now: float) -> list[tuple[float, int, uuid.UUID, Send]]:
+        due = []
+        while self._due and self._due[0][0] <= now:
+            due.append(heapq.heappop(self._due))
+        return due
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._cond.wait(timeout=(self._due[0][0] - time.monotonic()) if self._due else None)
-                _, _, turn_id, send = heapq.heappop(self._due)
-            self._send_one(turn_id, send)
+    def _next_at(self) -> float | None:
+        return self._due[0][0] if self._due else None
 
-    def _send_one(self, turn_id: uuid.UUID, send: Send | None) -> None:
+    def _run_due(self, entry: tuple[float, int, uuid.UUID, Send]) -> None:
+        _, _, turn_id, send = entry
         try:
-            (send or self._send or _no_send)(turn_id)
+            send(turn_id)
         except Exception:  # noqa: BLE001 — the sweep re-sends a turn nobody ran
             logger.exception("turn %s: its fallback copy could not be sent; the sweep re-sends the turn if "
                              "nobody ran it", turn_id)
         finally:
             connection.close()  # not kept open between copies (a test database's drop waited for it)
-
-
-def _no_send(turn_id: uuid.UUID) -> None:
-    raise RuntimeError("no send function given for the fallback copy")
 
 
 SENDER = FallbackSender()
@@ -147,7 +135,7 @@ def flush_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def fallback_copy_later(turn_id: uuid.UUID, *, delay: float, send: Send | None = None) -> None:
+def fallback_copy_later(turn_id: uuid.UUID, *, delay: float, send: Send) -> None:
     """Send ``turn_id``'s fallback copy ``delay`` seconds from now, from this process, with ``send``
     (``dispatch.send_fallback_copy``: the shared queue; given by the caller, as dispatch imports this module)
     (``FallbackSender``; the module docstring says what that gives up)."""

@@ -12,8 +12,6 @@ connection whenever no turn runs.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from ..codex.runner import TurnControl
+from .due_threads import DueThread
 from .recovery import lease_renewed_here
 from .turns import TurnClaim, turn_heartbeat
 
@@ -37,16 +36,18 @@ class _Beat:
     due: float  # monotonic
 
 
-class TurnHeartbeats:
+class TurnHeartbeats(DueThread):
     """Renews the leases of the registered claims (``beating``): each ``HERMES_HEARTBEAT_SECONDS`` after
     its registration and then after each renewal. A claim found gone sets ``control.abandon``; a cancel
     request sets ``control.interrupt``; a failed renewal (a database blip) is logged and tried at the next
-    beat — the lease has slack. Nothing is set on a claim after it left (``beating`` ended)."""
+    beat — the lease has slack. Nothing is set on a claim after it left (``beating`` ended). The thread's
+    connection is closed whenever no turn is left to renew."""
+
+    thread_name = "hermes-turn-heartbeats"
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        super().__init__()
         self._beats: dict[uuid.UUID, _Beat] = {}  # by claim token
-        self._pid = 0
 
     @contextmanager
     def beating(self, claim: TurnClaim, control: TurnControl) -> Iterator[None]:
@@ -54,9 +55,8 @@ class TurnHeartbeats:
         (``recovery.lease_renewed_here``)."""
         lease_renewed_here(claim.token, renewing=True)
         with self._cond:
-            if self._pid != os.getpid():  # first use, or a forked child: the parent's thread is not here
-                self._pid, self._beats = os.getpid(), {}
-                threading.Thread(target=self._run, name="hermes-turn-heartbeats", daemon=True).start()
+            if self._ensure_started():
+                self._beats = {}  # a forked child's: the parent's turns are not its own
             self._beats[claim.token] = _Beat(claim, control, time.monotonic() + settings.HERMES_HEARTBEAT_SECONDS)
             self._cond.notify()
         try:
@@ -66,23 +66,20 @@ class TurnHeartbeats:
                 self._beats.pop(claim.token, None)
             lease_renewed_here(claim.token, renewing=False)
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                due = [b for b in self._beats.values() if b.due <= now]
-                idle = not self._beats
-            if idle:
-                connection.close()  # no turn running: hold no connection meanwhile (a test database's drop waits)
-            with self._cond:
-                if not due:
-                    nxt = min((b.due for b in self._beats.values()), default=None)
-                    self._cond.wait(timeout=None if nxt is None else nxt - time.monotonic())
-                    continue
-                for b in due:
-                    b.due = now + settings.HERMES_HEARTBEAT_SECONDS
-            for b in due:
-                self._renew(b)
+    def _take_due(self, now: float) -> list[_Beat]:
+        due = [b for b in self._beats.values() if b.due <= now]
+        for b in due:
+            b.due = now + settings.HERMES_HEARTBEAT_SECONDS
+        return due
+
+    def _next_at(self) -> float | None:
+        return min((b.due for b in self._beats.values()), default=None)
+
+    def _run_due(self, b: _Beat) -> None:
+        self._renew(b)
+
+    def _quiet(self) -> None:
+        connection.close()  # no turn left to renew: hold no connection meanwhile (a test database's drop waits)
 
     def _renew(self, b: _Beat) -> None:
         try:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
+from .due_threads import DueThread
+
 logger = logging.getLogger(__name__)
 
 
@@ -56,21 +58,21 @@ class _Block:
         return self.hard_at if self.soft_sent else self.soft_at
 
 
-class _Watcher:
-    """The one thread per process (``hermes-time-limits``, started on first use, again after a fork) that
-    watches every open block's deadlines. A thread per block was started and joined on every woken turn's
-    way to codex (~0.2 ms of its ~5 ms from the wake to ``turn/start`` on 2 cores, ``make bench-warm``)."""
+class _Watcher(DueThread):
+    """The one thread per process (``hermes-time-limits``) that watches every open block's deadlines. A
+    thread per block was started and joined on every woken turn's way to codex (~0.2 ms of its ~5 ms from
+    the wake to ``turn/start`` on 2 cores, ``make bench-warm``)."""
+
+    thread_name = "hermes-time-limits"
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        super().__init__()
         self._blocks: list[_Block] = []
-        self._pid = 0
 
     def add(self, block: _Block) -> None:
         with self._cond:
-            if self._pid != os.getpid():  # first use, or a forked child: the parent's thread is not here
-                self._pid, self._blocks = os.getpid(), []
-                threading.Thread(target=self._run, name="hermes-time-limits", daemon=True).start()
+            if self._ensure_started():
+                self._blocks = []  # a forked child's: the parent's blocks are not its threads
             self._blocks.append(block)
             self._cond.notify()
 
@@ -79,17 +81,14 @@ class _Watcher:
             if block in self._blocks:
                 self._blocks.remove(block)
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                due = [b for b in self._blocks if b.next_at() <= now]
-                if not due:
-                    nxt = min((b.next_at() for b in self._blocks), default=None)
-                    self._cond.wait(timeout=None if nxt is None else nxt - now)
-                    continue
-            for block in due:
-                self._fire(block)
+    def _take_due(self, now: float) -> list[_Block]:
+        return [b for b in self._blocks if b.next_at() <= now]
+
+    def _next_at(self) -> float | None:
+        return min((b.next_at() for b in self._blocks), default=None)
+
+    def _run_due(self, block: _Block) -> None:
+        self._fire(block)
 
     def _fire(self, block: _Block) -> None:
         with block.lock:

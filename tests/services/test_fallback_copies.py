@@ -8,11 +8,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from hermes_sessions.services.fallback_copies import FallbackSender
 
 
-def _collecting() -> tuple[FallbackSender, list[tuple[uuid.UUID, float]], threading.Event]:
+def _collecting() -> tuple[FallbackSender, list[tuple[uuid.UUID, float]], threading.Event, Callable[[uuid.UUID], None]]:
     sent: list[tuple[uuid.UUID, float]] = []
     arrived = threading.Event()
 
@@ -20,14 +21,14 @@ def _collecting() -> tuple[FallbackSender, list[tuple[uuid.UUID, float]], thread
         sent.append((turn_id, time.monotonic()))
         arrived.set()
 
-    return FallbackSender(send), sent, arrived
+    return FallbackSender(), sent, arrived, send
 
 
 def test_a_copy_is_sent_once_when_due_and_not_before():
-    sender, sent, arrived = _collecting()
+    sender, sent, arrived, send = _collecting()
     turn = uuid.uuid4()
     t0 = time.monotonic()
-    sender.send_later(turn, delay=0.3)
+    sender.send_later(turn, delay=0.3, send=send)
     assert sender.pending() == [turn] and sent == []
     assert arrived.wait(5)
     [(got, at)] = sent
@@ -37,10 +38,10 @@ def test_a_copy_is_sent_once_when_due_and_not_before():
 
 
 def test_copies_go_in_due_order_whatever_order_they_came_in():
-    sender, sent, _ = _collecting()
+    sender, sent, _, send = _collecting()
     late, early = uuid.uuid4(), uuid.uuid4()
-    sender.send_later(late, delay=0.4)
-    sender.send_later(early, delay=0.1)
+    sender.send_later(late, delay=0.4, send=send)
+    sender.send_later(early, delay=0.1, send=send)
     deadline = time.monotonic() + 5
     while len(sent) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -56,9 +57,9 @@ def test_a_send_that_raises_is_logged_and_the_next_copies_still_go(caplog):
             raise ConnectionError("broker down")
         sent.append(turn_id)
 
-    sender = FallbackSender(send)
-    sender.send_later(bad, delay=0.0)
-    sender.send_later(good, delay=0.05)
+    sender = FallbackSender()
+    sender.send_later(bad, delay=0.0, send=send)
+    sender.send_later(good, delay=0.05, send=send)
     deadline = time.monotonic() + 5
     while not sent and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -67,11 +68,11 @@ def test_a_send_that_raises_is_logged_and_the_next_copies_still_go(caplog):
 
 
 def test_flush_sends_what_is_held_now_and_drop_forgets_it():
-    sender, sent, _ = _collecting()
+    sender, sent, _, send = _collecting()
     a, b = uuid.uuid4(), uuid.uuid4()
-    sender.send_later(a, delay=60)
+    sender.send_later(a, delay=60, send=send)
     assert sender.flush() == 1 and [t for t, _ in sent] == [a]
-    sender.send_later(b, delay=60)
+    sender.send_later(b, delay=60, send=send)
     assert sender.drop() == 1 and sender.pending() == [] and len(sent) == 1
 
 
@@ -83,8 +84,8 @@ def test_a_process_that_exits_normally_sends_what_it_still_holds(tmp_path):
         "import django\n"
         "django.setup()\n"
         "from hermes_sessions.services import fallback_copies\n"
-        f"fallback_copies.SENDER._send = lambda t: open({str(out)!r}, 'a').write(str(t) + '\\n')\n"
-        "fallback_copies.fallback_copy_later(uuid.UUID(int=7), delay=600)\n"
+        "fallback_copies.fallback_copy_later(uuid.UUID(int=7), delay=600,\n"
+        f"    send=lambda t: open({str(out)!r}, 'a').write(str(t) + '\\n'))\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60,
@@ -103,8 +104,8 @@ def test_sigterm_to_an_api_process_sends_what_it_holds_and_still_ends_it(tmp_pat
         "import signal, uuid\n"
         "import project.asgi\n"
         "from hermes_sessions.services import fallback_copies\n"
-        f"fallback_copies.SENDER._send = lambda t: open({str(out)!r}, 'a').write(str(t) + '\\n')\n"
-        "fallback_copies.fallback_copy_later(uuid.UUID(int=9), delay=600)\n"
+        "fallback_copies.fallback_copy_later(uuid.UUID(int=9), delay=600,\n"
+        f"    send=lambda t: open({str(out)!r}, 'a').write(str(t) + '\\n'))\n"
         "signal.raise_signal(signal.SIGTERM)  # as uvicorn does after its shutdown\n"
         "import time; time.sleep(5)\n"
     )

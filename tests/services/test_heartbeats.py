@@ -73,3 +73,18 @@ def test_a_failed_renewal_is_logged_and_tried_again_at_the_next_beat(settings, m
         time.sleep(0.4)
     assert len(calls) >= 4 and not control.abandon.is_set()
     assert f"turn {claim.turn_id}: heartbeat failed" in caplog.text
+
+
+def test_the_thread_lets_go_of_its_connection_once_no_turn_is_left(settings, monkeypatch):
+    """``_quiet`` (closing the thread's database connection) runs once after the last renewal, not while
+    turns run and not again while nothing happens (``due_threads.DueThread``)."""
+    settings.HERMES_HEARTBEAT_SECONDS = 0.05
+    _answers(monkeypatch, lambda token: Heartbeat(held=True, cancel_requested=False))
+    quiet: list[int] = []
+    hb = heartbeats.TurnHeartbeats()
+    monkeypatch.setattr(hb, "_quiet", lambda: quiet.append(1))
+    with hb.beating(_claim(), TurnControl()):
+        time.sleep(0.3)
+        assert quiet == []
+    time.sleep(0.4)
+    assert quiet == [1]
