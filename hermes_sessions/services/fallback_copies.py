@@ -45,9 +45,10 @@ Send = Callable[[uuid.UUID], None]
 
 class FallbackSender(DueThread):
     """Calls each turn's ``send(turn_id)`` given to ``send_later`` once its delay has passed, on this
-    process's thread (``hermes-fallback-copies``), and closes that thread's database connection after each
-    (an in-process task — ``CELERY_TASK_ALWAYS_EAGER`` — ran on it). Anything a send raises is logged and
-    that copy dropped (the sweep re-sends a turn nobody ran)."""
+    process's thread (``hermes-fallback-copies``), and closes that thread's database connection (a send
+    reads whether its turn is still queued; an in-process task — ``CELERY_TASK_ALWAYS_EAGER`` — runs on it)
+    once no copy is pending: a conversation's copies, one per turn, reuse one connection. Anything a send
+    raises is logged and that copy dropped (the sweep re-sends a turn nobody ran)."""
 
     thread_name = "hermes-fallback-copies"
 
@@ -74,8 +75,11 @@ class FallbackSender(DueThread):
         """Send every held copy now, due or not (at exit, and in tests); how many were sent."""
         with self._cond:
             held, self._due = sorted(self._due, key=lambda e: (e[0], e[1])), []
-        for entry in held:
-            self._run_due(entry)
+        try:
+            for entry in held:
+                self._run_due(entry)
+        finally:
+            connection.close()
         return len(held)
 
     def drop(self) -> int:
@@ -100,8 +104,10 @@ class FallbackSender(DueThread):
         except Exception:  # noqa: BLE001 — the sweep re-sends a turn nobody ran
             logger.exception("turn %s: its fallback copy could not be sent; the sweep re-sends the turn if "
                              "nobody ran it", turn_id)
-        finally:
-            connection.close()  # not kept open between copies (a test database's drop waited for it)
+            connection.close()  # the next send opens a fresh one
+
+    def _quiet(self) -> None:
+        connection.close()  # not kept open while no copy is pending (a test database's drop waited for it)
 
 
 SENDER = FallbackSender()

@@ -114,6 +114,28 @@ def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_clie
     assert (response.json()["id"], None, None) in sends  # the copy: the shared queue, no countdown
 
 
+def test_a_woken_turns_fallback_copy_is_not_sent_once_the_turn_is_claimed(token_client, user, sends):
+    """The copy exists for a turn its woken holder never claimed; one that was claimed (or ended) by the time
+    the copy is due is covered by its lease from then on (``dispatch.send_fallback_copy``): no Celery message
+    (it cost the API's CPU and a worker's pool hop in the middle of a later turn, ``make bench-warm``)."""
+    from hermes_sessions.models import Turn
+
+    queue = affinity.own_queue_name("copies-wake@host")
+    TurnWorker.objects.create(queue=queue, node="copies-wake@host", heartbeat_at=timezone.now(), wakeable=True)
+    posted = []
+    for _ in range(2):
+        session = SessionFactory(owner=user)
+        WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
+                                  until=timezone.now() + timedelta(seconds=60))
+        posted.append(token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
+                                        content_type="application/json").json()["id"])
+    claimed, unclaimed = posted
+    Turn.objects.filter(pk=claimed).update(status=Turn.Status.RUNNING)  # its holder's claim
+    assert [str(t) for t in fallback_copies.SENDER.pending()] == posted and sends == []
+    assert fallback_copies.SENDER.flush() == 2
+    assert sends == [(unclaimed, None, None)]
+
+
 def test_a_turn_post_without_a_warm_worker_goes_to_the_shared_queue_alone(token_client, user, sends,
                                                                           django_assert_max_num_queries):
     session = SessionFactory(owner=user)
