@@ -190,6 +190,14 @@ def _prepared_cursor(raw: Any) -> Any:
     return connection._prepare_cursor(ServerBindingCursor(raw))  # type: ignore[attr-defined,call-arg]
 
 
+def prepared_cursor() -> Any:
+    """A cursor on Django's connection (connected: call ``connection.ensure_connection()`` first) that binds
+    server-side and prepares its statements after ``DATABASE_PREPARE_THRESHOLD`` runs (``_prepared_cursor``),
+    for a hot read whose text is the same on every request (``api.authentication``). PostgreSQL only; use
+    it as a context manager. Its parameters must not hold a NUL byte (PostgreSQL refuses them in text)."""
+    return _prepared_cursor(connection.connection)
+
+
 def _idle() -> bool:
     """No transaction open on the connection (psycopg's view of the server's last status)."""
     from psycopg import pq
