@@ -311,21 +311,36 @@ def _event_ids(rows: list[tuple[Any, ...]]) -> list[int] | None:
     return list(rows[0][0]) if rows else None
 
 
+def event_append_claimed_held(batch: Batch, *, turn_id: uuid.UUID, token: uuid.UUID,
+                              items: Sequence[tuple[str, dict[str, Any] | None]]) -> Later[list[int] | None]:
+    """``event_append_held`` for a claim whose writes travel in the same round trip (``turns._claim_in_one_trip``,
+    PostgreSQL only): the events are written only if claim ``token`` holds the running turn once the statements
+    before it have run — nothing when the claim did not happen — in the turn's session and at its ``attempt``
+    as the claim set it (both read from the turn row: the caller knows neither before the round trip). Their
+    ids once the round trip is done (``None``: nothing written)."""
+    rows = [(kind, clean_json(data or {})) for kind, data in items]
+    statement = _events_statement("", turn_id, 0, rows, now=timezone.now(), token=token, attempt_of_claim=True)
+    return batch.add(*statement, convert=_event_ids)
+
+
 def _events_statement(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows: list[tuple[str, Any]], *,
-                      now: datetime, token: uuid.UUID | None = None, notify: bool = True) -> tuple[str, dict[str, Any]]:
-    """``_insert_events``'s statement (PostgreSQL, ``_events_sql``) and its parameters."""
+                      now: datetime, token: uuid.UUID | None = None, notify: bool = True,
+                      attempt_of_claim: bool = False) -> tuple[str, dict[str, Any]]:
+    """``_insert_events``'s statement (PostgreSQL, ``_events_sql``) and its parameters. ``attempt_of_claim``
+    (with ``token``): the events' attempt is the claimed turn row's, not ``attempt``."""
     json_field = TurnEvent._meta.get_field("data")
     params: dict[str, Any] = {"session": session_id, "turn": turn_id, "attempt": attempt, "now": now,
                               "token": token, "running": Turn.Status.RUNNING, "channel": CHANNEL,
-                              "prefix": f"{session_id} {turn_id} "}
+                              "prefix": f"{session_id} {turn_id} ", "turn_part": f" {turn_id} "}
     values = []
     for i, (kind, data) in enumerate(rows):
         params[f"k{i}"], params[f"d{i}"] = kind, json_field.get_db_prep_value(data, connection)
         values.append(f"({i}, %(k{i})s, %(d{i})s::jsonb)")
-    return _events_sql(claimed=token is not None, notify=notify).replace("{values}", ", ".join(values)), params
+    sql = _events_sql(claimed=token is not None, notify=notify, attempt_of_claim=attempt_of_claim and token is not None)
+    return sql.replace("{values}", ", ".join(values)), params
 
 
-def _events_sql(*, claimed: bool, notify: bool = True) -> str:
+def _events_sql(*, claimed: bool, notify: bool = True, attempt_of_claim: bool = False) -> str:
     """The event write as one statement (raw SQL: one round trip where the ORM needs four — the lock,
     the claim check, the insert, the NOTIFY — and compiles each). Its order is the one of the ORM path:
     CTE ``l`` locks the session row (``FOR NO KEY UPDATE``, ``locks.lock_session_for_events``; a no-op
@@ -333,20 +348,27 @@ def _events_sql(*, claimed: bool, notify: bool = True) -> str:
     checks the claim token under ``FOR SHARE`` of the turn row (``_claim_held``), which its ``LockRows``
     takes only after ``l`` has given its locked row: session row, then turn row (I3). The insert draws
     its ids (in ``ord`` order) from rows that exist only once both locks are held: ids in commit order
-    (§8). ``HAVING``: no row (nothing written) sends no NOTIFY."""
+    (§8). ``HAVING``: no row (nothing written) sends no NOTIFY. ``attempt_of_claim`` (a claim's own round
+    trip, ``event_append_claimed_held``): the session is the turn's and the attempt the turn row's, read
+    by the statement — the caller knows neither before the round trip."""
     q = connection.ops.quote_name
     sessions, turns, events_table = (q(m._meta.db_table) for m in (Session, Turn, TurnEvent))
     check = f" AND t.{q('claim_token')} = %(token)s AND t.{q('status')} = %(running)s FOR SHARE OF t" if claimed else ""
+    if attempt_of_claim:
+        session, attempt = f"(SELECT {q('session_id')} FROM {turns} WHERE {q('id')} = %(turn)s)", f"c.{q('attempt')}"
+        prefix = f"max(e.{q('session_id')}) || %(turn_part)s"  # '<session> <turn> ' as %(prefix)s spells it
+    else:
+        session, attempt, prefix = "%(session)s", "%(attempt)s", "%(prefix)s"
     return (
-        f"WITH l AS (SELECT {q('id')} FROM {sessions} WHERE {q('id')} = %(session)s FOR NO KEY UPDATE), "
-        f"c AS (SELECT t.{q('id')} FROM {turns} t JOIN l ON t.{q('session_id')} = l.{q('id')} "
-        f"WHERE t.{q('id')} = %(turn)s{check}), "
+        f"WITH l AS (SELECT {q('id')} FROM {sessions} WHERE {q('id')} = {session} FOR NO KEY UPDATE), "
+        f"c AS (SELECT t.{q('id')}, t.{q('attempt')}, t.{q('session_id')} FROM {turns} t "
+        f"JOIN l ON t.{q('session_id')} = l.{q('id')} WHERE t.{q('id')} = %(turn)s{check}), "
         "v (ord, kind, data) AS (VALUES {values}), "
         f"e AS (INSERT INTO {events_table} ({q('session_id')}, {q('turn_id')}, {q('attempt')}, {q('kind')}, "
-        f"{q('data')}, {q('created_at')}) SELECT %(session)s, c.{q('id')}, %(attempt)s, v.kind, v.data, %(now)s "
-        f"FROM c CROSS JOIN v ORDER BY v.ord RETURNING {q('id')}) "
-        f"SELECT array_agg({q('id')} ORDER BY {q('id')})"
-        + (f", pg_notify(%(channel)s, %(prefix)s || max({q('id')}))" if notify else "")
+        f"{q('data')}, {q('created_at')}) SELECT c.{q('session_id')}, c.{q('id')}, {attempt}, v.kind, v.data, %(now)s "
+        f"FROM c CROSS JOIN v ORDER BY v.ord RETURNING {q('id')}, {q('session_id')}) "
+        f"SELECT array_agg(e.{q('id')} ORDER BY e.{q('id')})"
+        + (f", pg_notify(%(channel)s, {prefix} || max(e.{q('id')}))" if notify else "")
         + " FROM e HAVING count(*) > 0"
     )
 

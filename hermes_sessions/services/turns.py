@@ -34,10 +34,10 @@ from django.utils import timezone
 from .. import policy
 from ..codex.runner import TurnOutcome
 from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history_seed
-from ..models import CodexBinding, CodexRollout, Message, Session, Turn
+from ..models import CodexBinding, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from ..selectors import is_valid_session_id
-from . import affinity, bindings, dispatch, events, rollouts, wake
+from . import affinity, bindings, claim_statement, dispatch, events, rollouts, wake
 from .errors import InvalidInput, SessionBusy, SessionLocked
 from .locks import bound_lock_waits, lock_session_and_turn, lock_session_and_turn_later, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
@@ -232,43 +232,72 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
     if pk is None:
         logger.warning("turn %s does not exist; nothing to run", turn_id)
         return None
-    built: list[TurnClaim] = []
+    sent: list[uuid.UUID] = []
     try:
-        return _claim(pk, built)
+        return _claim(pk, sent)
     except (OperationalError, InterfaceError):
-        if not built:
+        if not sent:
             raise  # lost before the claim's writes were sent: nothing of it can have committed
     # The connection was lost while the claim's writes and COMMIT were on their way (adversary, session 7: an
     # answer lost after the COMMIT left the turn running under a claim nobody held until its lease expired,
     # 30 s; one lost before it, queued until the sweep). Ask again on a new connection: ours if it committed,
     # else claimed afresh. A second loss is raised (the task fails; the sweep or the lease recovers the turn).
     connection.close()
-    if Turn.objects.filter(pk=pk, status=Turn.Status.RUNNING, claim_token=built[0].token).exists():
+    held = _claim_held_by(pk, sent[0])
+    if held is not None:
         logger.warning("turn %s: the claim's COMMIT answer was lost; it had committed, running it", pk)
-        return built[0]
+        return held
     logger.warning("turn %s: the claim was lost with its connection before it committed; claiming again", pk)
     return _claim(pk, [])
 
 
-def _claim(pk: uuid.UUID, built: list[TurnClaim]) -> TurnClaim | None:
-    """``turn_claim``'s transaction; the claim it writes is put in ``built`` before its COMMIT is sent."""
-    # Three statements in one round trip, then the writes with the COMMIT in a second (``pipelining``).
-    with pipelined_atomic(durable=True) as batch:
-        lock = lock_session_and_turn_later(batch, pk)
-        reads = _claim_reads_later(batch, pk)
-        locked = lock.get()
+def _claim(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None:
+    """``turn_claim``'s transaction; the token of the claim it writes is put in ``sent`` before its COMMIT
+    is sent. One round trip on PostgreSQL (``_claim_in_one_trip``), the ORM's steps elsewhere."""
+    if connection.vendor == "postgresql":
+        return _claim_in_one_trip(pk, sent)
+    with pipelined_atomic(durable=True) as batch:  # not pipelined here: each statement runs at once
+        locked = lock_session_and_turn(pk)
         if locked is None:
             logger.warning("turn %s does not exist; nothing to run", pk)
             return None
         session, turn = locked
         if turn.status != Turn.Status.QUEUED:
             return None
-        runnable = _runnable(session, turn, reads)
+        runnable = _runnable(session, turn)
         if runnable is None:
             return None
         claim = _start_claim(session, turn, runnable, batch)
-        built.append(claim)
+        sent.append(claim.token)
         return claim
+
+
+def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None:
+    """The claim in one round trip (``pipelining``): ``BEGIN``, the session and turn locks
+    (``lock_session_and_turn_later``), the decision and its writes (``claim_statement``), the ``running``
+    event (written only if that claim happened) and the ``COMMIT``. A turn that may not run commits nothing
+    (its locks are released); one whose cancel was asked for while its worker was lost is ended by a second
+    transaction (``_end_cancelled_unrun``: rare, not worth its own SQL)."""
+    token = uuid.uuid4()
+    with pipelined_atomic(durable=True) as batch:
+        lock = lock_session_and_turn_later(batch, pk)
+        decided: Later[None] = batch.add(claim_statement.claim_sql(), claim_statement.claim_params(
+            turn_id=pk, token=token, now=timezone.now(), lease=_lease_deadline()))
+        events.event_append_claimed_held(batch, turn_id=pk, token=token, items=[(events.RUNNING, {})])
+        sent.append(token)
+    locked = lock.get()
+    if locked is None:
+        logger.warning("turn %s does not exist; nothing to run", pk)
+        return None
+    session, turn = locked  # as the locks found them, before this claim's writes
+    attempt, _blocked, thread_id, generation, _user_row = decided.one() or (None, False, None, None, False)
+    if attempt is None:
+        if turn.status == Turn.Status.QUEUED and turn.cancel_requested_at is not None:
+            _end_cancelled_unrun(pk)
+        return None  # not queued (run or ended already), or not the session's next turn yet (``blocked``)
+    return TurnClaim(turn_id=turn.id, session_id=session.id, token=token, input_text=turn.input, thread_id=thread_id,
+                     rollout_generation=generation, config=policy.effective_config(session.model_config),
+                     attempt=attempt, previous_thread_id=turn.codex_thread_id or None)
 
 
 def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:
@@ -295,66 +324,47 @@ class _ClaimReads:
     user_row: bool
 
 
-def _runnable(session: Session, turn: Turn, reads: Later[tuple[Any, ...] | None] | None) -> _ClaimReads | None:
-    """What the claim needs if the queued ``turn`` may run now, else ``None`` (caller holds the locks;
-    ``reads``: ``_claim_reads_later``'s row, PostgreSQL). A turn cancelled while its worker was lost ends
-    ``cancelled`` here instead (not run again)."""
+def _runnable(session: Session, turn: Turn) -> _ClaimReads | None:
+    """What the claim needs if the queued ``turn`` may run now, else ``None`` (caller holds the locks; the
+    ORM's steps of ``claim_statement``, for databases other than PostgreSQL). A turn cancelled while its
+    worker was lost ends ``cancelled`` here instead (not run again)."""
     if turn.cancel_requested_at is not None:
         turn_end_cancelled_unrun(session, turn)
         return None
-    if reads is None:
-        # No turn of the session running, none queued before this one.
-        if Turn.objects.filter(session=session).exclude(pk=turn.pk).filter(
-                Q(status=Turn.Status.RUNNING) | Q(status=Turn.Status.QUEUED, seq__lt=turn.seq)).exists():
-            return None
-        binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
-        stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
-        return _ClaimReads(thread_id=binding.thread_id if binding else None,
-                           rollout_generation=stored.generation if stored is not None else None,
-                           user_row=Message.objects.filter(turn=turn, role=Message.Role.USER).exists())
-    row = reads.get()
-    assert row is not None
-    blocked, thread_id, generation, user_row = row
-    if blocked:
+    # No turn of the session running, none queued before this one.
+    if Turn.objects.filter(session=session).exclude(pk=turn.pk).filter(
+            Q(status=Turn.Status.RUNNING) | Q(status=Turn.Status.QUEUED, seq__lt=turn.seq)).exists():
         return None
-    return _ClaimReads(thread_id=thread_id, rollout_generation=generation, user_row=bool(user_row))
+    binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
+    stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
+    return _ClaimReads(thread_id=binding.thread_id if binding else None,
+                       rollout_generation=stored.generation if stored is not None else None,
+                       user_row=Message.objects.filter(turn=turn, role=Message.Role.USER).exists())
 
 
-def _claim_reads_later(batch: Batch, turn_id: uuid.UUID) -> Later[tuple[Any, ...] | None] | None:
-    """``_claim_reads_sql`` held in ``batch`` right after the claim's lock (PostgreSQL; ``None`` elsewhere):
-    sent in the lock's round trip, it runs once the lock statement is done, so its snapshot is taken
-    after the lock waits."""
-    if connection.vendor != "postgresql":
+def _end_cancelled_unrun(pk: uuid.UUID) -> None:
+    """End the queued turn ``pk`` ``cancelled`` when its cancel was asked for while its worker was lost
+    (``turn_end_cancelled_unrun``), in a transaction of its own under both locks; ``None`` (nothing to run)."""
+    with transaction.atomic(durable=True):
+        locked = lock_session_and_turn(pk)
+        if locked is not None and locked[1].status == Turn.Status.QUEUED and locked[1].cancel_requested_at is not None:
+            turn_end_cancelled_unrun(*locked)
+
+
+def _claim_held_by(pk: uuid.UUID, token: uuid.UUID) -> TurnClaim | None:
+    """The claim ``token`` of turn ``pk`` read back, if it holds the running turn (its COMMIT's answer was
+    lost): what the claim transaction had read — nobody else changes the session's binding or the thread's
+    rollout while the claim holds its turn (I3) — else ``None``."""
+    turn = Turn.objects.select_related("session").filter(pk=pk, status=Turn.Status.RUNNING, claim_token=token).first()
+    if turn is None:
         return None
-    return batch.add(_claim_reads_sql(), {
-        "turn": turn_id, "running": Turn.Status.RUNNING, "queued": Turn.Status.QUEUED,
-        "active": CodexBinding.Status.ACTIVE, "user": Message.Role.USER}, convert=lambda rows: rows[0] if rows else None)
-
-
-@functools.cache
-def _claim_reads_sql() -> str:
-    """The claim's reads as one statement, after its locks (so it sees what committed before them —
-    never folded into the locking statement, whose snapshot predates its lock waits): a turn of the
-    session running or queued before this one (``blocked``), the active binding's thread (at most one:
-    a partial unique constraint), the generation of that thread's stored rollout (``rollout_state``;
-    ``lower`` as ``rollout_state`` lower-cases codex's ASCII UUIDs) and, on a re-claim (``attempt`` > 0),
-    the user row. It reads the turn's session, ``seq`` and ``attempt`` itself, by the turn's id: it is sent
-    with the lock, before the locked row is back (``_claim_reads_later``). A turn that does not exist
-    gives a row that nobody reads. Raw SQL: the ORM would compile four queries per turn."""
-    q = connection.ops.quote_name
-    turns, bindings_t, rollouts_t, messages = (
-        q(m._meta.db_table) for m in (Turn, CodexBinding, CodexRollout, Message))
-    return (
-        f"SELECT EXISTS (SELECT 1 FROM {turns} o WHERE o.{q('session_id')} = me.{q('session_id')} "
-        f"AND o.{q('id')} <> me.{q('id')} AND (o.{q('status')} = %(running)s "
-        f"OR (o.{q('status')} = %(queued)s AND o.{q('seq')} < me.{q('seq')}))), "
-        f"b.{q('thread_id')}, "
-        f"(SELECT r.{q('generation')} FROM {rollouts_t} r WHERE r.{q('thread_id')} = lower(b.{q('thread_id')})), "
-        f"CASE WHEN me.{q('attempt')} > 0 THEN EXISTS (SELECT 1 FROM {messages} m WHERE m.{q('turn_id')} = me.{q('id')} "
-        f"AND m.{q('role')} = %(user)s) ELSE false END "
-        f"FROM (SELECT 1) one LEFT JOIN {turns} me ON me.{q('id')} = %(turn)s "
-        f"LEFT JOIN {bindings_t} b ON b.{q('session_id')} = me.{q('session_id')} AND b.{q('status')} = %(active)s"
-    )
+    binding = CodexBinding.objects.filter(session=turn.session, status=CodexBinding.Status.ACTIVE).first()
+    stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
+    return TurnClaim(turn_id=turn.id, session_id=turn.session_id, token=token, input_text=turn.input,
+                     thread_id=binding.thread_id if binding else None,
+                     rollout_generation=stored.generation if stored is not None else None,
+                     config=policy.effective_config(turn.session.model_config), attempt=turn.attempt,
+                     previous_thread_id=turn.codex_thread_id or None)
 
 
 def _start_claim(session: Session, turn: Turn, reads: _ClaimReads, batch: Batch) -> TurnClaim:

@@ -27,11 +27,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 THREAD = "019a0000-0000-7000-8000-0000000000aa"
 STORED = b'{"type":"session_meta"}\n'
 
-#: BEGIN; lock session + turn (one statement); the reads (runnable, binding, rollout generation) — one
-#: round trip; the ``running`` event (session event lock + insert + NOTIFY); turn update + user row +
-#: session counter; COMMIT — the second. Was 14 statements, then 6 round trips.
-CLAIM_QUERIES = 8
-CLAIM_ROUND_TRIPS = 2
+#: BEGIN; lock session + turn (one statement); the decision and its writes — runnable, turn update, user
+#: row, session counter, binding and rollout generation read back (``claim_statement``); the ``running``
+#: event (session event lock + claim check + insert + NOTIFY); COMMIT — one round trip (Django's log shows
+#: BEGIN and COMMIT twice: the pipeline's and its own). Was 14 statements, then 6 round trips, then 2.
+CLAIM_QUERIES = 7
+CLAIM_ROUND_TRIPS = 1
 #: BEGIN; session event lock + claim check + insert + NOTIFY; COMMIT. Was 6.
 BATCH_QUERIES = 3
 #: BEGIN; lock; rollout header + chunk — one round trip; rows + session counter; turn update + WarmThread
@@ -162,18 +163,23 @@ def test_a_second_warm_claim_finds_the_stored_generation_and_a_busy_one_writes_n
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     second = services.turn_enqueue(session=session, input_text="two", user=user)
     claim = services.turn_claim(turn_id=first.id)
-    # The session is busy: the lock and the reads in one round trip, the COMMIT of nothing in another.
+    # The session is busy: the same one round trip, which writes nothing (``claim_statement``'s ``ok`` is empty).
     with round_trips_counted() as wire:
-        with counting(wire) as trips, django_assert_num_queries(6):
+        with counting(wire) as trips, django_assert_num_queries(CLAIM_QUERIES):
             assert services.turn_claim(turn_id=second.id) is None
-        assert trips == [2]
+        assert trips == [CLAIM_ROUND_TRIPS]
+        assert not TurnEvent.objects.filter(turn=second, kind=events.RUNNING).exists()
+        assert not Message.objects.filter(turn=second).exists()
         assert Turn.objects.get(pk=second.pk).status == Turn.Status.QUEUED
         services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=_outcome(session, 1))
         with counting(wire) as trips, django_assert_num_queries(CLAIM_QUERIES):
             again = services.turn_claim(turn_id=second.id)
         assert trips == [CLAIM_ROUND_TRIPS]
         assert again is not None and again.rollout_generation == 4 and again.thread_id == THREAD
-        # A turn already running: the lock (with the reads, sent with it), then the COMMIT.
-        with counting(wire) as trips, django_assert_num_queries(6):
+        # A turn already running: the same round trip, nothing written (one user row, one running event).
+        with counting(wire) as trips, django_assert_num_queries(CLAIM_QUERIES):
             assert services.turn_claim(turn_id=second.id) is None
-        assert trips == [2]
+        assert trips == [CLAIM_ROUND_TRIPS]
+        assert Message.objects.filter(turn=second).count() == 1
+        assert TurnEvent.objects.filter(turn=second, kind=events.RUNNING).count() == 1
+        assert Turn.objects.get(pk=second.pk).claim_token == again.token

@@ -54,7 +54,7 @@ class _Proxy:
                 assert isinstance(sock, socket.socket)
                 if sock is self.listener:
                     self._accept()
-                else:
+                elif sock in self.peer:  # not dropped by an earlier event of this same select
                     self._pump(sock)
         for s in list(self.peer):
             s.close()
