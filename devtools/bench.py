@@ -20,10 +20,12 @@ stacks side by side (``bench_stacks.py``: each its own gunicorn, turn queue and 
 * **warm direct**: ``turn/start`` → ``turn/completed`` on an app-server already running with the thread
   loaded.
 
-Each round (``--runs``) times, interleaved so drift hits them alike: a turn of one session on the
-baseline stack and of another on the warm stack (consecutive turns, a session each), a **cold** turn on
-each stack (a new session given one untimed turn on the baseline stack just before: a stored thread not
-loaded in the worker), same work, fresh home, warm direct. Printed (seconds shown as ms medians):
+Each round (``--runs``) times, interleaved so drift hits them alike: first, on a host left alone for
+``SETTLE_SECONDS``, ``WARM_PAIRS`` consecutive turns of one session on the warm stack, each followed at once
+by the warm direct turns (pairs: the two sides of ``ratio_vs_warm`` run under the same conditions); then a
+turn of another session on the baseline stack (consecutive turns), a **cold** turn on each stack (a new
+session given one untimed turn on the baseline stack just before: a stored thread not loaded in the
+worker), same work, fresh home. Printed (seconds shown as ms medians):
 
 * ``ratio_vs_same_work`` = baseline stack / same work; ``ratio_fresh_home_vs_same_work``;
 * ``ratio_vs_warm`` = warm stack consecutive / warm direct (target ≤ 1.25);
@@ -85,6 +87,10 @@ BASE = Path(__file__).resolve().parent.parent
 # Rounds of long-history turns (``--history-runs``): each gives one pair per kind of turn; the median of
 # the per-pair ratios of 25 pairs has a 95 % interval of ranks 8–18 (README "Benchmark").
 HISTORY_RUNS = 25
+#: Per round: warm stack turns of the conversation, each followed by the two warm direct turns (in pairs).
+WARM_PAIRS = 3
+#: Seconds the host is left alone before a round's warm pairs (the previous round's cold turns end first).
+SETTLE_SECONDS = 0.5
 
 
 class Direct:
@@ -240,9 +246,10 @@ class Sessions:
 
 
 def _measure(s: Sessions, runs: int, work: str) -> dict[str, Any]:
-    """``runs`` interleaved rounds: baseline stack, warm stack (consecutive turns of one session each), a
-    cold turn on each stack, same work, fresh home, warm direct. Seconds of each; the stack turns' records
-    (``StackClient.timed_turn``)."""
+    """``runs`` interleaved rounds: after ``SETTLE_SECONDS``, ``WARM_PAIRS`` warm stack turns (consecutive turns
+    of one session) each followed by the warm direct turn under the session's profile and the unsandboxed one;
+    then the baseline stack's consecutive turn, a cold turn on each stack, same work, fresh home. Seconds of
+    each; the stack turns' records (``StackClient.timed_turn``)."""
     from hermes_sessions.codex.launch import app_server_argv, app_server_env, prepare_session_home
 
     s.baseline.turn("warm-up")  # starts the sessions' threads
@@ -263,8 +270,21 @@ def _measure(s: Sessions, runs: int, work: str) -> dict[str, Any]:
                            "baseline": [], "warm_stack": [], "cold_warm": [], "cold_baseline": []}
     for i in range(runs):
         print(f"  round {i + 1}/{runs}", file=sys.stderr, flush=True)
+        # The consecutive-turn comparison first, on a settled host, in adjacent pairs: each warm stack turn
+        # with the warm direct turns right after it. It used to follow the round's baseline stack turn at
+        # once, whose tail (its app-server's exit, its home's removal) ran into the warm stack turn only,
+        # while the warm direct turns ran after light ones: the ratio moved by ±0.06 between runs of the same
+        # code (README "Benchmark").
+        time.sleep(SETTLE_SECONDS)
+        for j in range(WARM_PAIRS):
+            out["warm_stack"].append(s.warm.timed_turn(f"bench {i}.{j}", watch=True))
+            t0 = time.monotonic()
+            profiled.turn(profiled_thread, f"bench {i}.{j}")
+            out["warm_profile"].append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            warm.turn(warm_thread, f"bench {i}.{j}")
+            out["warm"].append(time.monotonic() - t0)
         out["baseline"].append(s.baseline.timed_turn(f"bench {i}", watch=True))
-        out["warm_stack"].append(s.warm.timed_turn(f"bench {i}", watch=True))
         cold = {kind: s.cold(kind, i) for kind in ("warm", "baseline")}
         for sid in cold.values():  # a stored thread whose last turn ran on the baseline stack
             s.baseline.make_session(sid)
@@ -281,12 +301,6 @@ def _measure(s: Sessions, runs: int, work: str) -> dict[str, Any]:
         d.close()
         out["same"].append(time.monotonic() - t0)
         out["fresh"].append(fresh.turn(f"bench {i}"))
-        t0 = time.monotonic()
-        warm.turn(warm_thread, f"bench {i}")
-        out["warm"].append(time.monotonic() - t0)
-        t0 = time.monotonic()
-        profiled.turn(profiled_thread, f"bench {i}")
-        out["warm_profile"].append(time.monotonic() - t0)
     warm.close()
     profiled.close()
     out["stack"] = [r["seconds"] for r in out["baseline"]]
