@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ class CodexNotInstalled(RuntimeError):
 
 
 STAND_IN_KEY_ENV = "HERMES_STAND_IN_API_KEY"
+#: Tries at wiping and re-making a session's home when something writes into it meanwhile (``prepare_session_home``).
+HOME_WIPE_ATTEMPTS = 3
 OPENAI_KEY_ENV = "OPENAI_API_KEY"
 
 _COMMON_TOML = """\
@@ -219,8 +222,18 @@ def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir
     session's permission profile, so even an app-server started without ``permission_overrides`` runs
     the session's commands under it. Returns the paths; the caller restores the thread's rollout into it."""
     paths = session_home(session_id)
-    shutil.rmtree(paths.home.parent, ignore_errors=True)
-    paths.home.mkdir(parents=True)
+    for attempt in range(HOME_WIPE_ATTEMPTS):
+        shutil.rmtree(paths.home.parent, ignore_errors=True)
+        try:
+            paths.home.mkdir(parents=True)
+            break
+        except FileExistsError:
+            # Something wrote into the home while it was being removed — an app-server of an earlier run of the
+            # session on this host, still exiting (``make faults`` db-down-during-restore: a turn failed with
+            # "[Errno 17] File exists" on the retried restore). Remove it again rather than fail the turn.
+            if attempt == HOME_WIPE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05)
     paths.user_home.mkdir(parents=True)
     write_home_config(paths.home, sandbox=sandbox, workdir=workdir)
     return paths

@@ -78,6 +78,49 @@ def test_each_session_gets_a_fresh_home_of_its_own(codex_dirs, settings):
     assert session_home("sess-b").home.parent != again.home.parent
 
 
+def test_a_home_written_into_while_it_is_wiped_is_wiped_again_not_a_failed_turn(codex_dirs, settings, monkeypatch):
+    """``make faults`` db-down-during-restore failed a turn with "[Errno 17] File exists": something (an exiting
+    app-server of an earlier run of the session on this host) wrote into the home while ``rmtree`` removed it,
+    so ``rmtree(ignore_errors=True)`` left it and the ``mkdir`` that followed raised. Removed again instead."""
+    import shutil
+
+    from hermes_sessions.codex import launch
+
+    paths = launch.prepare_session_home("sess-race")
+    (paths.home / "stale.sqlite").write_text("old")
+    real_rmtree, calls = shutil.rmtree, []
+
+    def rmtree_raced(path, ignore_errors=False):
+        real_rmtree(path, ignore_errors=ignore_errors)
+        calls.append(path)
+        if len(calls) == 1:  # the exiting process writes its last file after the removal
+            (paths.home).mkdir(parents=True)
+            (paths.home / "late.sqlite-wal").write_text("late")
+
+    monkeypatch.setattr(launch.shutil, "rmtree", rmtree_raced)
+    again = launch.prepare_session_home("sess-race")
+    assert len(calls) == 2
+    assert sorted(p.name for p in again.home.iterdir()) == ["config.toml"]
+
+
+def test_a_home_that_keeps_being_written_into_fails_with_the_os_error(codex_dirs, settings, monkeypatch):
+    import shutil
+
+    from hermes_sessions.codex import launch
+
+    paths = launch.prepare_session_home("sess-busy")
+    real_rmtree = shutil.rmtree
+
+    def rmtree_always_raced(path, ignore_errors=False):
+        real_rmtree(path, ignore_errors=ignore_errors)
+        paths.home.mkdir(parents=True)
+
+    monkeypatch.setattr(launch.shutil, "rmtree", rmtree_always_raced)
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    with pytest.raises(FileExistsError):
+        launch.prepare_session_home("sess-busy")
+
+
 def test_every_app_server_reads_no_project_docs(worker_env, settings, tmp_path):
     """codex 0.171.0 (docs/codex.md §11): under an allow-list profile each AGENTS.md / `.git` lookup at
     thread/resume runs in a sandboxed helper process of its own; ``project_doc_max_bytes=0`` on the
