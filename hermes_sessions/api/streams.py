@@ -28,16 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.functional import SimpleLazyObject
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions
 from rest_framework.request import Request
@@ -78,6 +82,27 @@ def _authenticate(request: HttpRequest) -> Any:
     return user
 
 
+def _denied(request: HttpRequest, user_pk: Any) -> tuple[str, str] | None:
+    """``None`` while ``request``'s credentials still authenticate the user ``user_pk`` they did when its stream
+    opened, else the 401's ``(detail, code)``. Run on every read of the stream's own — its first and one per
+    heartbeat tick (``HERMES_SSE_HEARTBEAT_SECONDS``) — so a token deleted or a user deactivated while the
+    stream is open ends it within a heartbeat (adversary, session 10: a session stream opened with a token
+    deleted since went on sending the session's new turns, their input included; only new requests got 401).
+    One token read (``api/authentication.py``) per stream per tick; a cookie session (the admin's browser) is
+    read afresh too — Django caches the session and its user on the request."""
+    if hasattr(request, "session"):
+        request.session = import_module(settings.SESSION_ENGINE).SessionStore(request.session.session_key)
+        request.__dict__.pop("_cached_user", None)
+        request.user = SimpleLazyObject(lambda: get_user(request))  # type: ignore[assignment]
+    try:
+        user = _authenticate(request)
+    except (exceptions.AuthenticationFailed, exceptions.NotAuthenticated) as exc:
+        return str(exc.detail), str(exc.get_codes())
+    if user.pk != user_pk:
+        return "The stream's credentials now name another user.", "authentication_failed"
+    return None
+
+
 def _last_event_id(request: HttpRequest) -> int | None:
     """``Last-Event-ID`` (header) or ``?last_event_id=``; raises ``ValueError`` when not a
     non-negative integer written as ASCII digits only — ``int()`` alone also took ``3_0`` (30), ``+3``
@@ -101,6 +126,9 @@ class _Read:
     rows: list[dict[str, Any]]
     ended: bool = False  # the turn (turn streams only) has ended
     gone: bool = False  # the turn or session is no longer there (deleted: prune_sessions, the admin)
+    # The stream's credentials no longer authenticate its user (token deleted, user deactivated):
+    # ``(detail, code)`` of the 401 a reconnect gets.
+    denied: tuple[str, str] | None = None
 
 
 @dataclass
@@ -110,11 +138,18 @@ class _Scope:
     session_id: str
     turn_id: Any = None
     terminal_seen: bool = False  # event_terminal_ensure already ran for this stream
+    # Checks again that the stream's request still authenticates its user: ``(detail, code)`` of the 401
+    # when it does not (``_Scope.read`` runs it first, on every read of the stream's own).
+    denied: Callable[[], tuple[str, str] | None] = lambda: None
 
     def read(self, after: int) -> _Read:
         """Rows after ``after``, whether the turn (turn streams only) has ended, and whether the turn
-        or session is gone. The turn's state is read first: its terminal event commits with it, so it
-        is among the rows read after; a deleted session takes its turns and events with it."""
+        or session is gone — or, first, whether the stream's credentials still hold (``denied``). The turn's
+        state is read first: its terminal event commits with it, so it is among the rows read after; a
+        deleted session takes its turns and events with it."""
+        denied = self.denied()
+        if denied is not None:
+            return _Read(rows=[], gone=True, denied=denied)
         ended = False
         if self.turn_id is not None:
             status = Turn.objects.filter(pk=self.turn_id).values_list("status", flat=True).first()
@@ -143,12 +178,16 @@ def _frame(row: dict[str, Any]) -> bytes:
     return f"id: {row['id']}\nevent: {row['kind']}\ndata: {body}\n\n".encode()
 
 
-def _gone_frame(scope: _Scope) -> bytes:
-    """The last event of a stream whose turn or session was deleted: ``event: gone`` without ``id:`` (not a
-    durable event: the client's Last-Event-ID stays its last real one), with the JSON error a
-    reconnect would get (404 ``not_found``)."""
+def _gone_frame(scope: _Scope, denied: tuple[str, str] | None = None) -> bytes:
+    """The last event of a stream whose turn or session was deleted, or whose credentials no longer hold
+    (``denied``): ``event: gone`` without ``id:`` (not a durable event: the client's Last-Event-ID stays its
+    last real one), with the JSON error a reconnect would get (404 ``not_found``; 401 with DRF's detail and
+    code)."""
     what, ident = ("turn", str(scope.turn_id)) if scope.turn_id is not None else ("session", scope.session_id)
-    data = {"detail": f"The {what} was deleted; this stream has ended.", "code": "not_found", what: ident}
+    if denied is not None:
+        data = {"detail": f"{denied[0]} This stream has ended.", "code": denied[1], what: ident}
+    else:
+        data = {"detail": f"The {what} was deleted; this stream has ended.", "code": "not_found", what: ident}
     return f"event: gone\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
@@ -156,7 +195,7 @@ def _frames(scope: _Scope, found: _Read, after: int) -> tuple[list[bytes], int, 
     """The frames of one read's rows after ``after``, the new ``after``, and whether the stream is over
     (a turn stream's terminal event, or the turn or session gone)."""
     if found.gone:
-        return [_gone_frame(scope)], after, True
+        return [_gone_frame(scope, found.denied)], after, True
     frames = []
     for row in found.rows:
         if row["id"] <= after or not scope.wants(row):
@@ -288,7 +327,10 @@ async def _open(request: HttpRequest, view: Callable[..., Any], resolve: Callabl
 
     def lookup() -> tuple[_Scope, int] | None:
         user = _authenticate(request)
-        return resolve((user, after))
+        found = resolve((user, after))
+        if found is not None:
+            found[0].denied = functools.partial(_denied, request, user.pk)
+        return found
 
     try:
         found = await in_thread(lookup)

@@ -393,6 +393,68 @@ def test_prune_sessions_ends_an_open_session_stream_with_gone(server, token, cla
     assert status == 404 and b'"code":"not_found"' in body
 
 
+@pytest.mark.parametrize("revoke", ["token deleted", "user deactivated"])
+def test_a_stream_whose_credentials_were_revoked_ends_with_gone_within_a_heartbeat(server, user, token, claimed, revoke):
+    """Adversary, session 10: a session stream opened with a token that was deleted since (or whose user was
+    deactivated) went on sending the session's new turns, their input included; only new requests got 401.
+    Now every read of the stream's own — one per heartbeat tick — authenticates its request again: the stream
+    ends with ``event: gone`` carrying the 401 a reconnect gets, and a later turn's events never reach it."""
+    path = f"/api/sessions/{claimed.session_id}/events/"
+    stream = open_stream(server.port, path, token, last_event_id=0)
+    assert [e.event for e in stream.read_until(lambda e: e.event == "running")] == ["queued", "running"]
+    if revoke == "token deleted":
+        Token.objects.filter(key=token).delete()
+        detail, code = "Invalid token.", "authentication_failed"
+    else:
+        type(user).objects.filter(pk=user.pk).update(is_active=False)
+        detail, code = "User inactive or deleted.", "authentication_failed"
+    started = time.monotonic()
+    rest = stream.read_to_end(timeout=3 * HEARTBEAT)
+    assert time.monotonic() - started < HEARTBEAT + 2, "ended on the first heartbeat tick after the revocation"
+    assert [(e.event, e.id) for e in rest] == [("gone", None)]
+    assert rest[0].data == {"detail": f"{detail} This stream has ended.", "code": code, "session": claimed.session_id}
+    assert stream.ended
+    status, _, body = server.get(path, token)
+    assert status == 401 and f'"detail":"{detail}"'.encode() in body
+
+
+def test_a_cookie_session_logged_out_elsewhere_ends_its_stream_too(server, user, claimed):
+    """The admin's browser authenticates by its session cookie: Django caches the session and its user on the
+    request, so the stream reads both afresh on each tick — a session deleted (logged out elsewhere, expired)
+    ends the stream with the 401 a reconnect gets."""
+    import http.client
+
+    from django.contrib.sessions.models import Session as DjangoSession
+    from django.test import Client
+
+    from tests.support.sse import Stream
+
+    browser = Client()
+    browser.force_login(user)
+    cookie = browser.cookies["sessionid"].value
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", f"/api/sessions/{claimed.session_id}/events/",
+                 headers={"Cookie": f"sessionid={cookie}", "Last-Event-ID": "0", "Accept": "text/event-stream"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()[:300]
+    stream = Stream(conn, resp)
+    assert [e.event for e in stream.read_until(lambda e: e.event == "running")] == ["queued", "running"]
+    DjangoSession.objects.filter(session_key=cookie).delete()
+    rest = stream.read_to_end(timeout=3 * HEARTBEAT)
+    assert [(e.event, e.id) for e in rest] == [("gone", None)]
+    assert rest[0].data["code"] == "not_authenticated" and stream.ended
+
+
+def test_a_stream_whose_credentials_still_hold_stays_open_across_heartbeats(server, token, claimed):
+    path = f"/api/sessions/{claimed.session_id}/events/"
+    stream = open_stream(server.port, path, token, last_event_id=0)
+    assert [e.event for e in stream.read_until(lambda e: e.event == "running")] == ["queued", "running"]
+    time.sleep(2 * HEARTBEAT + 0.5)  # two ticks, each re-authenticating
+    finish(claimed, "done")
+    assert stream.read_until(lambda e: e.event == "completed")[-1].event == "completed"
+    assert not stream.ended
+
+
 def test_deleting_the_session_of_a_running_turn_ends_its_turn_stream_with_gone(server, token, claimed):
     """A turn stream ends after its terminal event; a turn deleted before it had one (the admin deletes
     a session whatever its turns' state) ends the stream with ``event: gone`` instead."""
