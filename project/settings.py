@@ -165,6 +165,12 @@ if "postgresql" in DATABASES["default"]["ENGINE"]:
         PGOPTIONS.strip(),
         f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
     ]))
+    # The same on our side (libpq's keepalives): a worker or API process waiting for an answer over a path cut
+    # without a FIN — the server gone with its host, a network partition — finds its connection dead within the
+    # same bound and fails that database call (the turn is retried, the request gets its 503) instead of waiting
+    # 2 h (adversary, session 10: a worker whose claim's answer never came stayed stuck with its slot taken).
+    DATABASES["default"]["OPTIONS"].update(
+        keepalives=1, keepalives_idle=DATABASE_KEEPALIVES_IDLE, keepalives_interval=10, keepalives_count=3)
 # The statements of the warm path's pipelined transactions (hermes_sessions/services/pipelining.py: the
 # enqueue, the claim, the finalize) are bound server-side and prepared on a connection once it has run them
 # this many times, so PostgreSQL stops parsing and planning them on every turn (parse + plan were ~70 % of

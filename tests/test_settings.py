@@ -148,6 +148,18 @@ def test_postgresql_finds_a_vanished_client_within_a_minute_not_two_hours():
         assert cursor.fetchone() == ("30", "10", "3")
 
 
+@pytest.mark.django_db
+def test_our_side_of_each_connection_probes_it_too():
+    """A process waiting for an answer over a path cut without a FIN (the server's host gone, a partition) found
+    it dead only after the OS default of 2 h: libpq's keepalives ask for the same 30 s + 3 × 10 s."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    params = connection.connection.info.get_parameters()
+    assert (params.get("keepalives"), params.get("keepalives_idle"), params.get("keepalives_interval"),
+            params.get("keepalives_count")) == ("1", "30", "10", "3")
+
+
 def test_pgoptions_for_a_diagnosis_is_kept_in_front_of_the_keepalives(tmp_path):
     env = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/nowhere", "DJANGO_SECRET_KEY": "k" * 50,
            "HERMES_VAR_DIR": str(tmp_path), "PGOPTIONS": "-c log_min_duration_statement=0"}
