@@ -97,7 +97,9 @@ def test_a_pooled_connection_postgresql_dropped_is_replaced_not_handed_out(tmp_p
         "    pid = c.fetchone()[0]",
         "connection.close()  # back to the pool, idle",
         f"with psycopg.connect({url!r}, autocommit=True) as other:",
-        "    other.execute('select pg_terminate_backend(%s)', (pid,))",
+        # With a timeout it returns once the backend is gone (PostgreSQL 14+): its goodbye is on the socket then.
+        # Without one it returned at the signal, and under load the pool could hand the connection out first.
+        "    other.execute('select pg_terminate_backend(%s, 5000)', (pid,))",
         "with connection.cursor() as c:",
         "    c.execute('select 1')",
         "    print('ok', c.fetchone()[0])",
