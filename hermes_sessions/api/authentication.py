@@ -4,8 +4,8 @@ read done as one prepared statement on PostgreSQL.
 Why: every API request authenticates first, and a turn's ``POST`` waits for it before anything else. DRF
 reads the token with ``Token.objects.select_related("user").get(key=key)``: the ORM compiles the join on
 every request and Django binds its values client-side, so PostgreSQL parses and plans a new text each time.
-That was ~1.3 ms on an idle host (``python -m devtools.bench_auth``-style loop, 500 reads: 1.29 ms against
-0.22 ms for this read) and ~2.4 ms of a warm turn's ``POST`` on the loaded 2-core host (``make bench-warm``
+That was ~1.3 ms on an idle host (the median of 500 reads in a loop: 1.29 ms against 0.22 ms for this
+read; session 10) and ~2.4 ms of a warm turn's ``POST`` on the loaded 2-core host (``make bench-warm``
 with timestamps along the request) — the largest single step before the turn row is written. The same
 read, by the model's metadata, bound server-side and prepared after ``DATABASE_PREPARE_THRESHOLD`` runs
 (``services.pipelining.prepared_cursor``), builds the same ``Token`` and ``User`` instances

@@ -29,9 +29,9 @@ class CodexNotInstalled(RuntimeError):
 
 
 STAND_IN_KEY_ENV = "HERMES_STAND_IN_API_KEY"
+OPENAI_KEY_ENV = "OPENAI_API_KEY"
 #: Tries at wiping and re-making a session's home when something writes into it meanwhile (``prepare_session_home``).
 HOME_WIPE_ATTEMPTS = 3
-OPENAI_KEY_ENV = "OPENAI_API_KEY"
 
 _COMMON_TOML = """\
 approval_policy = "never"

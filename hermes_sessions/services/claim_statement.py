@@ -33,10 +33,10 @@ from ..models import CodexBinding, CodexRollout, Message, Session, Turn
 @functools.cache
 def claim_sql() -> str:
     """The statement (text built once per process from the models' metadata; parameters ``claim_params``).
-    One row: the new ``attempt`` (NULL: nothing was claimed), ``blocked``, the active binding's thread id,
-    that thread's stored rollout generation (NULL: none stored; ``lower`` as ``rollouts.rollout_state``
-    lower-cases codex's UUIDs), and whether the user's row was written now. A turn that does not exist gives
-    a row of NULLs and ``blocked`` false."""
+    One row: the new ``attempt`` (NULL: nothing was claimed — not queued, cancel asked for, or blocked), the
+    active binding's thread id and that thread's stored rollout generation (NULL: none stored; ``lower`` as
+    ``rollouts.rollout_state`` lower-cases codex's UUIDs). A turn that does not exist gives a row of NULLs.
+    (PostgreSQL runs every data-modifying CTE whether or not the result reads it.)"""
     q = connection.ops.quote_name
 
     def col(model: type[Model], name: str) -> str:
@@ -69,11 +69,10 @@ def claim_sql() -> str:
         f"ins AS (INSERT INTO {m} ({message_cols}) SELECT want.{tsession}, sess.{col(Session, 'last_message_seq')}, "
         f"want.{tid}, %(user)s, want.{col(Turn, 'input')}, NULL::jsonb, '', '', '', %(now)s FROM want CROSS JOIN sess "
         f"RETURNING 1) "
-        f"SELECT (SELECT {tattempt} FROM upd), blk.blocked, bd.{col(CodexBinding, 'thread_id')}, "
+        f"SELECT (SELECT {tattempt} FROM upd), bd.{col(CodexBinding, 'thread_id')}, "
         f"(SELECT ro.{col(CodexRollout, 'generation')} FROM {r} ro "
-        f"WHERE ro.{col(CodexRollout, 'thread_id')} = lower(bd.{col(CodexBinding, 'thread_id')})), "
-        f"EXISTS (SELECT 1 FROM ins) "
-        f"FROM blk LEFT JOIN me ON true LEFT JOIN {b} bd ON bd.{col(CodexBinding, 'session')} = me.{tsession} "
+        f"WHERE ro.{col(CodexRollout, 'thread_id')} = lower(bd.{col(CodexBinding, 'thread_id')})) "
+        f"FROM (SELECT 1) one LEFT JOIN me ON true LEFT JOIN {b} bd ON bd.{col(CodexBinding, 'session')} = me.{tsession} "
         f"AND bd.{col(CodexBinding, 'status')} = %(active)s"
     )
 

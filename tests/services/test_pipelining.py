@@ -128,3 +128,31 @@ def test_a_claim_whose_connection_is_lost_with_its_commit_runs_once_not_after_th
     assert turn.status == Turn.Status.RUNNING and turn.claim_token == claim.token and turn.attempt == 1
     assert list(turn.messages.values_list("role", flat=True)) == ["user"]
     assert list(turn.events.values_list("kind", flat=True)) == ["queued", "running"]
+
+
+def test_a_lost_claim_commit_still_running_when_asked_about_is_found_after_the_reclaims_locks(user, monkeypatch):
+    """Found by the test above, once in ~20 runs after the claim became one round trip: the COMMIT whose answer
+    was lost was still being executed when ``turn_claim`` asked about it on a new connection, so it saw the turn
+    queued, claimed again, found the turn running (its own lost claim, committed meanwhile) and gave up — the
+    turn would have waited for its lease. The re-claim's locks wait for that transaction: asked again after
+    them, the claim is found. Here the first question is made to come too early."""
+    from hermes_sessions.services import turns as turns_module
+
+    hold_dispatches(monkeypatch)
+    session = services.session_create(owner=user)
+    turn = services.turn_enqueue(session=session, input_text="hi", user=user)
+    real, asked = turns_module._claim_held_by, []
+
+    def too_early(pk, token):
+        asked.append(token)
+        return None if len(asked) == 1 else real(pk, token)
+
+    monkeypatch.setattr(turns_module, "_claim_held_by", too_early)
+    with round_trips_counted(cut_after=b"COMMIT", cut_forwards=True) as wire:
+        claim = services.turn_claim(turn_id=turn.id)
+        assert wire.cut
+    assert len(asked) == 2 and claim is not None and claim.token == asked[0] and claim.attempt == 1
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.RUNNING and turn.claim_token == claim.token and turn.attempt == 1
+    assert list(turn.messages.values_list("role", flat=True)) == ["user"]
+    assert list(turn.events.values_list("kind", flat=True)) == ["queued", "running"]
