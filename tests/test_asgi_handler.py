@@ -142,3 +142,95 @@ def test_a_static_file_is_served_under_asgi_without_djangos_sync_iterator_warnin
     status, size, caught = out.stdout.strip().split(" ", 2)
     assert status == "200" and int(size) > 1000
     assert caught == "[]", caught
+
+
+def _wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_consecutive_requests_run_on_one_kept_thread_not_a_new_one_each(monkeypatch, django_user_model):
+    """Django's handler starts a thread per request for its executor and another to join it; this one
+    hands the next request the thread the last one used (``RequestThreads``)."""
+    import threading
+
+    token = Token.objects.create(user=django_user_model.objects.create_user("kept")).key
+    app = HermesASGIHandler()
+    seen: list[int] = []
+    original = app._sync_handler.get_response
+
+    def recording(request: Any) -> Any:
+        seen.append(threading.get_ident())
+        return original(request)
+
+    monkeypatch.setattr(app._sync_handler, "get_response", recording)
+    started: list[str] = []
+    monkeypatch.setattr(threading.Thread, "start", _counting_start(started, threading.Thread.start))
+    baseline = _backends()
+    for _ in range(3):
+        status, body = _run(app, _scope("/api/", token))
+        assert status == 200 and "sessions" in json.loads(body)
+        _wait_until(lambda: app.threads.idle_count() == 1)
+    assert len(seen) == 3 and len(set(seen)) == 1, seen
+    assert _backends() == baseline  # the idle kept thread holds no database connection
+    # one thread for the first request's executor (asgiref's async_to_sync of the test may start its own)
+    assert sum(name.startswith("hermes-request") for name in started) == 1, started
+
+
+def _backends() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def _counting_start(started: list[str], original: Any) -> Any:
+    def start(self: Any) -> None:
+        started.append(self.name)
+        original(self)
+    return start
+
+
+def test_a_request_thread_still_busy_after_its_request_is_not_handed_out_until_it_is_idle():
+    """A view whose client went away goes on running after ``handle`` returns: its executor is given back
+    then, but handed out again only once what ran on it has ended."""
+    import threading
+
+    from project.asgi_handler import RequestThreads
+
+    threads = RequestThreads()
+    busy = threads.take()
+    release = threading.Event()
+    running = busy.submit(release.wait, 10)
+    threads.give_back(busy)
+    assert threads.idle_count() == 0
+    other = threads.take()
+    assert other is not busy  # a new executor, not one whose thread is still in the abandoned view
+    release.set()
+    assert running.result(timeout=5) is True
+    _wait_until(lambda: threads.idle_count() == 1)
+    assert threads.take() is busy
+    for each in (busy, other):
+        each.shutdown()
+
+
+def test_request_threads_keep_at_most_keep_idle_and_forget_a_parents_after_a_fork():
+    from project.asgi_handler import RequestThreads
+
+    threads = RequestThreads(keep=1)
+    first, second = threads.take(), threads.take()
+    threads.give_back(first)
+    _wait_until(lambda: threads.idle_count() == 1)
+    threads.give_back(second)
+    _wait_until(lambda: second._shutdown)  # over the bound: shut down from its own thread
+    assert threads.idle_count() == 1
+    threads._pid = -1  # as in a forked child: the parent's idle executors have no thread there
+    fresh = threads.take()
+    assert fresh is not first and threads.idle_count() == 0
+    for each in (first, fresh):
+        each.shutdown()
