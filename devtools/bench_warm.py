@@ -12,6 +12,9 @@ Printed: ``ratio_vs_warm``, the phase medians (``bench_figures.turn_phases``) an
 key of the turns' ``timings``. ``--spy S``: record the API process and the worker's pool process with
 ``py-spy`` (``--py-spy PATH``; not a dependency of the project) for S seconds, writing raw collapsed
 stacks to ``--spy-dir``; the direct turns are skipped meanwhile (py-spy slows the stack).
+With ``HERMES_LATENCY_MARKS=FILE`` in the environment, the stack's processes write their marks to FILE
+(``hermes_sessions/latency_marks.py``) and the client's records go beside it; ``python -m
+devtools.latency_report FILE`` then prints every hop's median.
 Run as ``python -m devtools.bench_warm [--turns N] [--poll] [--wsgi] [--spy S]``."""
 from __future__ import annotations
 
@@ -24,11 +27,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from devtools.bench import _direct_thread, _environment, _setup_django, _start_stand_in
 from devtools.bench_figures import PHASES, turn_phases
 from devtools.bench_stacks import WARM_ENV, Stack, StackClient, stack_environment, stop_processes
 from devtools.databases import database_beside, drop_database
+from devtools.latency_report import write_records
+from hermes_sessions import latency_marks
 
 
 def _children(pid: int) -> list[int]:
@@ -46,6 +52,12 @@ def _spies(stack: Stack, seconds: int, py_spy: str, out_dir: Path) -> list[subpr
                               "-o", str(out_dir / f"{name}.txt"), "-d", str(seconds)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for name, pid in targets.items()]
+
+
+def _write_marks_records(records: list[dict[str, Any]]) -> None:
+    """The client's records beside the stack's latency marks, when they are being written."""
+    if os.environ.get(latency_marks.ENV):
+        write_records(Path(os.environ[latency_marks.ENV]), records)
 
 
 def _median(values: list[float]) -> float:
@@ -92,12 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.turns):
             records.append(client.timed_turn(f"bench {i}", watch=watch))
             if not spies:
-                t0 = time.monotonic()
+                t0, records[-1]["direct_start"] = time.monotonic(), time.time()
                 direct.turn(thread, f"bench {i}")
                 direct_s.append(time.monotonic() - t0)
+                records[-1]["direct_end"] = time.time()
         direct.close()
         for spy in spies:
             spy.wait()
+        _write_marks_records(records)
         stack_ms = _median([r["seconds"] * 1000 for r in records])
         warm = sum(1 for r in records if (r["turn"].get("timings") or {}).get("warm") == 1)
         print(f"turns: {args.turns} ({warm} warm; API {'WSGI' if args.wsgi else 'ASGI'}; worker -P {args.pool}; client "

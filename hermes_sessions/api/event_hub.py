@@ -46,6 +46,7 @@ from django.db import DatabaseError, connection
 from psycopg.rows import dict_row
 
 from .. import selectors
+from ..latency_marks import mark
 from ..models import TurnEvent
 from ..services.events import CHANNEL
 from ..services.own_connections import own_connection_params
@@ -216,6 +217,7 @@ class EventHub:
 
     def _notified(self, payload: str) -> None:
         """``'<session> <turn> <last id>'``: read the session's new rows unless already read."""
+        mark("hub.notified", payload.split(" ")[1] if payload.count(" ") >= 2 else "-")
         session_id, _, last = payload.partition(" ")
         if session_id not in self._cursor:
             return  # nobody listens, or its first stream is still subscribing (its own read comes after)

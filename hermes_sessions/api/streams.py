@@ -48,6 +48,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from .. import selectors
+from ..latency_marks import mark
 from ..models import Session, Turn
 from ..services.events import TERMINAL_KINDS, event_terminal_ensure
 from .errors import RETRY_AFTER_SECONDS, DatabaseUnavailable, error_json_response
@@ -202,6 +203,8 @@ def _frames(scope: _Scope, found: _Read, after: int) -> tuple[list[bytes], int, 
             continue
         frames.append(_frame(row))
         after = row["id"]
+        if row["kind"] in TERMINAL_KINDS:
+            mark("stream.terminal_frame", row["turn_id"])
         if scope.turn_id is not None and row["kind"] in TERMINAL_KINDS:
             return frames, after, True
     return frames, after, False

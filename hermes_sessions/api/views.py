@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import selectors, services
+from ..latency_marks import mark
 from ..models import Message, Notice, Session, Turn
 from .errors import BadRequest
 from .openapi import SessionBusyErrorSerializer, TurnFinishedErrorSerializer, error_responses
@@ -224,6 +225,7 @@ class TurnListCreateView(_ApiView, generics.ListAPIView):
         return selectors.turn_list_newest_first(session=self.get_session())
 
     def post(self, request: Request, session_id: str) -> Response:
+        mark("api.post.start", session_id)
         # The session is not read first: the enqueue's locking UPDATE checks that the caller owns it (one round
         # trip fewer per turn). A request that fails otherwise still answers 404 first for a session the caller
         # cannot see — a bad body, key or anything else — as a read first would (invariant I7).
@@ -248,6 +250,7 @@ class TurnListCreateView(_ApiView, generics.ListAPIView):
         except Exception:
             self.get_session()
             raise
+        mark("api.post.enqueued", turn.id)
         return Response(TurnSerializer(turn).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..latency_marks import mark
 from .client import AppServerClient
 from .errors import CodexError, JsonRpcError, ThreadGone, ThreadNotLoaded, TransportError, TurnTimeout, turn_error_text
 from .projection import ItemProjector
@@ -294,7 +295,9 @@ def _start_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, text:
     kept = _kept_thread(spec)
     try:
         try:
+            mark("codex.turn_start.sent", spec.client_turn_id)
             started = client.request("turn/start", _turn_params(spec, out.thread_id, text, overrides=not kept))
+            mark("codex.turn_start.answered", spec.client_turn_id)
         except ThreadNotLoaded:
             resumed = client.request("thread/resume", {"threadId": out.thread_id, "excludeTurns": True})
             _check_profile(spec, out, "thread/resume", resumed)
@@ -542,6 +545,7 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
                 wait = min(wait, due) if due is not None else wait
             note = client.next_notification(timeout=max(wait, 0.0))
             if note is not None and reader.add(note):
+                mark("codex.turn_completed", spec.client_turn_id)
                 return
     finally:
         reader.flush()

@@ -52,6 +52,7 @@ from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
 from ..codex.warm import Spare, die_with_parent, spare_pool
 from ..history_seed import seeded_input
+from ..latency_marks import mark
 from ..models import Turn
 from . import affinity, wake
 from .dispatch import turn_dispatch_on_commit
@@ -89,7 +90,9 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
     (``turn_log.py``). ``woken``: run by the wake listener (``wake``), recorded as ``timings["woken"]``."""
     with delivery(task_id):
         t0 = time.monotonic()
+        mark("claim.start", turn_id)
         claim = turn_claim(turn_id=turn_id)
+        mark("claim.end", turn_id)
         if claim is None:
             return None
         claim.timings["claim_ms"] = _ms_since(t0)
@@ -130,8 +133,10 @@ def _run_with_retries_on(claim: TurnClaim, control: TurnControl, budget: RetryPo
             return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token,
                            reason="the turn exceeded the worker's time limit; codex was stopped — the binding is kept")
         else:
+            mark("finalize.start", claim.turn_id)
             turn = _commit(budget, turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome,
                            warm_queue=held.queue())
+            mark("finalize.end", claim.turn_id)
             held.settle(claim, outcome, turn)
             return turn
         retries += 1
@@ -484,6 +489,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
     if turns > 1:
         outcome.timings["warm"] = 1  # ran on a thread kept loaded since the session's last turn
     t1 = time.monotonic()
+    mark("rollout.capture.start", claim.turn_id)
     running = _Running(client=client, home=home, version=version, release=release, turns=turns) if keep else None
     try:
         _capture_rollout(outcome, home, base, version, running=running, turn_id=claim.turn_id)

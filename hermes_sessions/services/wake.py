@@ -38,6 +38,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
+from ..latency_marks import mark
 from .own_connections import own_connection_params
 from .pipelining import Batch
 
@@ -158,6 +159,7 @@ class WakeListener:
                     self._woken(note.payload)
 
     def _woken(self, payload: str) -> None:
+        mark("wake.received", payload.partition(" ")[0])
         parsed = parse_payload(payload)
         if parsed is None:
             logger.warning("wake: ignoring payload %r on %s", payload[:100], self.channel)

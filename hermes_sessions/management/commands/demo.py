@@ -76,8 +76,8 @@ class Command(BaseCommand):
 
         self.stdout.write("")
         # `make demo-admin` serves the demo's own database even when DATABASE_URL is exported.
-        self.stdout.write("Open the admin: make demo-admin, then http://127.0.0.1:8000/admin/ "
-                          "(user demo, password demo) → Sessions → " + SESSION_ID)
+        self.stdout.write("Open the admin: make demo-admin (HTTP_BIND=host:port to move it from 127.0.0.1:8000), then "
+                          "the address it prints (user demo, password demo) → Sessions → " + SESSION_ID)
         if failures:
             raise CommandError("demo FAILED: " + "; ".join(failures))
         self.stdout.write(self.style.SUCCESS("demo OK"))
