@@ -56,7 +56,7 @@ def _spies(stack: Stack, seconds: int, py_spy: str, out_dir: Path) -> list[subpr
 
 def _write_marks_records(records: list[dict[str, Any]]) -> None:
     """The client's records beside the stack's latency marks, when they are being written."""
-    if os.environ.get(latency_marks.ENV):
+    if latency_marks.enabled():
         write_records(Path(os.environ[latency_marks.ENV]), records)
 
 

@@ -205,8 +205,8 @@ def _frames(scope: _Scope, found: _Read, after: int) -> tuple[list[bytes], int, 
         after = row["id"]
         if row["kind"] in TERMINAL_KINDS:
             mark("stream.terminal_frame", row["turn_id"])
-        if scope.turn_id is not None and row["kind"] in TERMINAL_KINDS:
-            return frames, after, True
+            if scope.turn_id is not None:
+                return frames, after, True
     return frames, after, False
 
 
