@@ -342,6 +342,10 @@ HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
 # The enqueue of a routed turn also wakes its worker by PostgreSQL NOTIFY, ahead of the Celery message (which
 # stays the durable path); 0: Celery only (hermes_sessions/services/wake.py).
 HERMES_WAKE = env_bool("HERMES_WAKE", True)
+# A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
+# claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
+# (hermes_sessions/services/early_start.py).
+HERMES_EARLY_START = env_bool("HERMES_EARLY_START", True)
 HERMES_WORKER_HEARTBEAT_SECONDS = env_float("HERMES_WORKER_HEARTBEAT_SECONDS", 2.0)  # a warm worker's heartbeat row
 HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # older: not routed to; swept
 

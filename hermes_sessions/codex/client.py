@@ -212,6 +212,14 @@ class AppServerClient:
                 except (OSError, ValueError):
                     pass
 
+    def kill(self) -> None:
+        """SIGKILL the process group at once, then ``close``: for an app-server that must not go on with
+        what it was sent (an early ``turn/start`` whose claim failed, ``services/early_start.py``). Closing
+        stdin first would leave codex ~32 ms to act on it."""
+        if self._proc is not None:
+            self._kill_group()
+        self.close(timeout=1.0)
+
     def __enter__(self) -> AppServerClient:
         return self
 
@@ -229,6 +237,13 @@ class AppServerClient:
         :class:`RequestTimeout` past the deadline (the process is left running: the caller decides), and
         :class:`TransportError` as soon as the process is gone or the stream is broken.
         """
+        return self.send_request(method, params, timeout=timeout).result()
+
+    def send_request(self, method: str, params: dict | None = None, *, timeout: float | None = None) -> PendingRequest:
+        """Send ``method`` without waiting for its answer; ``PendingRequest.result()`` waits for it (until
+        ``timeout`` seconds, default ``request_timeout``, from now) and raises as ``request`` does. For work
+        done while codex handles the request (the woken turn's claim beside its ``turn/start``,
+        ``services/early_start.py``). Raises ``TransportError`` / ``RequestTimeout`` if it cannot be sent."""
         timeout = self._request_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cv:
@@ -249,11 +264,18 @@ class AppServerClient:
             raise
         with self._cv:
             self._sent_methods.append(method)
+        return PendingRequest(self, request_id, method, deadline, timeout)
+
+    def _await(self, request_id: int, method: str, deadline: float, timeout: float) -> dict:
+        """``PendingRequest.result``: wait for ``request_id``'s answer until ``deadline`` (monotonic)."""
+        with self._cv:
             while True:
                 response = self._pending.get(request_id)
                 if response is not None:
                     del self._pending[request_id]
                     break
+                if request_id not in self._pending:  # answered and taken already, or given up on
+                    raise CodexError(f"the answer to {method!r} (id {request_id}) was already read")
                 if self._failure is not None:
                     del self._pending[request_id]
                     self._raise_if_unusable(method)
@@ -551,3 +573,16 @@ class AppServerClient:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+class PendingRequest:
+    """A request ``AppServerClient.send_request`` sent; ``result()`` waits for its answer once."""
+
+    def __init__(self, client: AppServerClient, request_id: int, method: str, deadline: float, timeout: float) -> None:
+        self.method, self.request_id = method, request_id
+        self._client, self._deadline, self._timeout = client, deadline, timeout
+
+    def result(self) -> dict:
+        """The answer's ``result``; raises as ``AppServerClient.request`` does (``RequestTimeout`` at the
+        deadline set when it was sent)."""
+        return self._client._await(self.request_id, self.method, self._deadline, self._timeout)

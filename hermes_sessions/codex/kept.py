@@ -88,9 +88,12 @@ class KeptThread:
     stamp: tuple[int, int, int, int] | None = None
     kept_at: float = field(default_factory=time.monotonic)
 
-    def usable_for(self, *, thread_id: str | None, generation: int | None, config: dict[str, Any]) -> str:
+    def usable_for(self, *, thread_id: str | None, generation: int | None, config: dict[str, Any],
+                   check_file: bool = True) -> str:
         """Why this copy may not run the claimed turn (``""``: it may). ``thread_id``/``generation``: the
-        claim's bound thread and its stored rollout generation; ``config``: the session's effective config."""
+        claim's bound thread and its stored rollout generation; ``config``: the session's effective config.
+        ``check_file=False``: not the rollout file's stamp (checked before an early ``turn/start``, after
+        which codex appends to it, ``services/early_start.py``)."""
         if thread_id != self.thread_id:
             return f"the session is bound to thread {thread_id}, not {self.thread_id}"
         if generation is None:  # forgotten (``forget_rollout``) or never stored
@@ -101,7 +104,7 @@ class KeptThread:
             return "the session's codex settings changed"
         if not self.client.alive():
             return "the app-server exited"
-        if rollout_stamp(self.home, self.thread_id) != self.stamp:
+        if check_file and rollout_stamp(self.home, self.thread_id) != self.stamp:
             return "the rollout file on disk is not the one this app-server wrote (another run re-made the home)"
         return ""
 
@@ -120,6 +123,11 @@ class Keeper:
     def take(self, session_id: str) -> KeptThread | None:
         with self._lock:
             return self._kept.pop(session_id, None)
+
+    def peek(self, session_id: str) -> KeptThread | None:
+        """The copy of ``session_id`` without taking it (``None``: none kept)."""
+        with self._lock:
+            return self._kept.get(session_id)
 
     def keep(self, kept: KeptThread) -> list[KeptThread]:
         """Keep ``kept`` if within bounds; return what was closed to make room (or ``[kept]`` itself

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..latency_marks import mark
-from .client import AppServerClient
+from .client import AppServerClient, PendingRequest
 from .errors import CodexError, JsonRpcError, ThreadGone, ThreadNotLoaded, TransportError, TurnTimeout, turn_error_text
 from .projection import ItemProjector
 from .rollout_files import RolloutDelta
@@ -94,6 +94,10 @@ class TurnSpec:
     # Called on the reading thread between notifications (and at least every POLL_SECONDS); returns the
     # seconds until it wants to be called again, or None (the event writer's deadline, services/events.py).
     on_tick: Callable[[], float | None] | None = None
+    # ``turn/start`` was sent already on the kept thread (``thread_loaded``), with
+    # ``kept_turn_start_params``, while the worker claimed the turn (``services/early_start.py``): its answer
+    # is awaited instead of sending one.
+    turn_start: PendingRequest | None = None
 
 
 class TurnControl:
@@ -200,9 +204,9 @@ def drive_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
         except CodexError as exc:
             raise TurnRunError(_describe("thread/turns/list", exc), out, exc) from exc
     out.timings["thread_ms"] = _ms(t0)
-    if spec.control is not None and spec.control.interrupt.is_set():
+    if spec.control is not None and spec.control.interrupt.is_set() and spec.turn_start is None:
         out.status = "interrupted"  # cancelled before codex saw the input: nothing ran
-        return out
+        return out  # (an early turn/start has been sent: the turn is interrupted once codex answers it)
     t1 = time.monotonic()
     try:
         _start_turn(client, spec, out, text)
@@ -266,6 +270,18 @@ def _thread_params(spec: TurnSpec) -> dict[str, Any]:
     return params
 
 
+def kept_turn_start_params(*, thread_id: str, text: str, client_turn_id: str | None) -> dict[str, Any]:
+    """``turn/start``'s params on a thread kept loaded in its app-server (no overrides, ``_turn_params``):
+    ``{"threadId", "input": [one text element], "clientUserMessageId"?}``."""
+    params: dict[str, Any] = {
+        "threadId": thread_id,
+        "input": [{"type": "text", "text": text, "text_elements": []}],
+    }
+    if client_turn_id:
+        params["clientUserMessageId"] = client_turn_id
+    return params
+
+
 def _turn_params(spec: TurnSpec, thread_id: str, text: str, *, overrides: bool) -> dict[str, Any]:
     """``turn/start``'s params. ``overrides``: also the session's ``cwd``, ``approvalPolicy`` and
     ``model``, which stick for the thread's later turns in this app-server (``protocol.md`` §3.4) — sent
@@ -274,17 +290,12 @@ def _turn_params(spec: TurnSpec, thread_id: str, text: str, *, overrides: bool) 
     only used while the session's config is unchanged, ``kept.KeptThread.usable_for``). codex 0.169
     under the read-only profile spends ~5 ms more on a turn that carries ``cwd`` and ``approvalPolicy``
     again, same values or not (25 alternating turns on one loaded thread: 62.7 ms without, 67.7 with)."""
-    params: dict[str, Any] = {
-        "threadId": thread_id,
-        "input": [{"type": "text", "text": text, "text_elements": []}],
-    }
+    params = kept_turn_start_params(thread_id=thread_id, text=text, client_turn_id=spec.client_turn_id)
     if overrides:
         params["cwd"] = spec.cwd
         params["approvalPolicy"] = spec.approval_policy
         if spec.model:
             params["model"] = spec.model
-    if spec.client_turn_id:
-        params["clientUserMessageId"] = spec.client_turn_id
     return params
 
 
@@ -295,8 +306,11 @@ def _start_turn(client: AppServerClient, spec: TurnSpec, out: TurnOutcome, text:
     kept = _kept_thread(spec)
     try:
         try:
-            mark("codex.turn_start.sent", spec.client_turn_id)
-            started = client.request("turn/start", _turn_params(spec, out.thread_id, text, overrides=not kept))
+            if spec.turn_start is not None:  # sent early, on the kept thread, beside the claim (``TurnSpec.turn_start``)
+                started = spec.turn_start.result()
+            else:
+                mark("codex.turn_start.sent", spec.client_turn_id)
+                started = client.request("turn/start", _turn_params(spec, out.thread_id, text, overrides=not kept))
             mark("codex.turn_start.answered", spec.client_turn_id)
         except ThreadNotLoaded:
             resumed = client.request("thread/resume", {"threadId": out.thread_id, "excludeTurns": True})

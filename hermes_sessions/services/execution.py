@@ -35,7 +35,7 @@ from django.db import (
 )
 
 from .. import policy
-from ..codex.client import AppServerClient
+from ..codex.client import AppServerClient, PendingRequest
 from ..codex.errors import TransportError, retryable
 from ..codex.kept import Keeper, KeptThread, current_keeper, keeper, rollout_stamp
 from ..codex.launch import (
@@ -56,6 +56,7 @@ from ..latency_marks import mark
 from ..models import Turn
 from . import affinity, wake
 from .dispatch import turn_dispatch_on_commit
+from .early_start import EarlyStart, early_start
 from .events import RETRYING, TurnEventWriter
 from .heartbeats import HEARTBEATS
 from .recovery import LOOP_TAKE_BACK_LIMIT, leases_take_back
@@ -81,46 +82,69 @@ T = TypeVar("T")
 WOKEN_TASK_ID = "wake"  # the end line's task= of a turn run on its wake-up (turn_log.py)
 
 
-def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False) -> Turn | None:
+def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False,
+                 session_id: str = "", hint: wake.WakeHint | None = None) -> Turn | None:
     """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
     this call's to run (not the session's next turn, already running or finished — a duplicate
     delivery changes nothing), when it went back to the queue, or when this worker lost its claim
     mid-run. Every codex failure ends the turn ``failed`` (or requeued) with a readable reason;
     none escapes. ``task_id``: the Celery task delivering it, named in the turn's end line
-    (``turn_log.py``). ``woken``: run by the wake listener (``wake``), recorded as ``timings["woken"]``."""
+    (``turn_log.py``). ``woken``: run by the wake listener (``wake``), recorded as ``timings["woken"]``;
+    with the wake's ``session_id`` and ``hint`` (``wake.WakeHint``), ``turn/start`` may go to the kept
+    thread while the turn is claimed (``early_start.py``; recorded as ``timings["early_start"]``)."""
     with delivery(task_id):
         t0 = time.monotonic()
-        mark("claim.start", turn_id)
-        claim = turn_claim(turn_id=turn_id)
-        mark("claim.end", turn_id)
+        early = None
+        if hint is not None and session_id:
+            early = early_start(turn_id=uuid.UUID(str(turn_id)), session_id=session_id, hint=hint)
+        try:
+            mark("claim.start", turn_id)
+            claim = turn_claim(turn_id=turn_id)
+            mark("claim.end", turn_id)
+        except BaseException:
+            if early is not None:
+                early.abort("the claim failed")
+            raise
+        if early is not None:
+            why = early.confirm(claim)
+            if why:
+                early.abort(why)
+                early = None
         if claim is None:
             return None
         claim.timings["claim_ms"] = _ms_since(t0)
         if woken:
             claim.timings["woken"] = 1
-        control = TurnControl()
-        stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
-                                 attempt=claim.attempt)
-        with HEARTBEATS.beating(claim, control):
-            return _run_with_retries(claim, control, retry_policy(), stream)
+        if early is not None:
+            claim.timings["early_start"] = 1
+        try:
+            control = TurnControl()
+            stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
+                                     attempt=claim.attempt)
+            with HEARTBEATS.beating(claim, control):
+                return _run_with_retries(claim, control, retry_policy(), stream, early)
+        finally:
+            if early is not None:
+                early.abort_unless_taken()  # the run never reached its copy (e.g. a failure before it)
 
 
 def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
-                      stream: TurnEventWriter) -> Turn | None:
+                      stream: TurnEventWriter, early: EarlyStart | None = None) -> Turn | None:
     held = _Held()
     try:
-        return _run_with_retries_on(claim, control, budget, stream, held)
+        return _run_with_retries_on(claim, control, budget, stream, held, early)
     finally:
         held.close()  # an app-server the keeper did not take is closed, whatever happened
 
 
 def _run_with_retries_on(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
-                         stream: TurnEventWriter, held: _Held) -> Turn | None:
+                         stream: TurnEventWriter, held: _Held, early: EarlyStart | None = None) -> Turn | None:
     started = time.monotonic()
     retries = 0
     while True:
         try:
-            outcome = _run_once(claim, control, stream, held)
+            # An early turn/start belongs to the first try only: a retry runs cold (its copy is closed by then).
+            outcome = _run_once(claim, control, stream, held, early=early if retries == 0 else None)
         except TurnRunError as exc:
             if not _backoff(claim, control, budget, exc, retries=retries, started=started, stream=stream):
                 return _after_run_error(claim, control, budget, exc)
@@ -305,12 +329,13 @@ def _codex_version(init: object) -> str:
 
 
 def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | None = None,
-              held: _Held | None = None) -> TurnOutcome:
+              held: _Held | None = None, *, early: EarlyStart | None = None) -> TurnOutcome:
     """One try: on this process's loaded copy of the thread when it is usable (``codex/kept.py``), else
     fresh home + restore, spawn (or a spare), drive the turn; then read what codex appended to the
     rollout (checked against the stored prefix) and close the app-server — or, when ``held`` may keep
     it (session affinity), leave it running in ``held``. ``stream`` receives what codex streams (a
-    writer of the claim's own when not given)."""
+    writer of the claim's own when not given). ``early``: a confirmed early ``turn/start``
+    (``early_start.py``) — its copy runs the turn, its answer is read instead of sending one."""
     if stream is None:
         stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                  attempt=claim.attempt)
@@ -320,7 +345,7 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
     except SandboxUnavailable as exc:
         raise _StartupError(str(exc), cause=exc) from exc
     t0 = time.monotonic()
-    kept = _take_kept(claim)
+    kept = early.take() if early is not None else _take_kept(claim)
     claim.timings["take_kept_ms"] = _ms_since(t0)
     if kept is not None:
         try:
@@ -328,7 +353,8 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
             workdir.mkdir(parents=True, exist_ok=True)
             return _drive(claim, control, stream, kept.client, kept.version, workdir, kept.home, kept.base, t0,
                           restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, held=held,
-                          turns=kept.turns + 1, thread_loaded=True)
+                          turns=kept.turns + 1, thread_loaded=True,
+                          turn_start=early.pending if early is not None else None)
         except TurnRunError as exc:
             _unless_recorded(exc, kept)
             raise
@@ -427,11 +453,12 @@ def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) ->
 def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, client: AppServerClient, version: str,
            workdir: Path, home: Path, base: RolloutBase | None, t0: float, *, restore_ms: float,
            initialize_ms: float, spare: bool, release: Callable[[], None], held: _Held,
-           turns: int = 1, thread_loaded: bool = False) -> TurnOutcome:
+           turns: int = 1, thread_loaded: bool = False, turn_start: PendingRequest | None = None) -> TurnOutcome:
     """Drive the claim's turn on ``client`` (started), read what codex appended, and close it with
     ``release`` — unless the turn completed and ``held`` may keep the process: then it is left running
     in ``held`` (``turns``: how many turns it has run, this one included). ``thread_loaded``: the
-    claim's thread is loaded in ``client`` (a kept thread): ``turn/start`` without ``thread/resume``."""
+    claim's thread is loaded in ``client`` (a kept thread): ``turn/start`` without ``thread/resume``;
+    ``turn_start``: that ``turn/start`` was sent already (``early_start.py``)."""
     config = claim.config
     spec = TurnSpec(
         text=claim.input_text,
@@ -451,6 +478,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         control=control,
         rollout_restored=base is not None,
         thread_loaded=thread_loaded,
+        turn_start=turn_start,
         previous_thread_id=claim.previous_thread_id,
         on_thread_started=lambda thread_id: turn_note_thread(turn_id=claim.turn_id, token=claim.token, thread_id=thread_id),
         on_event=stream.add,
@@ -597,7 +625,7 @@ class _Held:
             running.release()
 
 
-def turn_execute_woken(turn_id: uuid.UUID, session_id: str) -> Turn | None:
+def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: wake.WakeHint | None = None) -> Turn | None:
     """Run turn ``turn_id`` of ``session_id`` on its wake-up (``wake.WakeListener``, this process's
     listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn the main thread
     runs ends first), as a message in its own queue would have waited — on the kept thread, or cold when
@@ -615,7 +643,7 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str) -> Turn | None:
         close_old_connections()
         soft, hard = turn_time_limits()
         with thread_time_limits(soft=soft, hard=hard, what=f"woken turn {turn_id}"):
-            return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True)
+            return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True, session_id=session_id, hint=hint)
 
 
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:

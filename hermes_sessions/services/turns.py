@@ -145,7 +145,7 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         queue = dispatch.route_given(route.queue) if route is not None else ""
         woken = bool(queue) and route is not None and route.wakeable and busy_id is None and wake.wake_enabled()
         if woken:
-            wake.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id)
+            wake.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id, text=text)
         dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=woken)
         events.event_notify_on_commit(queued)
     return turn

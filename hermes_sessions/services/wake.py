@@ -19,6 +19,10 @@ fallback copy of a turn already run costs one read (``tasks.run_turn``). Whichev
 turn first runs it; any other finds it taken (``turns.turn_claim``) and does nothing. ``HERMES_WAKE=0``
 turns the wake off (both Celery messages, as before).
 
+With ``HERMES_EARLY_START`` the payload also carries the turn's input and the enqueuing process's clock
+(``WakeHint``, when it fits the payload limit), so that the woken worker can send ``turn/start`` to the
+kept thread while it claims the turn (``early_start.py``).
+
 Facts: PostgreSQL 15 delivers a notification sent in a transaction only when it commits, and never for
 one rolled back (docs: NOTIFY); a channel name is an identifier of at most 63 bytes, so a worker's
 channel is named by a hash of its queue.
@@ -30,8 +34,10 @@ import hashlib
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -45,6 +51,8 @@ from .pipelining import Batch
 logger = logging.getLogger(__name__)
 
 CHANNEL_PREFIX = "hermes_wake_"
+# PostgreSQL 15: a NOTIFY payload "must be shorter than 8000 bytes" in the default configuration (docs: NOTIFY).
+NOTIFY_PAYLOAD_MAX_BYTES = 7999
 RECONNECT_SECONDS = 1.0  # a lost LISTEN connection is opened again after this pause
 
 # One turn at a time per worker process that keeps threads loaded: Celery's delivery (the main thread)
@@ -63,12 +71,36 @@ def wake_enabled() -> bool:
     return bool(settings.HERMES_WAKE) and connection.vendor == "postgresql"
 
 
-def wake_held(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str) -> None:
+@dataclass(frozen=True)
+class WakeHint:
+    """What a wake carries besides its turn so that the woken worker may send ``turn/start`` to the kept
+    thread while it claims the turn (``early_start.py``): the turn's ``text`` (its stored input) and
+    ``sent_at``, the enqueuing process's ``time.time()`` just before its commit (epoch seconds)."""
+
+    text: str
+    sent_at: float
+
+
+def wake_payload(*, turn_id: uuid.UUID, session_id: str, text: str | None = None, sent_at: float | None = None) -> str:
+    """``'<turn id> <session id>'``, and with ``text`` (``HERMES_EARLY_START``) ``'\n<sent_at>\n<text>'``
+    after it (``WakeHint``) when the whole payload fits PostgreSQL's limit (``NOTIFY_PAYLOAD_MAX_BYTES``;
+    a longer input goes without: its worker claims before ``turn/start``, as without the hint)."""
+    head = f"{turn_id} {session_id}"
+    if text is None:
+        return head
+    full = f"{head}\n{time.time() if sent_at is None else sent_at:.6f}\n{text}"
+    return full if len(full.encode("utf-8")) <= NOTIFY_PAYLOAD_MAX_BYTES else head
+
+
+def wake_held(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str, text: str | None = None) -> None:
     """Hold, in ``batch``'s transaction, the ``pg_notify`` that wakes the worker consuming ``queue`` for
-    turn ``turn_id`` of ``session_id`` — delivered by PostgreSQL at the commit, never if it rolls back.
-    A no-op when ``wake_enabled()`` is false or ``queue`` is empty."""
+    turn ``turn_id`` of ``session_id`` — delivered by PostgreSQL at the commit, never if it rolls back —
+    with the turn's ``text`` as its hint (``wake_payload``) when ``HERMES_EARLY_START`` is on. A no-op
+    when ``wake_enabled()`` is false or ``queue`` is empty."""
     if queue and wake_enabled():
-        batch.add("SELECT pg_notify(%s, %s)", [wake_channel(queue), f"{turn_id} {session_id}"])
+        hint = text if settings.HERMES_EARLY_START else None
+        batch.add("SELECT pg_notify(%s, %s)", [wake_channel(queue),
+                                               wake_payload(turn_id=turn_id, session_id=session_id, text=hint)])
 
 
 @contextlib.contextmanager
@@ -101,22 +133,32 @@ def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
         yield taken
 
 
-def parse_payload(payload: str) -> tuple[uuid.UUID, str] | None:
-    """``'<turn id> <session id>'`` → ``(turn id, session id)``; ``None`` for anything else."""
-    turn, _, session = payload.partition(" ")
+def parse_payload(payload: str) -> tuple[uuid.UUID, str, WakeHint | None] | None:
+    """``wake_payload``'s text → ``(turn id, session id, hint or None)``; ``None`` for anything else (a
+    malformed hint is dropped, the wake kept: the hint only saves time)."""
+    head, _, rest = payload.partition("\n")
+    turn, _, session = head.partition(" ")
     try:
-        return uuid.UUID(turn), session
+        turn_id = uuid.UUID(turn)
     except ValueError:
         return None
+    hint = None
+    if rest:
+        stamp, sep, text = rest.partition("\n")
+        try:
+            hint = WakeHint(text=text, sent_at=float(stamp)) if sep and text else None
+        except ValueError:
+            hint = None
+    return turn_id, session, hint
 
 
 class WakeListener:
     """A daemon thread that ``LISTEN``s on ``wake_channel(queue)`` on a connection of its own (autocommit,
-    not Django's) and calls ``run(turn_id, session_id)`` for each wake, on this thread. A lost connection
+    not Django's) and calls ``run(turn_id, session_id, hint)`` for each wake (``parse_payload``), on this thread. A lost connection
     is logged and opened again after ``RECONNECT_SECONDS``; wakes sent meanwhile are lost, which costs
     only time (the Celery messages run those turns). ``run`` must not raise; if it does, it is logged."""
 
-    def __init__(self, queue: str, run: Callable[[uuid.UUID, str], object]) -> None:
+    def __init__(self, queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> None:
         self.queue, self.channel, self.run = queue, wake_channel(queue), run
         self.listening = threading.Event()  # set while the LISTEN is in place (tests wait for it)
         self._stop = threading.Event()
@@ -182,7 +224,7 @@ _listener: tuple[int, WakeListener] | None = None
 _listener_lock = threading.Lock()
 
 
-def wake_start(queue: str, run: Callable[[uuid.UUID, str], object]) -> WakeListener | None:
+def wake_start(queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> WakeListener | None:
     """Start this process's ``WakeListener`` for own queue ``queue`` once (after any fork); ``None`` when
     ``wake_enabled()`` is false or ``queue`` is empty."""
     global _listener

@@ -144,6 +144,7 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
         assert (turn.status, turn.thread_action) == ("succeeded", "resumed"), turn.error
         assert turn.timings.get("warm") == 1 and turn.timings.get("restore_ms") == 0.0, turn.timings
         assert turn.timings.get("woken") == 1, turn.timings  # by NOTIFY, not a Celery message (services/wake.py)
+        assert turn.timings.get("early_start") == 1, turn.timings  # turn/start sent beside the claim
         assert turn.codex_thread_id == first.codex_thread_id
         assert workers.codex_of("a") == app_server  # the same process ran it
     texts = _model_saw(stand_in, "warm 3")
@@ -151,11 +152,15 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
     assert CodexRollout.objects.get(thread_id=first.codex_thread_id).generation == 3
 
     # The session's codex settings change: the loaded copy is not used (it was started with the old ones).
+    # Its wake still sends turn/start to it early; the claim shows the change, the copy is killed before
+    # codex asks the model (early_start.py), and the turn runs cold: the model is asked once.
     type(session).objects.filter(pk=session.pk).update(model_config={"developer_instructions": "be brief"})
     changed = _turn(session, user, "warm 4")
     assert (changed.status, changed.thread_action) == ("succeeded", "resumed"), changed.error
-    assert "warm" not in changed.timings
+    assert "warm" not in changed.timings and "early_start" not in changed.timings
+    assert sum(1 for r in stand_in.requests() if (stand_in.user_texts(r) or [("", "")])[-1][1] == "warm 4") == 1
     assert "changed" in workers.log("a") or "settings" in workers.log("a")
+    assert "early turn/start withdrawn: the session's codex settings changed" in workers.log("a")
     assert not Notice.objects.exists()
 
     # A clean stop (warm shutdown) leaves nothing of the worker behind: no app-server, no routing rows,

@@ -64,6 +64,45 @@ def test_parse_route_reads_the_route_subquerys_value():
     assert affinity.parse_route("queue:") is None
 
 
+def test_a_wakes_payload_carries_the_input_when_it_fits_and_a_bad_hint_is_dropped_not_the_wake():
+    turn = uuid.uuid4()
+    text = "line one\nline two — ünïcode\n"
+    payload = wake.wake_payload(turn_id=turn, session_id="sess-1", text=text, sent_at=1700000000.25)
+    assert wake.parse_payload(payload) == (turn, "sess-1", wake.WakeHint(text=text, sent_at=1700000000.25))
+    assert wake.wake_payload(turn_id=turn, session_id="sess-1") == f"{turn} sess-1"
+    assert wake.parse_payload(f"{turn} sess-1") == (turn, "sess-1", None)
+    # PostgreSQL refuses a payload of 8000 bytes or more: a longer input goes without the hint.
+    big = "é" * 4000  # 8000 bytes in UTF-8
+    assert wake.wake_payload(turn_id=turn, session_id="sess-1", text=big) == f"{turn} sess-1"
+    fits = "x" * (wake.NOTIFY_PAYLOAD_MAX_BYTES - 100)
+    assert wake.parse_payload(wake.wake_payload(turn_id=turn, session_id="s", text=fits))[2].text == fits
+    for bad in (f"{turn} s\nnot a time\nhi", f"{turn} s\n1700000000.0", f"{turn} s\n1700000000.0\n"):
+        assert wake.parse_payload(bad) == (turn, "s", None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_big_input_still_wakes_its_holder_and_early_start_off_sends_no_input(
+        settings, broker, listening, django_capture_on_commit_callbacks):  # noqa: F811
+    queue = own("wake-big")
+    session = SessionFactory()
+    warm_row(session, queue)
+    worker_row(queue, wakeable=True)
+    heard = listening(queue)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            big = services.turn_enqueue(session=session, input_text="ü" * 5000, user=session.owner)
+        assert heard.payloads() == [f"{big.pk} {session.pk}"]  # PostgreSQL took it: the wake went out
+        Turn.objects.filter(pk=big.pk).update(status=Turn.Status.SUCCEEDED)  # so the next one is the session's next
+        settings.HERMES_EARLY_START = False
+        with django_capture_on_commit_callbacks(execute=True):
+            small = services.turn_enqueue(session=session, input_text="hi", user=session.owner)
+        assert heard.payloads() == [f"{small.pk} {session.pk}"]
+    finally:
+        forget_queue(broker, queue)
+        remove_messages(broker, settings.HERMES_TURN_QUEUE, big.pk)
+        remove_messages(broker, settings.HERMES_TURN_QUEUE, small.pk)
+
+
 def test_a_channel_name_fits_postgresqls_identifier_limit_for_any_queue():
     long = own("n" * 300)
     assert len(wake.wake_channel(long)) <= 63 and wake.wake_channel(long).startswith("hermes_wake_")
@@ -104,7 +143,10 @@ def test_a_turn_for_a_wakeable_holder_wakes_it_at_the_commit_and_sends_only_the_
             assert heard.payloads(wait=0.3) == []  # not before the commit
         assert turn.pk in fallback_copies.SENDER.pending()
         assert messages_for(broker, shared, turn.pk) == []  # not yet in the shared queue: held until due
-        assert heard.payloads() == [f"{turn.pk} {session.pk}"]
+        [payload] = heard.payloads()
+        woken_turn, woken_session, hint = wake.parse_payload(payload)
+        assert (woken_turn, woken_session, hint.text) == (turn.pk, session.pk, "hi")  # the input: early_start.py
+        assert 0 <= time.time() - hint.sent_at < 5
         assert messages_for(broker, queue, turn.pk) == []  # no message to the holder's queue
         deadline = time.monotonic() + 10
         while turn.pk in fallback_copies.SENDER.pending() and time.monotonic() < deadline:
@@ -208,7 +250,7 @@ def test_the_listener_runs_each_wake_skips_malformed_ones_and_survives_a_failing
     queue = own("listen")
     ran: list[tuple[uuid.UUID, str]] = []
 
-    def run(turn_id: uuid.UUID, session_id: str) -> None:
+    def run(turn_id: uuid.UUID, session_id: str, hint: wake.WakeHint | None) -> None:
         ran.append((turn_id, session_id))
         if session_id == "boom":
             raise RuntimeError("the run failed")
@@ -236,7 +278,7 @@ def test_the_listener_listens_again_after_its_connection_is_killed(monkeypatch):
     monkeypatch.setattr(wake, "RECONNECT_SECONDS", 0.05)
     queue = own("relisten")
     ran: list = []
-    listener = wake.WakeListener(queue, lambda t, s: ran.append(t))
+    listener = wake.WakeListener(queue, lambda t, s, h: ran.append(t))
     listener.start()
     try:
         assert listener.listening.wait(10)
@@ -300,8 +342,9 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     assert 0.15 < time.monotonic() - t0 < 2 and ran == []
     assert "fallback copy runs it" in caplog.text
     release.set()
-    execution.turn_execute_woken(turn_id, "s-1")
-    assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True}]
+    hint = wake.WakeHint(text="hi", sent_at=time.time())
+    execution.turn_execute_woken(turn_id, "s-1", hint)
+    assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True, "session_id": "s-1", "hint": hint}]
 
 
 def test_a_celery_delivery_waits_for_a_woken_turn_only_where_a_listener_runs(monkeypatch):

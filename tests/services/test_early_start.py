@@ -1,0 +1,157 @@
+"""The early ``turn/start`` (``services/early_start.py``): a woken worker sends the turn to the session's
+kept thread while it claims it — and kills that app-server when the claim does not let it stand.
+
+Real PostgreSQL, the pinned codex binary and the model stand-in, in this process: the session's first turn
+runs here and its app-server is kept (``execution._Held``, this process's keeper), then the second turn is
+run as its wake would run it (``turn_execute`` with the wake's ``WakeHint``). The whole path with real
+workers and the API: ``tests/e2e/test_affinity.py`` (``timings["early_start"]``).
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from devtools.model_stand_in import ModelStandIn
+from hermes_sessions import services
+from hermes_sessions.codex import kept as kept_mod
+from hermes_sessions.models import Message, Turn
+from hermes_sessions.services import affinity, dispatch, early_start, execution
+from hermes_sessions.services.wake import WakeHint
+from tests.factories import SessionFactory
+
+from ..support.real_codex import use_real_codex
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def stand_in():
+    with ModelStandIn() as server:
+        yield server
+
+
+@pytest.fixture
+def keeping(settings, codex_dirs, real_codex_bin, stand_in, monkeypatch):
+    """This process keeps threads loaded (an own queue, a keeper made afresh), runs the real codex, and
+    sends no Celery message (the next turn is run by the test); the keeper is closed after the test."""
+    use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
+    settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 60.0, 4
+    settings.HERMES_EARLY_START, settings.HERMES_AFFINITY_DEADLINE = True, 2.0
+    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, f"turns-test.early-{os.getpid()}")
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
+    monkeypatch.setattr(execution, "start_affinity", lambda k: None)  # no loop, no listener threads
+    kept_mod.close_keeper()
+    k = kept_mod.keeper()
+    assert k is not None
+    yield k
+    kept_mod.close_keeper()
+
+
+def _first_turn(user, *, sandbox: str = "read-only"):
+    """A session whose first turn ran here and whose app-server is kept: ``(session, kept copy)``."""
+    session = SessionFactory(owner=user, model_config={"sandbox": sandbox})
+    first = services.turn_enqueue(session=session, input_text="first", user=user)
+    done = execution.turn_execute(turn_id=first.pk)
+    assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
+    copy = kept_mod.current_keeper().peek(session.pk)
+    assert copy is not None and copy.client.alive()
+    return session, copy
+
+
+def _woken(session, user, text: str, *, hint_text: str | None = None, age: float = 0.0):
+    """Enqueue ``text`` and run it as its wake would: the hint carries ``hint_text`` (default: ``text``)
+    and was sent ``age`` seconds ago."""
+    turn = services.turn_enqueue(session=session, input_text=text, user=user)
+    hint = WakeHint(text=text if hint_text is None else hint_text, sent_at=time.time() - age)
+    return turn, execution.turn_execute(turn_id=turn.pk, woken=True, session_id=session.pk, hint=hint)
+
+
+def _asked(stand_in: ModelStandIn, text: str) -> int:
+    """How many model requests carried ``text`` as their last user message."""
+    return sum(1 for r in stand_in.requests()
+               if [t for role, t in stand_in.user_texts(r) if role == "user"][-1:] == [text])
+
+
+def _dead(pid: int | None) -> bool:
+    deadline = time.monotonic() + 5
+    while pid is not None and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid is None or not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_fresh_wake_sends_turn_start_before_the_claim_and_the_turn_runs_once(keeping, user, stand_in, monkeypatch):
+    session, copy = _first_turn(user)
+    order: list[str] = []
+    send, claim = copy.client.send_request, execution.turn_claim
+    monkeypatch.setattr(copy.client, "send_request", lambda *a, **kw: (order.append(a[0]), send(*a, **kw))[1])
+    monkeypatch.setattr(execution, "turn_claim", lambda **kw: (order.append("claim"), claim(**kw))[1])
+    turn, done = _woken(session, user, "second")
+    assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
+    assert order == ["turn/start", "claim"]
+    assert (done.timings.get("early_start"), done.timings.get("warm")) == (1, 1), done.timings
+    assert _asked(stand_in, "second") == 1
+    assert list(Message.objects.filter(session=session, role="user").values_list("content", flat=True)) == [
+        "first", "second"]
+    again = keeping.peek(session.pk)
+    assert again is not None and again.client is copy.client and again.base.generation == 2  # kept for the next
+
+
+def test_a_wake_whose_turn_was_cancelled_meanwhile_kills_the_app_server_before_codex_asks_the_model(
+        keeping, user, stand_in, monkeypatch):
+    session, copy = _first_turn(user)
+    pid, claim = copy.client.pid, execution.turn_claim
+
+    def cancelled_first(**kw):
+        services.turn_cancel(turn=Turn.objects.get(pk=kw["turn_id"]))
+        return claim(**kw)
+
+    monkeypatch.setattr(execution, "turn_claim", cancelled_first)
+    turn, done = _woken(session, user, "never run")
+    assert done is None
+    turn.refresh_from_db()
+    assert turn.status == Turn.Status.CANCELLED
+    assert _dead(pid) and keeping.peek(session.pk) is None
+    time.sleep(0.2)  # codex asks the model ~50 ms after turn/start; it was killed well before
+    assert _asked(stand_in, "never run") == 0
+
+
+def test_a_wake_whose_input_is_not_the_turns_is_withdrawn_and_the_turn_runs_cold_on_its_own_input(
+        keeping, user, stand_in):
+    session, copy = _first_turn(user)
+    pid = copy.client.pid
+    turn, done = _woken(session, user, "the stored input", hint_text="a forged input")
+    assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
+    assert "early_start" not in done.timings and "warm" not in done.timings, done.timings  # cold: restored
+    assert _dead(pid)
+    assert _asked(stand_in, "the stored input") == 1 and _asked(stand_in, "a forged input") == 0
+
+
+@pytest.mark.parametrize("case", ["stale wake", "workspace-write", "HERMES_EARLY_START=0", "no hint"])
+def test_otherwise_the_worker_claims_first_and_runs_on_the_kept_thread(keeping, user, stand_in, settings, case):
+    session, copy = _first_turn(user, sandbox="workspace-write" if case == "workspace-write" else "read-only")
+    if case == "HERMES_EARLY_START=0":
+        settings.HERMES_EARLY_START = False
+    if case == "no hint":
+        turn = services.turn_enqueue(session=session, input_text="second", user=user)
+        done = execution.turn_execute(turn_id=turn.pk, woken=True, session_id=session.pk, hint=None)
+    else:
+        turn, done = _woken(session, user, "second", age=5.0 if case == "stale wake" else 0.0)
+    assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
+    assert "early_start" not in done.timings and done.timings.get("warm") == 1, done.timings
+    assert _asked(stand_in, "second") == 1
+
+
+def test_a_wake_with_no_kept_copy_runs_cold_and_takes_nothing(keeping, user, stand_in):
+    session = SessionFactory(owner=user)
+    assert early_start.early_start(turn_id=uuid.uuid4(), session_id=session.pk,
+                                   hint=WakeHint(text="x", sent_at=time.time())) is None
+
+
+def test_the_age_bound_stays_far_inside_the_affinity_deadline(settings):
+    settings.HERMES_AFFINITY_DEADLINE = 2.0
+    assert early_start.max_age() == early_start.MAX_AGE_SECONDS == 0.5
+    settings.HERMES_AFFINITY_DEADLINE = 0.4
+    assert early_start.max_age() == pytest.approx(0.1)
