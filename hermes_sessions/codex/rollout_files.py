@@ -96,18 +96,23 @@ def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutD
         return None
     data = path.read_bytes()
     offset = base.length if base is not None else 0
-    if base is not None and (len(data) < offset or hashlib.sha256(data[:offset]).hexdigest() != base.sha256):
+    # One pass over the file: the prefix's hash is checked, then extended by the appended bytes (a
+    # hashlib digest leaves the object usable). Two passes cost ~0.17 ms per 300 KB each, per turn.
+    view = memoryview(data)
+    digest = hashlib.sha256(view[:offset])
+    if base is not None and (len(data) < offset or digest.hexdigest() != base.sha256):
         raise RolloutDiverged(
             f"the rollout of thread {thread_id} no longer starts with the {offset} bytes stored in PostgreSQL; "
             "not storing a diverged copy"
         )
+    digest.update(view[offset:])
     return RolloutDelta(
         thread_id=thread_id,
         relpath=str(path.relative_to(home)),
         offset=offset,
         data=data[offset:],
         length=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=digest.hexdigest(),
         base=base,
     )
 

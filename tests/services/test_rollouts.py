@@ -96,6 +96,21 @@ def test_a_generation_moved_on_since_the_claim_runs_nothing(user, scripted_codex
     assert len(scripted_codex.processes()) == 1  # no app-server was spawned for the stale claim
 
 
+def test_a_delta_names_the_whole_files_length_and_sha256_read_in_one_pass(tmp_path):
+    stored, appended = b'{"a":1}\n' * 1000, b'{"b":2}\n' * 7
+    base = RolloutBase(thread_id="t1", relpath="sessions/rollout-x-t1.jsonl", length=len(stored),
+                       sha256=hashlib.sha256(stored).hexdigest(), generation=4)
+    home = tmp_path / "home"
+    write_rollout(home, base, stored)
+    with open(home / base.relpath, "ab") as fh:
+        fh.write(appended)
+    delta = read_delta(home, "t1", base)
+    assert (delta.offset, delta.data, delta.length) == (len(stored), appended, len(stored) + len(appended))
+    assert delta.sha256 == hashlib.sha256(stored + appended).hexdigest()
+    fresh = read_delta(home, "t1", None)  # nothing stored yet: all of it is the delta
+    assert (fresh.offset, fresh.data, fresh.sha256) == (0, stored + appended, delta.sha256)
+
+
 def test_a_diverged_file_is_refused(tmp_path):
     base = RolloutBase(thread_id="t1", relpath="sessions/rollout-x-t1.jsonl", length=3,
                        sha256=hashlib.sha256(b"abc").hexdigest(), generation=1)
