@@ -220,6 +220,27 @@ class AppServerClient:
             self._kill_group()
         self.close(timeout=1.0)
 
+    def pause(self) -> bool:
+        """SIGSTOP the process group (codex and its helpers stop where they are); ``resume`` goes on.
+        For an early ``turn/start`` whose claim is late (``services/early_start.py``): codex must not reach
+        the model before the claim holds. Returns whether a running process was signalled."""
+        return self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> bool:
+        """SIGCONT the process group after ``pause``. Returns whether a running process was signalled."""
+        return self._signal_group(signal.SIGCONT)
+
+    def _signal_group(self, sig: int) -> bool:
+        proc = self._proc
+        with self._reap_lock:  # never after the leader was reaped: its pid (our pgid) could be reused
+            if proc is None or proc.returncode is not None:
+                return False
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return False
+        return True
+
     def __enter__(self) -> AppServerClient:
         return self
 

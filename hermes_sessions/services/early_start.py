@@ -14,7 +14,12 @@ was cancelled, run or taken by another worker meanwhile, is not the session's ne
 stored thread, generation, config or input is not the kept copy's — the app-server is killed at once
 (SIGKILL of its process group, ``AppServerClient.kill``) and the copy dropped; the turn, if it is
 still this worker's, then runs cold. Killed within a claim's round trip, codex has not reached the
-model (above), so an abandoned early start costs nothing but the copy.
+model (above), so an abandoned early start costs nothing but the copy. A claim can be late (a lock
+held by another writer of the session, a slow database, a busy host): ``PAUSE_AFTER_SECONDS`` after
+``turn/start`` a watchdog thread (``Watchdog``) stops codex's process group (SIGSTOP) until the claim is
+confirmed (SIGCONT, ``timings["early_start_paused"]``) or not (SIGKILL) — found by the adversary of
+session 12: a claim 60 ms late let codex ask the model, and run a command, for a turn that ended
+cancelled.
 
 An early start is tried only when every one of these holds (``early_start``), else the worker claims
 first as before:
@@ -23,8 +28,10 @@ first as before:
   that does not fit a ``NOTIFY`` payload goes without);
 * the wake is fresh: sent less than ``max_age()`` seconds ago by the enqueuing process's clock — far
   inside ``HERMES_AFFINITY_DEADLINE``, before which no other worker is given the turn (the shared
-  queue's copy, the hand-off, ``affinity.py``): a wake read late (this worker was busy or frozen) claims
-  first. Across hosts the bound also covers the clocks' skew;
+  queue's copy, the hand-off, ``affinity.py``) — *and* by this process's own evidence: it did not wait
+  behind another wake's run (``wake.WakeListener``) nor for the turn slot (``execution.turn_execute_woken``).
+  The clock test alone would not do across hosts: a worker whose clock is behind the API host's takes a
+  late wake for a fresh one (one ahead by more than ``CLOCK_SLACK_SECONDS`` never starts early);
 * this process keeps the session's thread loaded, alive, its rollout file as this process left it;
 * the session's sandbox is ``read-only``: even a claim slower than codex's start-up cannot have let a
   killed turn change a file.
@@ -32,9 +39,12 @@ first as before:
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
@@ -51,6 +61,10 @@ logger = logging.getLogger(__name__)
 
 MAX_AGE_SECONDS = 0.5  # a wake older than this (or a quarter of HERMES_AFFINITY_DEADLINE) claims first
 CLOCK_SLACK_SECONDS = 0.05  # a wake "from the future" by less than this is fresh (another host's clock)
+# A claim not confirmed this long after turn/start pauses codex (SIGSTOP) until it is: codex asks the model
+# ~45 ms after turn/start at the earliest (adversary, session 12: 0 requests with the claim 10–40 ms late,
+# 1 at 60 ms), a claim takes ~4 ms.
+PAUSE_AFTER_SECONDS = 0.02
 
 
 def max_age() -> float:
@@ -70,11 +84,36 @@ class EarlyStart:
     pending: PendingRequest
     text: str
     taken: bool = False
+    paused: bool = False  # the claim was late: codex is (or was) stopped until it is confirmed
+    settled: bool = False  # confirmed or aborted: the watchdog leaves it alone
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _late(self) -> None:
+        """The watchdog's: the claim is not confirmed ``PAUSE_AFTER_SECONDS`` after ``turn/start`` — stop
+        codex before it can ask the model or run anything."""
+        with self._lock:
+            if self.settled:
+                return
+            self.paused = self.kept.client.pause()
+        logger.info("turn %s: its claim is late; codex is paused until it holds", self.turn_id)
+
+    def _settle(self) -> None:
+        with self._lock:
+            self.settled = True
+        WATCHDOG.disarm(self._late)
 
     def confirm(self, claim: TurnClaim | None) -> str:
         """Why the claim does not let this start stand (``""``: it does): no claim, a re-run, another
         input, or the kept copy is not the stored thread, generation and config (``KeptThread.usable_for``
-        without the file, which codex is appending to by now)."""
+        without the file, which codex is appending to by now). A start that stands goes on (a paused codex
+        is resumed); one that does not must be ``abort``ed."""
+        why = self._why(claim)
+        self._settle()
+        if not why and self.paused:
+            self.kept.client.resume()
+        return why
+
+    def _why(self, claim: TurnClaim | None) -> str:
         if claim is None:
             return "the turn was not claimed (run, ended, cancelled or not yet the session's next)"
         if claim.attempt != 1:
@@ -97,6 +136,7 @@ class EarlyStart:
     def abort(self, why: str) -> None:
         """Kill the app-server (codex must not go on with the turn) and drop the copy (its home with it,
         for a former spare). Idempotent."""
+        self._settle()
         logger.info("turn %s: early turn/start withdrawn: %s; its app-server is killed", self.turn_id, why)
         try:
             self.kept.client.kill()
@@ -122,15 +162,78 @@ def early_start(*, turn_id: uuid.UUID, session_id: str, hint: WakeHint | None) -
         check_sandbox()  # cached per process; a host whose sandbox fails runs nothing (the claim path says so)
     except SandboxUnavailable:
         return None
-    if rollout_stamp(kept.home, kept.thread_id) != kept.stamp or k.take(session_id) is not kept:
+    if rollout_stamp(kept.home, kept.thread_id) != kept.stamp:
         return None
-    params = kept_turn_start_params(thread_id=kept.thread_id, text=hint.text, client_turn_id=str(turn_id))
-    mark("codex.turn_start.sent", turn_id)
+    taken = k.take(session_id)
+    if taken is not kept:  # released or replaced since the look (the affinity loop's thread)
+        if taken is not None:
+            k.keep(taken)
+        return None
     try:
+        params = kept_turn_start_params(thread_id=kept.thread_id, text=hint.text, client_turn_id=str(turn_id))
+        mark("codex.turn_start.sent", turn_id)
         pending = kept.client.send_request("turn/start", params, timeout=settings.CODEX_REQUEST_TIMEOUT)
+        early = EarlyStart(turn_id=turn_id, kept=kept, pending=pending, text=hint.text)
+        WATCHDOG.arm(PAUSE_AFTER_SECONDS, early._late)
     except CodexError as exc:
         logger.info("turn %s: early turn/start not sent (%s); the turn runs cold", turn_id, exc)
-        kept.client.kill()
-        kept.close()
+        _drop(kept)
         return None
-    return EarlyStart(turn_id=turn_id, kept=kept, pending=pending, text=hint.text)
+    except BaseException:
+        _drop(kept)  # taken out of the keeper: nobody else would close it
+        raise
+    return early
+
+
+def _drop(kept: KeptThread) -> None:
+    try:
+        kept.client.kill()
+    finally:
+        kept.close()
+
+
+class Watchdog:
+    """One daemon thread per process that calls an armed function once its time has come, unless it was
+    disarmed first; one armed at a time (a process runs one woken turn at a time, ``wake.turn_slot``).
+    The thread is started on first use after any fork."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._armed: tuple[float, Callable[[], None]] | None = None
+        self._pid = 0
+
+    def arm(self, after: float, fire: Callable[[], None]) -> None:
+        """Call ``fire`` (on the watchdog's thread) ``after`` seconds from now, replacing what was armed."""
+        with self._cv:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="hermes-early-start", daemon=True).start()
+            self._armed = (time.monotonic() + after, fire)
+            self._cv.notify()
+
+    def disarm(self, fire: Callable[[], None]) -> None:
+        """Forget ``fire`` if it is still armed (a no-op once it ran)."""
+        with self._cv:
+            if self._armed is not None and self._armed[1] == fire:
+                self._armed = None
+                self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if self._armed is None:
+                    self._cv.wait()
+                    continue
+                at, fire = self._armed
+                left = at - time.monotonic()
+                if left > 0:
+                    self._cv.wait(left)
+                    continue
+                self._armed = None
+            try:
+                fire()
+            except Exception:  # noqa: BLE001 — the watchdog must outlive one failing call
+                logger.exception("early start watchdog: %r failed", fire)
+
+
+WATCHDOG = Watchdog()

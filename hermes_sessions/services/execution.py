@@ -97,19 +97,7 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
         early = None
         if hint is not None and session_id:
             early = early_start(turn_id=uuid.UUID(str(turn_id)), session_id=session_id, hint=hint)
-        try:
-            mark("claim.start", turn_id)
-            claim = turn_claim(turn_id=turn_id)
-            mark("claim.end", turn_id)
-        except BaseException:
-            if early is not None:
-                early.abort("the claim failed")
-            raise
-        if early is not None:
-            why = early.confirm(claim)
-            if why:
-                early.abort(why)
-                early = None
+        claim, early = _claim_with(turn_id, early)
         if claim is None:
             return None
         claim.timings["claim_ms"] = _ms_since(t0)
@@ -117,6 +105,8 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
             claim.timings["woken"] = 1
         if early is not None:
             claim.timings["early_start"] = 1
+            if early.paused:
+                claim.timings["early_start_paused"] = 1  # the claim was late: codex waited for it
         try:
             control = TurnControl()
             stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
@@ -126,6 +116,25 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
         finally:
             if early is not None:
                 early.abort_unless_taken()  # the run never reached its copy (e.g. a failure before it)
+
+
+def _claim_with(turn_id: uuid.UUID | str, early: EarlyStart | None) -> tuple[TurnClaim | None, EarlyStart | None]:
+    """``turn_claim``, then ``early``'s confirmation: the claim, and ``early`` if it stands (``None`` once
+    aborted: no claim, a mismatch, or the claim raised — re-raised)."""
+    try:
+        mark("claim.start", turn_id)
+        claim = turn_claim(turn_id=turn_id)
+        mark("claim.end", turn_id)
+    except BaseException:
+        if early is not None:
+            early.abort("the claim failed")
+        raise
+    if early is not None:
+        why = early.confirm(claim)
+        if why:
+            early.abort(why)
+            early = None
+    return claim, early
 
 
 def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
@@ -144,6 +153,9 @@ def _run_with_retries_on(claim: TurnClaim, control: TurnControl, budget: RetryPo
     while True:
         try:
             # An early turn/start belongs to the first try only: a retry runs cold (its copy is closed by then).
+            if retries:
+                claim.timings.pop("early_start", None)
+                claim.timings.pop("early_start_paused", None)
             outcome = _run_once(claim, control, stream, held, early=early if retries == 0 else None)
         except TurnRunError as exc:
             if not _backoff(claim, control, budget, exc, retries=retries, started=started, stream=stream):
@@ -635,7 +647,10 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: wake.WakeHint 
     thread's database connection is checked as a task's is (``close_old_connections``), and the turn has a
     task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only in
     its tasks). ``session_id``: from the wake's payload, for the log."""
+    asked = time.monotonic()
     with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
+        if time.monotonic() - asked > wake.QUEUED_BEHIND_SECONDS:
+            hint = None  # it waited for another turn here: not fresh, whatever its clock says (early_start.py)
         if not taken:
             logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
                         "its fallback copy runs it", turn_id, session_id)

@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 CHANNEL_PREFIX = "hermes_wake_"
 # PostgreSQL 15: a NOTIFY payload "must be shorter than 8000 bytes" in the default configuration (docs: NOTIFY).
 NOTIFY_PAYLOAD_MAX_BYTES = 7999
+# A wake the listener is handed less than this after its last wake's run ended waited behind that run.
+QUEUED_BEHIND_SECONDS = 0.005
 RECONNECT_SECONDS = 1.0  # a lost LISTEN connection is opened again after this pause
 
 # One turn at a time per worker process that keeps threads loaded: Celery's delivery (the main thread)
@@ -194,18 +196,25 @@ class WakeListener:
         with psycopg.Connection.connect(**own_connection_params("hermes-wake"), autocommit=True) as conn:
             conn.execute(f"LISTEN {self.channel}")
             self.listening.set()
+            ran_until = float("-inf")
             while not self._stop.is_set():
                 for note in conn.notifies(timeout=1.0):  # returns each second to look at the stop flag
                     if self._stop.is_set():
                         return
-                    self._woken(note.payload)
+                    # Handed over at once after the last wake's run: it arrived while that ran, so it is
+                    # not fresh whatever its clock says (another host's clock may be off): no hint.
+                    behind = time.monotonic() - ran_until < QUEUED_BEHIND_SECONDS
+                    self._woken(note.payload, queued_behind=behind)
+                    ran_until = time.monotonic()
 
-    def _woken(self, payload: str) -> None:
+    def _woken(self, payload: str, *, queued_behind: bool = False) -> None:
         mark("wake.received", payload.partition(" ")[0])
         parsed = parse_payload(payload)
         if parsed is None:
             logger.warning("wake: ignoring payload %r on %s", payload[:100], self.channel)
             return
+        if queued_behind:
+            parsed = (parsed[0], parsed[1], None)
         try:
             self.run(*parsed)
         except Exception:  # noqa: BLE001 — the Celery delivery still runs the turn

@@ -155,3 +155,77 @@ def test_the_age_bound_stays_far_inside_the_affinity_deadline(settings):
     assert early_start.max_age() == early_start.MAX_AGE_SECONDS == 0.5
     settings.HERMES_AFFINITY_DEADLINE = 0.4
     assert early_start.max_age() == pytest.approx(0.1)
+
+
+# --- a late claim (adversary, session 12) --------------------------------------------------------------
+
+def _late_claim(monkeypatch, seconds: float, before=None):
+    """``turn_claim`` answering ``seconds`` late (a lock wait, a slow database), after ``before(turn_id)``."""
+    claim = execution.turn_claim
+
+    def late(**kw):
+        time.sleep(seconds)
+        if before is not None:
+            before(kw["turn_id"])
+        return claim(**kw)
+
+    monkeypatch.setattr(execution, "turn_claim", late)
+
+
+def test_a_claim_that_is_late_and_then_fails_never_lets_codex_reach_the_model(keeping, user, stand_in, monkeypatch):
+    """Without the pause, a claim 60 ms late let codex ask the model for a turn that ended cancelled (and
+    run a command for it): codex asks ~45 ms after turn/start. Paused after 20 ms, it never does."""
+    session, copy = _first_turn(user)
+    pid = copy.client.pid
+    _late_claim(monkeypatch, 0.3, before=lambda t: services.turn_cancel(turn=Turn.objects.get(pk=t)))
+    turn, done = _woken(session, user, "cancelled while late")
+    assert done is None and Turn.objects.get(pk=turn.pk).status == Turn.Status.CANCELLED
+    assert _dead(pid) and keeping.peek(session.pk) is None
+    time.sleep(0.3)
+    assert _asked(stand_in, "cancelled while late") == 0
+
+
+def test_a_claim_that_is_late_and_holds_resumes_codex_and_the_turn_runs_warm_once(keeping, user, stand_in, monkeypatch):
+    session, copy = _first_turn(user)
+    _late_claim(monkeypatch, 0.3)
+    turn, done = _woken(session, user, "late but mine")
+    assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
+    assert (done.timings.get("early_start"), done.timings.get("early_start_paused"), done.timings.get("warm")) == (
+        1, 1, 1), done.timings
+    assert _asked(stand_in, "late but mine") == 1
+    assert keeping.peek(session.pk).client is copy.client  # resumed, and kept again
+
+
+def test_a_failure_after_the_copy_was_taken_does_not_leave_its_app_server_running(keeping, user, monkeypatch):
+    session, copy = _first_turn(user)
+    pid = copy.client.pid
+
+    def full_disk(name, key=""):
+        if name == "codex.turn_start.sent":
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(early_start, "mark", full_disk)
+    turn = services.turn_enqueue(session=session, input_text="second", user=user)
+    with pytest.raises(OSError):
+        execution.turn_execute(turn_id=turn.pk, woken=True, session_id=session.pk,
+                               hint=WakeHint(text="second", sent_at=time.time()))
+    assert _dead(pid) and keeping.peek(session.pk) is None
+
+
+def test_a_kept_app_server_that_dies_as_the_early_start_reaches_it_runs_the_turn_cold_and_says_so(
+        keeping, user, stand_in, monkeypatch):
+    """Killed between turns, its death not yet seen: turn/start is written, then codex is gone. Nothing of
+    the turn is in its rollout, so the turn runs again, cold — and its timings do not say early_start."""
+    session, copy = _first_turn(user)
+    send = copy.client.send_request
+
+    def send_then_die(*a, **kw):
+        pending = send(*a, **kw)
+        os.killpg(copy.client.pid, 9)
+        return pending
+
+    monkeypatch.setattr(copy.client, "send_request", send_then_die)
+    turn, done = _woken(session, user, "after the kill")
+    assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
+    assert "early_start" not in done.timings and "warm" not in done.timings, done.timings
+    assert _asked(stand_in, "after the kill") == 1

@@ -274,6 +274,35 @@ def test_the_listener_runs_each_wake_skips_malformed_ones_and_survives_a_failing
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_wake_that_arrived_while_the_listener_ran_another_loses_its_hint(caplog):
+    """Its own clock says nothing of how long it waited here (another host's clock may be off): a wake the
+    listener is handed right after a run ended waited behind it, so no early turn/start (adversary, session 12)."""
+    queue = own("behind")
+    seen: list[tuple[uuid.UUID, bool]] = []
+
+    def run(turn_id: uuid.UUID, session_id: str, hint: wake.WakeHint | None) -> None:
+        seen.append((turn_id, hint is not None))
+        if len(seen) == 1:
+            time.sleep(0.3)  # the second wake arrives meanwhile
+
+    listener = wake.WakeListener(queue, run)
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        _notify(queue, wake.wake_payload(turn_id=first, session_id="s", text="one"))
+        _wait_for(lambda: len(seen) == 1)
+        _notify(queue, wake.wake_payload(turn_id=second, session_id="s", text="two"))
+        _wait_for(lambda: len(seen) == 2)
+        time.sleep(0.1)
+        _notify(queue, wake.wake_payload(turn_id=third, session_id="s", text="three"))
+        _wait_for(lambda: len(seen) == 3)
+        assert seen == [(first, True), (second, False), (third, True)]
+    finally:
+        listener.stop()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_listener_listens_again_after_its_connection_is_killed(monkeypatch):
     monkeypatch.setattr(wake, "RECONNECT_SECONDS", 0.05)
     queue = own("relisten")
@@ -345,6 +374,16 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     hint = wake.WakeHint(text="hi", sent_at=time.time())
     execution.turn_execute_woken(turn_id, "s-1", hint)
     assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True, "session_id": "s-1", "hint": hint}]
+
+
+def test_a_woken_turn_that_waited_for_the_slot_loses_its_hint(settings, monkeypatch):
+    settings.HERMES_AFFINITY_DEADLINE = 5.0
+    ran: list = []
+    monkeypatch.setattr(execution, "turn_execute", lambda **kw: ran.append(kw))
+    _, release = _held_slot()
+    threading.Timer(0.2, release.set).start()
+    execution.turn_execute_woken(uuid.uuid4(), "s-1", wake.WakeHint(text="hi", sent_at=time.time()))
+    assert [kw["hint"] for kw in ran] == [None]
 
 
 def test_a_celery_delivery_waits_for_a_woken_turn_only_where_a_listener_runs(monkeypatch):
