@@ -339,8 +339,9 @@ HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 8)  # kept app-serv
 HERMES_WARM_MAX_TURNS = env_int("HERMES_WARM_MAX_TURNS", 200)  # turns one kept app-server runs before it is recycled
 HERMES_WARM_MAX_RSS_MB = env_int("HERMES_WARM_MAX_RSS_MB", 512)  # a kept app-server above this resident size is closed
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
-# The enqueue of a routed turn also wakes its worker by PostgreSQL NOTIFY, ahead of the Celery message (which
-# stays the durable path); 0: Celery only (hermes_sessions/services/wake.py).
+# The enqueue of a routed turn wakes its worker by PostgreSQL NOTIFY instead of a message to the worker's own
+# queue; the shared queue's fallback copy, sent HERMES_AFFINITY_DEADLINE later if the turn is still queued,
+# stays the durable path; 0: Celery messages only (hermes_sessions/services/wake.py).
 HERMES_WAKE = env_bool("HERMES_WAKE", True)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
