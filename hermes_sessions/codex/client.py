@@ -221,22 +221,26 @@ class AppServerClient:
         self.close(timeout=1.0)
 
     def pause(self) -> bool:
-        """SIGSTOP the process group (codex and its helpers stop where they are); ``resume`` goes on.
-        For an early ``turn/start`` whose claim is late (``services/early_start.py``): codex must not reach
-        the model before the claim holds. Returns whether a running process was signalled."""
-        return self._signal_group(signal.SIGSTOP)
+        """SIGSTOP the app-server process (all its threads stop where they are); ``resume`` goes on. For an
+        early ``turn/start`` whose claim is late (``services/early_start.py``): codex must not reach the model
+        before the claim holds — its own threads are what ask the model and start commands. Not the group:
+        a sandbox helper codex is starting then (``bwrap … --die-with-parent``) could be stopped before it
+        registered to die with its parent, and a worker killed meanwhile would leave it stopped for ever
+        under init (adversary, session 13: 4 of 4 runs). Returns whether a running process was signalled."""
+        return self._signal(signal.SIGSTOP, group=False)
 
     def resume(self) -> bool:
-        """SIGCONT the process group after ``pause``. Returns whether a running process was signalled."""
-        return self._signal_group(signal.SIGCONT)
+        """SIGCONT the process group after ``pause`` (the group: whatever was stopped in it goes on). Returns
+        whether a running process was signalled."""
+        return self._signal(signal.SIGCONT, group=True)
 
-    def _signal_group(self, sig: int) -> bool:
+    def _signal(self, sig: int, *, group: bool) -> bool:
         proc = self._proc
         with self._reap_lock:  # never after the leader was reaped: its pid (our pgid) could be reused
             if proc is None or proc.returncode is not None:
                 return False
             try:
-                os.killpg(proc.pid, sig)
+                (os.killpg if group else os.kill)(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 return False
         return True
@@ -605,5 +609,10 @@ class PendingRequest:
 
     def result(self) -> dict:
         """The answer's ``result``; raises as ``AppServerClient.request`` does (``RequestTimeout`` at the
-        deadline set when it was sent)."""
+        deadline set when it was sent, moved on by ``extend``)."""
         return self._client._await(self.request_id, self.method, self._deadline, self._timeout)
+
+    def extend(self, seconds: float) -> None:
+        """Move the deadline ``seconds`` later: for time codex could not answer in because it was stopped
+        (``AppServerClient.pause``; an early ``turn/start`` whose claim held late must not then time out)."""
+        self._deadline += max(seconds, 0.0)

@@ -16,10 +16,11 @@ stored thread, generation, config or input is not the kept copy's — the app-se
 still this worker's, then runs cold. Killed within a claim's round trip, codex has not reached the
 model (above), so an abandoned early start costs nothing but the copy. A claim can be late (a lock
 held by another writer of the session, a slow database, a busy host): ``PAUSE_AFTER_SECONDS`` after
-``turn/start`` a watchdog thread (``Watchdog``) stops codex's process group (SIGSTOP) until the claim is
-confirmed (SIGCONT, ``timings["early_start_paused"]``) or not (SIGKILL) — found by the adversary of
-session 12: a claim 60 ms late let codex ask the model, and run a command, for a turn that ended
-cancelled.
+``turn/start`` a watchdog thread (``Watchdog``) stops the app-server process (SIGSTOP; not its group, whose
+sandbox helpers could be stopped before they registered to die with their parent — ``AppServerClient.pause``)
+until the claim is confirmed (SIGCONT, ``timings["early_start_paused"]``; the stopped time extends
+``turn/start``'s deadline) or not (SIGKILL) — found by the adversary of session 12: a claim 60 ms late let
+codex ask the model, and run a command, for a turn that ended cancelled.
 
 An early start is tried only when every one of these holds (``early_start``), else the worker claims
 first as before:
@@ -86,6 +87,7 @@ class EarlyStart:
     taken: bool = False
     paused: bool = False  # the claim was late: codex is (or was) stopped until it is confirmed
     settled: bool = False  # confirmed or aborted: the watchdog leaves it alone
+    _paused_at: float = 0.0  # time.monotonic() of the pause
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _late(self) -> None:
@@ -95,6 +97,7 @@ class EarlyStart:
             if self.settled:
                 return
             self.paused = self.kept.client.pause()
+            self._paused_at = time.monotonic()
         logger.info("turn %s: its claim is late; codex is paused until it holds", self.turn_id)
 
     def _settle(self) -> None:
@@ -111,6 +114,9 @@ class EarlyStart:
         self._settle()
         if not why and self.paused:
             self.kept.client.resume()
+            # The time codex was stopped does not count against turn/start's answer (adversary, session 13:
+            # a claim that held later than CODEX_REQUEST_TIMEOUT failed the turn with a request timeout).
+            self.pending.extend(time.monotonic() - self._paused_at)
         return why
 
     def _why(self, claim: TurnClaim | None) -> str:

@@ -229,3 +229,17 @@ def test_a_kept_app_server_that_dies_as_the_early_start_reaches_it_runs_the_turn
     assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
     assert "early_start" not in done.timings and "warm" not in done.timings, done.timings
     assert _asked(stand_in, "after the kill") == 1
+
+
+def test_a_claim_late_past_the_request_timeout_still_runs_the_turn(keeping, user, stand_in, monkeypatch, settings):
+    """codex is stopped while the claim is late: its turn/start answer cannot come in that time. A claim that
+    holds after CODEX_REQUEST_TIMEOUT must not fail the turn for a timeout codex had no part in (claiming
+    first, the same late claim just delays the turn). Adversary, session 13: the turn ended failed with
+    "codex app-server did not answer 'turn/start' within …"."""
+    settings.CODEX_REQUEST_TIMEOUT = 1.0
+    session, copy = _first_turn(user)
+    _late_claim(monkeypatch, 1.5)
+    turn, done = _woken(session, user, "late past the request timeout")
+    assert done is not None and done.status == Turn.Status.SUCCEEDED, (done and done.status, done and done.error)
+    time.sleep(0.5)
+    assert _asked(stand_in, "late past the request timeout") == 1
