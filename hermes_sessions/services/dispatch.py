@@ -101,7 +101,13 @@ def turn_pass_on(turn_id: uuid.UUID | str) -> None:
 def route_given(route: str) -> str:
     """A route read by the caller (``turn_enqueue``), or ``""`` when tasks run in-process (``_route``):
     the own queue a routed turn goes to (or whose worker is woken), ``""`` for the shared queue only."""
-    return "" if current_app.conf.task_always_eager else route
+    return route if routes_to_workers() else ""
+
+
+def routes_to_workers() -> bool:
+    """Whether turns go to workers' own queues at all: not when tasks run in-process (Celery's
+    ``task_always_eager``, as ``apply_async`` obeys it: there is no other worker to route to)."""
+    return not current_app.conf.task_always_eager
 
 
 def _route(turn_id: uuid.UUID | str) -> str:

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -291,20 +291,36 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
 
 
 def event_append_held(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
-                      notify: bool = True) -> HeldEvents:
+                      notify: bool = True, data_sql: Mapping[int, str] | None = None) -> HeldEvents:
     """``event_append_many`` as a statement held in ``batch`` (``pipelining``) on PostgreSQL: it goes with
     the batch's next round trip (the claim's and the finalize's: the one carrying the COMMIT), and its
     ids are read from the result afterwards. For writers that hold the session lock already (the
     enqueue, the claim, the finalize). Other databases write at once. Raises
-    ``TransactionManagementError`` outside a transaction."""
+    ``TransactionManagementError`` outside a transaction.
+
+    ``data_sql`` (PostgreSQL only): ``{index in items: SQL expression}`` giving that event's ``jsonb`` data
+    from the database instead of ``items``' dict, for data the caller learns only from its round trip (the
+    one-trip enqueue's ``queued`` event and its drawn ``seq``: ``QUEUED_SEQ_SQL``). The expression may use
+    ``%(turn)s``, the turn's id."""
     if not connection.in_atomic_block:
         raise TransactionManagementError("event_append runs inside the transaction of the change it reports")
     rows = [(kind, clean_json(data or {})) for kind, data in items]
     if connection.vendor != "postgresql" or not rows:
+        if data_sql:
+            raise TransactionManagementError("data_sql is for PostgreSQL's held statements")
         ids = _insert_events(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify)
         return HeldEvents(turn.session_id, turn.pk, Later.ready(ids))
-    statement = _events_statement(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify)
+    statement = _events_statement(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify,
+                                  data_sql=data_sql)
     return HeldEvents(turn.session_id, turn.pk, batch.add(*statement, convert=_event_ids))
+
+
+def queued_seq_sql() -> str:
+    """``event_append_held``'s ``data_sql`` for a ``queued`` event whose turn's ``seq`` is drawn in the same
+    round trip: ``{"seq": <the turn row's seq>}``, read from the row inserted before it."""
+    q = connection.ops.quote_name
+    return (f"jsonb_build_object('seq', (SELECT {q('seq')} FROM {q(Turn._meta.db_table)} "
+            f"WHERE {q('id')} = %(turn)s))")
 
 
 def _event_ids(rows: list[tuple[Any, ...]]) -> list[int] | None:
@@ -325,16 +341,22 @@ def event_append_claimed_held(batch: Batch, *, turn_id: uuid.UUID, token: uuid.U
 
 def _events_statement(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows: list[tuple[str, Any]], *,
                       now: datetime, token: uuid.UUID | None = None, notify: bool = True,
-                      attempt_of_claim: bool = False) -> tuple[str, dict[str, Any]]:
+                      attempt_of_claim: bool = False,
+                      data_sql: Mapping[int, str] | None = None) -> tuple[str, dict[str, Any]]:
     """``_insert_events``'s statement (PostgreSQL, ``_events_sql``) and its parameters. ``attempt_of_claim``
-    (with ``token``): the events' attempt is the claimed turn row's, not ``attempt``."""
+    (with ``token``): the events' attempt is the claimed turn row's, not ``attempt``. ``data_sql``: SQL
+    expressions for some rows' data (``event_append_held``)."""
     json_field = TurnEvent._meta.get_field("data")
     params: dict[str, Any] = {"session": session_id, "turn": turn_id, "attempt": attempt, "now": now,
                               "token": token, "running": Turn.Status.RUNNING, "channel": CHANNEL,
                               "prefix": f"{session_id} {turn_id} ", "turn_part": f" {turn_id} "}
     values = []
     for i, (kind, data) in enumerate(rows):
-        params[f"k{i}"], params[f"d{i}"] = kind, json_field.get_db_prep_value(data, connection)
+        params[f"k{i}"] = kind
+        if data_sql and i in data_sql:
+            values.append(f"({i}, %(k{i})s, {data_sql[i]})")
+            continue
+        params[f"d{i}"] = json_field.get_db_prep_value(data, connection)
         values.append(f"({i}, %(k{i})s, %(d{i})s::jsonb)")
     sql = _events_sql(claimed=token is not None, notify=notify, attempt_of_claim=attempt_of_claim and token is not None)
     return sql.replace("{values}", ", ".join(values)), params

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Q
+from django.db.models import Field, Q
 from django.utils import timezone
 
 from .. import policy
@@ -104,7 +104,11 @@ def turn_enqueue(
 
 
 def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: User | None, on_busy: str) -> Turn:
+    if on_busy != "reject" and connection.vendor == "postgresql" and not connection.in_atomic_block:
+        return _enqueue_in_one_trip(session_id=session_id, owner_id=owner_id, text=text, created_by=created_by,
+                                    interrupt=on_busy == "interrupt")
     # Two round trips (``pipelining``): the lock, the draw and the reads; then the writes with the COMMIT.
+    # (``reject`` must see the busy turn before it writes; inside a caller's transaction nothing is pipelined.)
     with pipelined_atomic() as batch:
         bound_lock_waits(batch)  # the wait for the session's lock below, and any other, until this transaction ends
         # The session's row lock, taken by the UPDATE that draws the turn's seq (FOR NO KEY UPDATE — the
@@ -149,6 +153,115 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=woken)
         events.event_notify_on_commit(queued)
     return turn
+
+
+def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, created_by: User | None,
+                         interrupt: bool) -> Turn:
+    """``_enqueue`` for ``on_busy`` ``enqueue`` or ``interrupt`` on PostgreSQL, as the outermost transaction:
+    one round trip (``pipelining``) from ``BEGIN`` to ``COMMIT`` — the lock and the draw, the interrupt,
+    the turn's INSERT with the drawn ``seq`` read from the locked session row, its ``queued`` event (its
+    ``seq`` likewise), then the reads and the conditional wake as one statement — where ``_enqueue`` needs
+    two: none of these writes depends on what the reads find (a turn is queued, busy or not), so Python
+    has nothing to decide between them. The wake's ``pg_notify`` is the one ``_enqueue`` holds (``wake``),
+    sent by the statement itself when the route is a wakeable worker's, no other turn of the session is
+    running or queued and the turn was inserted; its channel named in SQL (``wake.wake_channel_sql``).
+    Every statement after the lock runs after it (a statement's snapshot is taken when it starts): the
+    reads see every turn committed while this one waited, as in ``_enqueue``. A session that is not the
+    caller's (or no session) matches nothing: nothing is written, no wake is sent, the commit is empty,
+    ``Session.DoesNotExist`` (I7). Measured with ``HERMES_LATENCY_MARKS``: the second round trip and the
+    Python between them were ~1.5 ms of a warm turn's way from the ``POST`` to the woken worker."""
+    now = timezone.now()
+    turn = Turn(session_id=session_id, seq=0, input=text, created_by=created_by, dispatched_at=now)
+    touch(turn, "created_at")
+    can_wake = wake.wake_enabled() and dispatch.routes_to_workers()
+    payload = wake.wake_payload(turn_id=turn.id, session_id=session_id,
+                                text=text if settings.HERMES_EARLY_START else None) if can_wake else ""
+    owned = owner_id is not None
+    with pipelined_atomic() as batch:
+        bound_lock_waits(batch)  # the wait for the session's lock below, and any other, until this transaction ends
+        updated_at = Session._meta.get_field("updated_at").get_db_prep_save(now, connection)
+        # The session's row lock (as in ``_enqueue``), held to the commit.
+        drawn: Later[Any] = batch.add(_draw_seq_sql(owned=owned), [updated_at, session_id, *([owner_id] if owned else [])])
+        insert, insert_params = _insert_drawn_turn_sql(turn, owned=owned)
+        batch.add(insert, [*insert_params, session_id, *([owner_id] if owned else [])])
+        turn._state.adding, turn._state.db = False, connection.alias
+        if interrupt:  # the running turn is asked to stop (only once the new turn exists: the caller's session)
+            batch.add(_interrupt_sql(), [now, session_id, Turn.Status.RUNNING, turn.id])
+        queued = events.event_append_held(batch, turn=turn, items=[(events.QUEUED, None)], notify=False,
+                                          data_sql={0: events.queued_seq_sql()})
+        route_sql, route_params = affinity.session_route_sql(session_id)
+        reads: Later[Any] = batch.add(_enqueue_reads_and_wake_sql(route_sql), [
+            session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, turn.id, session_id, Turn.Status.RUNNING,
+            Turn.Status.QUEUED, turn.id, *route_params, session_id, payload, can_wake, turn.id])
+
+        def after_commit() -> None:  # Django runs it after the COMMIT, by then the round trip's results are in
+            row = reads.one()
+            if row is None or drawn.rowcount != 1:
+                return
+            route = affinity.parse_route(row[3])
+            queue = dispatch.route_given(route.queue) if route is not None else ""
+            # Outside the transaction now: both send at once, the task first (``_enqueue``'s order).
+            dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=bool(row[4]))
+            events.event_notify_on_commit(queued)
+
+        transaction.on_commit(after_commit)
+    row = reads.one()
+    if row is None or drawn.rowcount != 1:  # the UPDATE found no row to lock (or not the owner's)
+        raise Session.DoesNotExist(f"no session {session_id!r}")
+    turn.seq = row[0]
+    return turn
+
+
+@functools.cache
+def _interrupt_sql() -> str:
+    """Ask the session's running turn to stop (``on_busy=interrupt``): its ``cancel_requested_at``, once —
+    only when the turn of the last parameter exists (the one-trip enqueue's new turn: inserted only into a
+    session the caller owns, so nobody interrupts another's turn)."""
+    q = connection.ops.quote_name
+    turns = q(Turn._meta.db_table)
+    return (f"UPDATE {turns} SET {q('cancel_requested_at')} = %s WHERE {q('session_id')} = %s "
+            f"AND {q('status')} = %s AND {q('cancel_requested_at')} IS NULL "
+            f"AND EXISTS (SELECT 1 FROM {turns} n WHERE n.{q('id')} = %s)")
+
+
+def _insert_drawn_turn_sql(turn: Turn, *, owned: bool) -> tuple[str, list[Any]]:
+    """The INSERT of the new ``turn`` with its ``seq`` taken from its session row (``last_turn_seq``, as the
+    draw before it left it) — ``INSERT … SELECT … FROM session WHERE id = %s [AND owner_id = %s]``: no row,
+    no turn — and its parameters but the session's id (and owner's), which come last."""
+    sql, targets = _insert_drawn_turn_text(owned=owned)
+    return sql, [f.get_db_prep_save(getattr(turn, f.attname), connection) for f in targets]
+
+
+@functools.cache
+def _insert_drawn_turn_text(*, owned: bool) -> tuple[str, list[Field[Any, Any]]]:
+    q = connection.ops.quote_name
+    fields: list[Field[Any, Any]] = [Turn._meta.get_field(name) for name in _TURN_FIELDS]  # type: ignore[misc]
+    targets = [f for f in fields if f.name != "seq"]
+    values = ["s." + q("last_turn_seq") if f.name == "seq" else "%s" for f in fields]
+    sql = (f"INSERT INTO {q(Turn._meta.db_table)} (" + ", ".join(q(str(f.column)) for f in fields) + ") SELECT "
+           + ", ".join(values) + f" FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s"
+           + (f" AND s.{q('owner_id')} = %s" if owned else ""))
+    return sql, targets
+
+
+@functools.cache
+def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
+    """The one-trip enqueue's reads after its writes, and its wake, as one statement: ``_enqueue_reads_sql``'s
+    columns (the busy turn leaves the new one out) and how many wakes were sent (0 or 1) — the ``pg_notify``
+    of ``wake.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
+    session is running or queued, the caller allows it (``wake_enabled``, not in-process) and the turn row
+    exists (a session that is not the caller's gets no wake)."""
+    q = connection.ops.quote_name
+    turns = q(Turn._meta.db_table)
+    busy = (f"FROM {turns} b WHERE b.{q('session_id')} = %s AND b.{q('status')} IN (%s, %s) "
+            f"AND b.{q('id')} <> %s ORDER BY b.{q('status')} DESC, b.{q('seq')} LIMIT 1")
+    channel = wake.wake_channel_sql(f"substr(r.route, {len('wake:') + 1})")
+    return (f"WITH r AS (SELECT s.{q('last_turn_seq')} AS seq, (SELECT b.{q('id')} {busy}) AS busy_id, "
+            f"(SELECT b.{q('status')} {busy}) AS busy_status, {route_sql} AS route "
+            f"FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s), "
+            f"n AS (SELECT pg_notify({channel}, %s) FROM r WHERE %s AND left(r.route, 5) = 'wake:' "
+            f"AND r.busy_id IS NULL AND EXISTS (SELECT 1 FROM {turns} WHERE {q('id')} = %s)) "
+            "SELECT r.seq, r.busy_id, r.busy_status, r.route, (SELECT count(*) FROM n) FROM r")
 
 
 @functools.cache

@@ -64,8 +64,16 @@ _slot = threading.Lock()
 
 def wake_channel(queue: str) -> str:
     """The ``LISTEN`` channel of the worker consuming own queue ``queue``: ``hermes_wake_`` + 20 hex
-    digits of its SHA-1 (a node name can be longer than a channel name may be)."""
-    return CHANNEL_PREFIX + hashlib.sha1(queue.encode()).hexdigest()[:20]
+    digits of its SHA-256 (a node name can be longer than a channel name may be). SHA-256 because
+    PostgreSQL computes it too: the enqueue's one round trip names the channel in SQL from the route it
+    reads there (``wake_channel_sql``)."""
+    return CHANNEL_PREFIX + hashlib.sha256(queue.encode()).hexdigest()[:20]
+
+
+def wake_channel_sql(queue_expr: str) -> str:
+    """``wake_channel`` of the queue that the SQL expression ``queue_expr`` names, as a SQL expression
+    (PostgreSQL 11+: ``sha256(bytea)``)."""
+    return f"'{CHANNEL_PREFIX}' || left(encode(sha256(convert_to({queue_expr}, 'UTF8')), 'hex'), 20)"
 
 
 def wake_enabled() -> bool:

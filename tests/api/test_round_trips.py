@@ -21,15 +21,15 @@ from tests.support.round_trips import counting, round_trips_counted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The token, then one transaction in two round trips (psycopg's pipeline mode, ``services.pipelining``):
-# BEGIN, the transaction's lock timeout (set_config), the UPDATE that locks the session and draws the seq —
-# only the caller's session: the ownership is checked there, not by a read before (session 8) —, the busy
-# turn and the route; then the turn's INSERT, the queued event's INSERT and COMMIT. The send after the
-# commit reads nothing; then the queued event's NOTIFY, sent after the task (events.event_notify_on_commit:
-# the API's own stream read it wakes does not compete with the send). Round trips on the wire
-# (``tests.support.round_trips``); statements as Django records them (with its own BEGIN and COMMIT entries,
-# which send nothing here).
-TURN_POST_ROUND_TRIPS = 4
+# The token, then one transaction in one round trip (psycopg's pipeline mode, ``services.pipelining``;
+# ``turns._enqueue_in_one_trip``, session 13): BEGIN, the transaction's lock timeout (set_config), the UPDATE
+# that locks the session and draws the seq — only the caller's session: the ownership is checked there, not
+# by a read before (session 8) —, the turn's INSERT (its seq read from the locked row), the queued event's
+# INSERT, the busy turn and the route with the conditional wake, and COMMIT. The send after the commit reads
+# nothing; then the queued event's NOTIFY, sent after the task (events.event_notify_on_commit: the API's own
+# stream read it wakes does not compete with the send). Round trips on the wire (``tests.support.round_trips``);
+# statements as Django records them (with its own BEGIN and COMMIT entries, which send nothing here).
+TURN_POST_ROUND_TRIPS = 3
 TURN_POST_QUERIES = 11
 # The token, the turn (joined to its session's owner).
 TURN_GET_QUERIES = 2
@@ -58,7 +58,7 @@ def sends(monkeypatch) -> list[tuple[str, str | None, float | None]]:
         celery_app.conf.task_always_eager = True
 
 
-def test_a_turn_post_costs_four_round_trips_with_its_routing(token_client, user, sends, settings,
+def test_a_turn_post_costs_three_round_trips_with_its_routing(token_client, user, sends, settings,
                                                             django_assert_max_num_queries, monkeypatch):
     from django.db import connection
 
@@ -91,7 +91,8 @@ def test_a_turn_post_costs_four_round_trips_with_its_routing(token_client, user,
 
 def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_client, user, sends, settings,
                                                                     django_assert_max_num_queries):
-    """The wake's ``pg_notify`` joins the transaction's second round trip (``services/wake.py``); the holder
+    """The wake's ``pg_notify`` is sent by the enqueue's last statement, in its one round trip (``services/wake.py``,
+    ``turns._enqueue_in_one_trip``); the holder
     gets no Celery message, and the shared queue's fallback copy is held until due (``fallback_copies``): no
     Celery send during the request."""
     session = SessionFactory(owner=user)
@@ -100,14 +101,14 @@ def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_clie
     WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
                               until=timezone.now() + timedelta(seconds=60))
     with round_trips_counted() as wire, counting(wire) as trips, \
-            django_assert_max_num_queries(TURN_POST_QUERIES + 1) as captured:
+            django_assert_max_num_queries(TURN_POST_QUERIES) as captured:
         response = token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
                                      content_type="application/json")
     assert response.status_code == 202, response.content
     assert trips == [TURN_POST_ROUND_TRIPS]
     sqls = [q["sql"] for q in captured.captured_queries]
     commit = sqls.index("COMMIT")
-    assert any(s.startswith("SELECT pg_notify(") for s in sqls[:commit]), sqls  # in the transaction
+    assert any("pg_notify(" in s for s in sqls[:commit]), sqls  # in the transaction
     assert sends == []
     assert uuid.UUID(response.json()["id"]) in fallback_copies.SENDER.pending()
     assert fallback_copies.SENDER.flush() >= 1

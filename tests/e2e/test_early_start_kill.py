@@ -41,7 +41,7 @@ def _group(pgid: int) -> list[tuple[int, str, str]]:
     return found
 
 
-def test_a_worker_killed_while_codex_is_paused_leaves_no_process_of_codex_behind(user, workers, stand_in, monkeypatch):
+def test_a_worker_killed_while_codex_is_paused_leaves_no_process_of_codex_behind(user, workers, stand_in, monkeypatch):  # noqa: F811
     proc = workers.start("a")
     session = services.session_create(owner=user, session_id="paused-kill")
     assert _turn(session, user, "first").status == "succeeded"

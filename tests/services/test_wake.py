@@ -18,7 +18,7 @@ from django.db import connection, transaction
 
 from hermes_sessions import services, tasks
 from hermes_sessions.models import Turn, TurnWorker
-from hermes_sessions.services import affinity, execution, fallback_copies, wake
+from hermes_sessions.services import affinity, execution, fallback_copies, pipelining, wake
 from hermes_sessions.services.own_connections import own_connection_params
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory
@@ -207,8 +207,14 @@ def test_a_rolled_back_enqueue_wakes_nobody(listening, monkeypatch):
     worker_row(queue, wakeable=True)
     heard = listening(queue)
     celery_app.conf.task_always_eager = False
-    monkeypatch.setattr(services.turns.events, "event_notify_on_commit",
-                        lambda *_: (_ for _ in ()).throw(RuntimeError("after the NOTIFY was held")))
+    real_send = pipelining.Batch.send
+
+    def send_then_fail(self, *, commit=False):
+        real_send(self)  # every held statement runs in the transaction, the wake's pg_notify included …
+        if commit:
+            raise RuntimeError("… and the COMMIT never comes")
+
+    monkeypatch.setattr(pipelining.Batch, "send", send_then_fail)
     try:
         with pytest.raises(RuntimeError):
             services.turn_enqueue(session=session, input_text="lost", user=session.owner)
