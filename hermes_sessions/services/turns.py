@@ -183,7 +183,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
         # The session's row lock (as in ``_enqueue``), held to the commit.
         drawn: Later[Any] = batch.add(_draw_seq_sql(owned=owned), [updated_at, session_id, *([owner_id] if owned else [])])
         insert, insert_params = _insert_drawn_turn_sql(turn, owned=owned)
-        batch.add(insert, [*insert_params, session_id, *([owner_id] if owned else [])])
+        inserted: Later[Any] = batch.add(insert, [*insert_params, session_id, *([owner_id] if owned else [])])
         turn._state.adding, turn._state.db = False, connection.alias
         if interrupt:  # the running turn is asked to stop (only once the new turn exists: the caller's session)
             batch.add(_interrupt_sql(), [now, session_id, Turn.Status.RUNNING, turn.id])
@@ -209,6 +209,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     if row is None or drawn.rowcount != 1:  # the UPDATE found no row to lock (or not the owner's)
         raise Session.DoesNotExist(f"no session {session_id!r}")
     turn.seq = row[0]
+    turn.created_at, turn.dispatched_at = inserted.one() or (turn.created_at, now)  # stamped once the lock was held
     return turn
 
 
@@ -236,11 +237,18 @@ def _insert_drawn_turn_sql(turn: Turn, *, owned: bool) -> tuple[str, list[Any]]:
 def _insert_drawn_turn_text(*, owned: bool) -> tuple[str, list[Field[Any, Any]]]:
     q = connection.ops.quote_name
     fields: list[Field[Any, Any]] = [Turn._meta.get_field(name) for name in _TURN_FIELDS]  # type: ignore[misc]
-    targets = [f for f in fields if f.name != "seq"]
-    values = ["s." + q("last_turn_seq") if f.name == "seq" else "%s" for f in fields]
+    # seq from the locked row; created_at / dispatched_at when the statement runs — after the lock wait, as
+    # _enqueue stamps them (the sweep and the affinity hand-off count from dispatched_at: a POST that waited
+    # for the lock longer than HERMES_AFFINITY_DEADLINE made a turn overdue at birth; adversary, session 13).
+    # One clock reading for both (a lateral row, evaluated once).
+    stamped = {"created_at", "dispatched_at"}
+    targets = [f for f in fields if f.name != "seq" and f.name not in stamped]
+    values = ["s." + q("last_turn_seq") if f.name == "seq" else "c.now" if f.name in stamped else "%s" for f in fields]
     sql = (f"INSERT INTO {q(Turn._meta.db_table)} (" + ", ".join(q(str(f.column)) for f in fields) + ") SELECT "
-           + ", ".join(values) + f" FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s"
-           + (f" AND s.{q('owner_id')} = %s" if owned else ""))
+           + ", ".join(values) + f" FROM {q(Session._meta.db_table)} s CROSS JOIN (SELECT clock_timestamp() AS now) c "
+           f"WHERE s.{q('id')} = %s"
+           + (f" AND s.{q('owner_id')} = %s" if owned else "")
+           + f" RETURNING {q('created_at')}, {q('dispatched_at')}")
     return sql, targets
 
 

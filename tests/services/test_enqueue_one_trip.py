@@ -6,13 +6,17 @@ nothing of it reaching a session that is not the caller's. On PostgreSQL, as the
 from __future__ import annotations
 
 import threading
+import time
 
+import psycopg
 import pytest
 from django.db import connection, connections
+from django.utils import timezone
 
 from hermes_sessions import services
 from hermes_sessions.models import Session, Turn
-from hermes_sessions.services import pipelining, wake
+from hermes_sessions.services import affinity, pipelining, wake
+from hermes_sessions.services.own_connections import own_connection_params
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory, UserFactory
 
@@ -178,3 +182,31 @@ def test_a_nul_byte_in_the_input_is_stored_cleaned_not_a_500(user, routing, sent
     turn = services.turn_enqueue(owned_session_id=session.id, input_text="a\x00b", user=user)
     assert "\x00" not in Turn.objects.get(pk=turn.pk).input
 
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "interrupt", "reject"])
+def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, routing, sent, settings, on_busy):
+    """``dispatched_at`` is when ``run_turn`` goes out — the sweep and the affinity hand-off count from it —: the
+    commit, not the moment the POST began to wait for the session's lock. Adversary, session 13: the one-trip
+    enqueue stamped it before the wait, so a POST that waited longer than HERMES_AFFINITY_DEADLINE made a turn
+    that its warm holder's loop would hand off at once (it then ran cold)."""
+    settings.HERMES_AFFINITY_DEADLINE = 0.5
+    settings.HERMES_POST_LOCK_TIMEOUT_MS = 3000
+    session = SessionFactory(owner=user)
+    queue = own("late")
+    worker_row(queue, wakeable=True)
+    warm_row(session, queue)
+    holder = psycopg.Connection.connect(**own_connection_params("test-lock-holder"))
+    try:
+        holder.execute(f'SELECT 1 FROM {Session._meta.db_table} WHERE id = %s FOR NO KEY UPDATE', [session.pk])
+        threading.Timer(0.8, holder.commit).start()  # a finalize or an operator's command holding it 0.8 s
+        began = timezone.now()
+        turn = services.turn_enqueue(owned_session_id=session.id, input_text="hi", user=user, on_busy=on_busy)
+        overdue = affinity.overdue_turns(queue=queue)  # right after the 202
+    finally:
+        time.sleep(0.9)
+        holder.close()
+    assert (session.id, turn.pk) not in overdue
+    stored = Turn.objects.get(pk=turn.pk)
+    assert (stored.created_at, stored.dispatched_at) == (turn.created_at, turn.dispatched_at)  # the 202 says what is stored
+    assert (stored.dispatched_at - began).total_seconds() >= 0.7
