@@ -300,7 +300,7 @@ def event_append_held(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, di
 
     ``data_sql`` (PostgreSQL only): ``{index in items: SQL expression}`` giving that event's ``jsonb`` data
     from the database instead of ``items``' dict, for data the caller learns only from its round trip (the
-    one-trip enqueue's ``queued`` event and its drawn ``seq``: ``QUEUED_SEQ_SQL``). The expression may use
+    one-trip enqueue's ``queued`` event and its drawn ``seq``: ``queued_seq_sql``). The expression may use
     ``%(turn)s``, the turn's id."""
     if not connection.in_atomic_block:
         raise TransactionManagementError("event_append runs inside the transaction of the change it reports")

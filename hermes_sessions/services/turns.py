@@ -158,9 +158,10 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
 def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, created_by: User | None,
                          interrupt: bool) -> Turn:
     """``_enqueue`` for ``on_busy`` ``enqueue`` or ``interrupt`` on PostgreSQL, as the outermost transaction:
-    one round trip (``pipelining``) from ``BEGIN`` to ``COMMIT`` — the lock and the draw, the interrupt,
-    the turn's INSERT with the drawn ``seq`` read from the locked session row, its ``queued`` event (its
-    ``seq`` likewise), then the reads and the conditional wake as one statement — where ``_enqueue`` needs
+    one round trip (``pipelining``) from ``BEGIN`` to ``COMMIT`` — the lock and the draw, the turn's INSERT
+    with the drawn ``seq`` read from the locked session row (and its ``created_at`` / ``dispatched_at`` from
+    the clock after the lock's wait), the interrupt, its ``queued`` event (its ``seq`` likewise), then the
+    reads and the conditional wake as one statement — where ``_enqueue`` needs
     two: none of these writes depends on what the reads find (a turn is queued, busy or not), so Python
     has nothing to decide between them. The wake's ``pg_notify`` is the one ``_enqueue`` holds (``wake``),
     sent by the statement itself when the route is a wakeable worker's, no other turn of the session is
