@@ -253,6 +253,16 @@ def _insert_drawn_turn_text(*, owned: bool) -> tuple[str, list[Field[Any, Any]]]
     return sql, targets
 
 
+def _busy_turn_sql(*, but_one: bool) -> str:
+    """``FROM … LIMIT 1`` of a session's running (or else oldest queued) turn — ``"running"`` sorts after
+    ``"queued"``, so ``DESC`` puts it first; parameters: the session, the two statuses and, with ``but_one``,
+    a turn to leave out (the one-trip enqueue's own)."""
+    q = connection.ops.quote_name
+    but = f"AND b.{q('id')} <> %s " if but_one else ""
+    return (f"FROM {q(Turn._meta.db_table)} b WHERE b.{q('session_id')} = %s AND b.{q('status')} IN (%s, %s) "
+            f"{but}ORDER BY b.{q('status')} DESC, b.{q('seq')} LIMIT 1")
+
+
 @functools.cache
 def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
     """The one-trip enqueue's reads after its writes, and its wake, as one statement: ``_enqueue_reads_sql``'s
@@ -262,8 +272,7 @@ def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
     exists (a session that is not the caller's gets no wake)."""
     q = connection.ops.quote_name
     turns = q(Turn._meta.db_table)
-    busy = (f"FROM {turns} b WHERE b.{q('session_id')} = %s AND b.{q('status')} IN (%s, %s) "
-            f"AND b.{q('id')} <> %s ORDER BY b.{q('status')} DESC, b.{q('seq')} LIMIT 1")
+    busy = _busy_turn_sql(but_one=True)
     channel = wake.wake_channel_sql(f"substr(r.route, {len('wake:') + 1})")
     return (f"WITH r AS (SELECT s.{q('last_turn_seq')} AS seq, (SELECT b.{q('id')} {busy}) AS busy_id, "
             f"(SELECT b.{q('status')} {busy}) AS busy_status, {route_sql} AS route "
@@ -290,9 +299,7 @@ def _enqueue_reads_sql(route_sql: str) -> str:
     status, and the route (``affinity.session_route_sql``). Raw SQL (any backend): the ORM compiled an
     annotated query with three subqueries per POST."""
     q = connection.ops.quote_name
-    turns = q(Turn._meta.db_table)
-    busy = (f"FROM {turns} b WHERE b.{q('session_id')} = %s AND b.{q('status')} IN (%s, %s) "
-            f"ORDER BY b.{q('status')} DESC, b.{q('seq')} LIMIT 1")
+    busy = _busy_turn_sql(but_one=False)
     return (f"SELECT s.{q('last_turn_seq')}, (SELECT b.{q('id')} {busy}), (SELECT b.{q('status')} {busy}), "
             f"{route_sql} FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s")
 
