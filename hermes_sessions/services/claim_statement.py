@@ -11,7 +11,7 @@ COMMITTED its snapshot is taken after the lock waits and sees every turn committ
 granted — as the separate read did (never folded into the locking statement, whose snapshot predates
 its waits).
 
-Its CTEs, in order: ``me`` the turn; ``blk`` whether another turn of the session runs or an earlier one
+Its CTEs, in order: ``clk`` the statement's clock (read once, after the locks: ``claim_params``); ``me`` the turn; ``blk`` whether another turn of the session runs or an earlier one
 is still queued (I3); ``ok`` the turn if it may run now (queued, no cancel asked for, not blocked); ``upd``
 marks it running under the new claim token, attempt + 1 and the lease; ``want`` / ``sess`` / ``ins`` write
 the user's transcript row with the session's next sequence number — at the first claim, or at a re-claim
@@ -50,24 +50,25 @@ def claim_sql() -> str:
         "session", "seq", "turn", "role", "content", "tool_calls", "tool_call_id", "reasoning", "codex_item_id",
         "created_at"))
     return (
-        f"WITH me AS (SELECT {tid}, {tsession}, {tseq}, {tattempt}, {tstatus}, {col(Turn, 'cancel_requested_at')}, "
+        f"WITH clk AS (SELECT clock_timestamp() AS now), "
+        f"me AS (SELECT {tid}, {tsession}, {tseq}, {tattempt}, {tstatus}, {col(Turn, 'cancel_requested_at')}, "
         f"{col(Turn, 'input')} FROM {t} WHERE {tid} = %(turn)s), "
         f"blk AS (SELECT EXISTS (SELECT 1 FROM {t} o JOIN me ON o.{tsession} = me.{tsession} "
         f"WHERE o.{tid} <> me.{tid} AND (o.{tstatus} = %(running)s OR (o.{tstatus} = %(queued)s "
         f"AND o.{tseq} < me.{tseq}))) AS blocked), "
         f"ok AS (SELECT me.* FROM me CROSS JOIN blk WHERE me.{tstatus} = %(queued)s "
         f"AND me.{col(Turn, 'cancel_requested_at')} IS NULL AND NOT blk.blocked), "
-        f"upd AS (UPDATE {t} u SET {tstatus} = %(running)s, {col(Turn, 'started_at')} = %(now)s, "
+        f"upd AS (UPDATE {t} u SET {tstatus} = %(running)s, {col(Turn, 'started_at')} = (SELECT now FROM clk), "
         f"{tattempt} = u.{tattempt} + 1, {col(Turn, 'claim_token')} = %(token)s, "
         f"{col(Turn, 'lease_expires_at')} = %(lease)s FROM ok WHERE u.{tid} = ok.{tid} RETURNING u.{tattempt}), "
         f"want AS (SELECT ok.{tid}, ok.{tsession}, ok.{col(Turn, 'input')} FROM ok WHERE ok.{tattempt} = 0 "
         f"OR NOT EXISTS (SELECT 1 FROM {m} x WHERE x.{col(Message, 'turn')} = ok.{tid} "
         f"AND x.{col(Message, 'role')} = %(user)s)), "
         f"sess AS (UPDATE {s} v SET {col(Session, 'last_message_seq')} = v.{col(Session, 'last_message_seq')} + 1, "
-        f"{col(Session, 'updated_at')} = %(now)s FROM want WHERE v.{col(Session, 'id')} = want.{tsession} "
+        f"{col(Session, 'updated_at')} = (SELECT now FROM clk) FROM want WHERE v.{col(Session, 'id')} = want.{tsession} "
         f"RETURNING v.{col(Session, 'last_message_seq')}), "
         f"ins AS (INSERT INTO {m} ({message_cols}) SELECT want.{tsession}, sess.{col(Session, 'last_message_seq')}, "
-        f"want.{tid}, %(user)s, want.{col(Turn, 'input')}, NULL::jsonb, '', '', '', %(now)s FROM want CROSS JOIN sess "
+        f"want.{tid}, %(user)s, want.{col(Turn, 'input')}, NULL::jsonb, '', '', '', (SELECT now FROM clk) FROM want CROSS JOIN sess "
         f"RETURNING 1) "
         f"SELECT (SELECT {tattempt} FROM upd), bd.{col(CodexBinding, 'thread_id')}, "
         f"(SELECT ro.{col(CodexRollout, 'generation')} FROM {r} ro "
@@ -77,8 +78,12 @@ def claim_sql() -> str:
     )
 
 
-def claim_params(*, turn_id: uuid.UUID, token: uuid.UUID, now: datetime, lease: datetime) -> dict[str, Any]:
-    """``claim_sql``'s parameters: the turn, the new claim ``token``, ``now`` (``started_at``, the user row's
-    ``created_at`` and the session's ``updated_at``) and the lease's end."""
-    return {"turn": turn_id, "token": token, "now": now, "lease": lease, "running": Turn.Status.RUNNING,
+def claim_params(*, turn_id: uuid.UUID, token: uuid.UUID, lease: datetime) -> dict[str, Any]:
+    """``claim_sql``'s parameters: the turn, the new claim ``token`` and the lease's end. ``started_at``, the
+    user row's ``created_at`` and the session's ``updated_at`` are the statement's own clock (``clk``:
+    ``clock_timestamp()``, read once), taken after the locking statement before it — not the caller's before
+    the round trip: a claim that waited for the session's lock while the turn before it was finalized had a
+    ``started_at`` before that turn's ``finished_at`` (``make faults`` broker-restart: "turns #8 and #9 overlapped
+    or ran out of order", session 13; the class the adversary found in the one-trip enqueue's times)."""
+    return {"turn": turn_id, "token": token, "lease": lease, "running": Turn.Status.RUNNING,
             "queued": Turn.Status.QUEUED, "user": Message.Role.USER, "active": CodexBinding.Status.ACTIVE}

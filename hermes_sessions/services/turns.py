@@ -420,7 +420,7 @@ def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None
     with pipelined_atomic(durable=True) as batch:
         lock = lock_session_and_turn_later(batch, pk)
         decided: Later[Any] = batch.add(claim_statement.claim_sql(), claim_statement.claim_params(
-            turn_id=pk, token=token, now=timezone.now(), lease=_lease_deadline()))
+            turn_id=pk, token=token, lease=_lease_deadline()))
         events.event_append_claimed_held(batch, turn_id=pk, token=token, items=[(events.RUNNING, {})])
         sent.append(token)
     locked = lock.get()

@@ -210,3 +210,25 @@ def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, routi
     stored = Turn.objects.get(pk=turn.pk)
     assert (stored.created_at, stored.dispatched_at) == (turn.created_at, turn.dispatched_at)  # the 202 says what is stored
     assert (stored.dispatched_at - began).total_seconds() >= 0.7
+
+
+def test_a_claim_that_waited_for_the_session_lock_starts_its_turn_after_the_wait(user):
+    """The claim's ``started_at`` (and its user row's time) is the claim statement's clock, after its locks:
+    a claim that waited while the turn before it was finalized started, by its row, before that turn had
+    finished (``make faults`` broker-restart, session 13: "turns #8 and #9 overlapped or ran out of order")."""
+    session = SessionFactory(owner=user, last_turn_seq=1)
+    turn = TurnFactory(session=session, seq=1, status=Turn.Status.QUEUED, input="hi")
+    holder = psycopg.Connection.connect(**own_connection_params("test-lock-holder"))
+    try:
+        holder.execute(f'SELECT 1 FROM {Session._meta.db_table} WHERE id = %s FOR UPDATE', [session.pk])
+        released: list = []
+        threading.Timer(0.5, lambda: (released.append(timezone.now()), holder.commit())).start()
+        claim = services.turn_claim(turn_id=turn.pk)
+    finally:
+        time.sleep(0.1)
+        holder.close()
+    assert claim is not None
+    stored = Turn.objects.get(pk=turn.pk)
+    assert stored.started_at >= released[0]
+    user_row = stored.messages.get(role="user")
+    assert user_row.created_at == stored.started_at
