@@ -170,7 +170,12 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     reads see every turn committed while this one waited, as in ``_enqueue``. A session that is not the
     caller's (or no session) matches nothing: nothing is written, no wake is sent, the commit is empty,
     ``Session.DoesNotExist`` (I7). Measured with ``HERMES_LATENCY_MARKS``: the second round trip and the
-    Python between them were ~1.5 ms of a warm turn's way from the ``POST`` to the woken worker."""
+    Python between them were ~1.5 ms of a warm turn's way from the ``POST`` to the woken worker.
+
+    The ``queued`` event's ``NOTIFY`` for the event streams is its own statement's (sent at the COMMIT),
+    not a ``pg_notify`` round trip after the task's send as in ``_enqueue``: that standalone transaction
+    took ~0.8 ms of PostgreSQL's time (its log, ``log_min_duration_statement = 0`` under ``make
+    bench-warm``) exactly while the woken worker claimed the turn and codex started it (session 14)."""
     now = timezone.now()
     turn = Turn(session_id=session_id, seq=0, input=text, created_by=created_by, dispatched_at=now)
     touch(turn, "created_at")
@@ -188,8 +193,8 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
         turn._state.adding, turn._state.db = False, connection.alias
         if interrupt:  # the running turn is asked to stop (only once the new turn exists: the caller's session)
             batch.add(_interrupt_sql(), [now, session_id, Turn.Status.RUNNING, turn.id])
-        queued = events.event_append_held(batch, turn=turn, items=[(events.QUEUED, None)], notify=False,
-                                          data_sql={0: events.queued_seq_sql()})
+        events.event_append_held(batch, turn=turn, items=[(events.QUEUED, None)],
+                                 data_sql={0: events.queued_seq_sql()})
         route_sql, route_params = affinity.session_route_sql(session_id)
         reads: Later[Any] = batch.add(_enqueue_reads_and_wake_sql(route_sql), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, turn.id, session_id, Turn.Status.RUNNING,
@@ -201,9 +206,8 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
                 return
             route = affinity.parse_route(row[3])
             queue = dispatch.route_given(route.queue) if route is not None else ""
-            # Outside the transaction now: both send at once, the task first (``_enqueue``'s order).
+            # Outside the transaction now. The streams' NOTIFY went with the COMMIT (the event's statement).
             dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=bool(row[4]))
-            events.event_notify_on_commit(queued)
 
         transaction.on_commit(after_commit)
     row = reads.one()

@@ -25,12 +25,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # ``turns._enqueue_in_one_trip``, session 13): BEGIN, the transaction's lock timeout (set_config), the UPDATE
 # that locks the session and draws the seq — only the caller's session: the ownership is checked there, not
 # by a read before (session 8) —, the turn's INSERT (its seq read from the locked row), the queued event's
-# INSERT, the busy turn and the route with the conditional wake, and COMMIT. The send after the commit reads
-# nothing; then the queued event's NOTIFY, sent after the task (events.event_notify_on_commit: the API's own
-# stream read it wakes does not compete with the send). Round trips on the wire (``tests.support.round_trips``);
-# statements as Django records them (with its own BEGIN and COMMIT entries, which send nothing here).
-TURN_POST_ROUND_TRIPS = 3
-TURN_POST_QUERIES = 11
+# INSERT with its NOTIFY for the event streams, the busy turn and the route with the conditional wake, and
+# COMMIT. The send after the commit reads nothing. (The queued event's NOTIFY was a third round trip after the
+# task's send until session 14: a standalone ``pg_notify`` transaction, ~0.8 ms of PostgreSQL's time in the
+# PostgreSQL log, while the woken worker claimed the turn and codex started it.) Round trips on the wire
+# (``tests.support.round_trips``); statements as Django records them (with its own BEGIN and COMMIT entries,
+# which send nothing here).
+TURN_POST_ROUND_TRIPS = 2
+TURN_POST_QUERIES = 10
 # The token, the turn (joined to its session's owner).
 TURN_GET_QUERIES = 2
 
@@ -58,7 +60,7 @@ def sends(monkeypatch) -> list[tuple[str, str | None, float | None]]:
         celery_app.conf.task_always_eager = True
 
 
-def test_a_turn_post_costs_three_round_trips_with_its_routing(token_client, user, sends, settings,
+def test_a_turn_post_costs_two_round_trips_with_its_routing(token_client, user, sends, settings,
                                                             django_assert_max_num_queries, monkeypatch):
     from django.db import connection
 
@@ -82,9 +84,11 @@ def test_a_turn_post_costs_three_round_trips_with_its_routing(token_client, user
     assert trips == [TURN_POST_ROUND_TRIPS]
     turn = Turn.objects.get(pk=response.json()["id"])
     sqls = [q["sql"] for q in captured.captured_queries]
-    assert sqls[-2] == "COMMIT" and sqls[-1].startswith("SELECT pg_notify(")  # nothing read after the commit
+    assert sqls[-1] == "COMMIT"  # nothing read or sent to PostgreSQL after the commit
+    events_insert = next(s for s in sqls if "INSERT INTO \"hermes_sessions_turnevent\"" in s)
+    assert "pg_notify(" in events_insert  # the queued event's wake-up for the streams, in the transaction
     assert sends == [(str(turn.id), queue, None), (str(turn.id), None, settings.HERMES_AFFINITY_DEADLINE)]
-    assert sent_at_query == [len(sqls) - 1] * 2, "the task is sent before the NOTIFY, after the COMMIT"
+    assert sent_at_query == [len(sqls)] * 2, "the task is sent after the COMMIT"
     assert turn.dispatched_at is not None and turn.seq == 1
     assert list(turn.events.values_list("kind", "data")) == [("queued", {"seq": 1})]
 

@@ -11,17 +11,18 @@ import time
 import psycopg
 import pytest
 from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from hermes_sessions import services
 from hermes_sessions.models import Session, Turn
-from hermes_sessions.services import affinity, pipelining, wake
+from hermes_sessions.services import affinity, events, pipelining, wake
 from hermes_sessions.services.own_connections import own_connection_params
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory, UserFactory
 
 from .test_affinity import own, warm_row, worker_row
-from .test_wake import listening  # noqa: F401 — the fixture
+from .test_wake import Listening, listening  # noqa: F401 — the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -91,6 +92,29 @@ def test_a_turn_is_queued_in_one_round_trip_with_its_seq_and_its_queued_event(us
         assert list(stored[turn.pk].events.values_list("kind", "data")) == [("queued", {"seq": turn.seq})]
     assert [queue for _, queue in sent] == [None, None]  # no warm worker: the shared queue, each turn once
     assert Session.objects.get(pk=session.pk).last_turn_seq == 2
+
+
+def test_the_queued_events_stream_wake_up_is_sent_by_the_enqueue_itself_and_only_for_a_written_event(
+        user, monkeypatch, sent, routing):
+    """The event streams' ``NOTIFY`` (``<session> <turn> <event id>``) goes with the enqueue's COMMIT — no
+    round trip of its own after it (session 14) — and a refused enqueue (another user's session) sends none."""
+    streams = Listening(events.CHANNEL)
+    try:
+        mine = SessionFactory(owner=user)
+        counted = trips(monkeypatch)
+        with CaptureQueriesContext(connection) as captured:
+            turn = services.turn_enqueue(owned_session_id=mine.id, input_text="hi", user=user)
+        assert [t for t in counted if t] == [1]
+        sqls = [q["sql"] for q in captured.captured_queries]
+        assert sqls[-1] == "COMMIT", sqls  # no statement of its own after the commit
+        assert any("pg_notify(" in s and "turnevent" in s for s in sqls[:-1]), sqls
+        queued = turn.events.get()
+        assert streams.payloads() == [f"{mine.id} {turn.id} {queued.pk}"]
+        with pytest.raises(Session.DoesNotExist):
+            services.turn_enqueue(owned_session_id=SessionFactory(owner=UserFactory()).id, input_text="x", user=user)
+        assert streams.payloads() == []
+    finally:
+        streams.close()
 
 
 def test_another_users_session_gets_nothing_no_turn_no_interrupt_no_wake(user, listening, routing, sent):  # noqa: F811
