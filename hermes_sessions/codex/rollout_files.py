@@ -12,14 +12,23 @@ Facts this rests on (``docs/codex.md`` §7):
   verified (length, sha256) before codex sees it, and a file whose prefix no longer matches what was
   stored is refused (``RolloutDiverged``), never stored.
 
+A file this process wrote or read last (``KNOWN``) is checked after a turn without reading its prefix
+again: same file (device and inode), not shorter, the same last ``TAIL_BYTES`` before the stored length;
+the sha256 goes on from the kept hash state. Reading and hashing the whole file each turn cost O(rollout)
+— ~0.15 ms at 136 KB, ~0.9 ms at 1.5 MB on this machine, growing with every turn of a session — where
+the appended bytes are a few KB (session 14).
+
 Nothing here touches the database; ``hermes_sessions.services.rollouts`` does.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class RolloutDiverged(Exception):
@@ -64,6 +73,64 @@ def find_rollout(home: Path, thread_id: str) -> Path | None:
     return found[0] if found else None
 
 
+#: Bytes before a known prefix's end that ``read_delta`` compares (with the file's identity and length)
+#: instead of hashing the whole prefix again.
+TAIL_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A rollout file as this process last wrote or read it: ``identity`` (``st_dev``, ``st_ino``),
+    ``length`` and ``sha256`` (hex) of its bytes, ``digest`` (the sha256 state after them, copied before
+    use) and ``tail`` (its last ``TAIL_BYTES`` bytes)."""
+
+    identity: tuple[int, int]
+    length: int
+    sha256: str
+    digest: Any
+    tail: bytes
+
+
+class KnownPrefixes:
+    """The rollout files this process wrote (a restore) or read (a turn's capture) last, by path — at most
+    ``size``, least recently used dropped first. Thread-safe. A miss only costs the full read."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, path: Path, data: bytes, digest: Any) -> None:
+        """``path`` now holds ``data`` (whole file), whose sha256 state is ``digest`` (not used afterwards)."""
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        self.put(path, _Known((st.st_dev, st.st_ino), len(data), digest.hexdigest(), digest, bytes(data[-TAIL_BYTES:])))
+
+    def put(self, path: Path, known: _Known) -> None:
+        with self._lock:
+            self._known[str(path)] = known
+            self._known.move_to_end(str(path))
+            while len(self._known) > self.size:
+                self._known.popitem(last=False)
+
+    def get(self, path: Path, base: RolloutBase) -> _Known | None:
+        """What is known of ``path`` if it is ``base`` (same length and sha256), else ``None``."""
+        with self._lock:
+            known = self._known.get(str(path))
+        if known is None or known.length != base.length or known.sha256 != base.sha256:
+            return None
+        return known
+
+    def forget(self, path: Path) -> None:
+        with self._lock:
+            self._known.pop(str(path), None)
+
+
+KNOWN = KnownPrefixes()
+
+
 def write_rollout(home: Path, base: RolloutBase, data: bytes) -> Path:
     """Write ``data`` (the whole stored rollout) to ``home/<base.relpath>`` and verify it against
     ``base`` (length and sha256) before codex may see it. Raises ``RolloutDiverged`` on a mismatch or
@@ -71,7 +138,8 @@ def write_rollout(home: Path, base: RolloutBase, data: bytes) -> Path:
     target = (home / base.relpath).resolve()
     if not target.is_relative_to(home / "sessions") or not target.name.endswith(f"-{base.thread_id}.jsonl"):
         raise RolloutDiverged(f"stored rollout path {base.relpath!r} is not a rollout under sessions/")
-    if len(data) != base.length or hashlib.sha256(data).hexdigest() != base.sha256:
+    digest = hashlib.sha256(data)
+    if len(data) != base.length or digest.hexdigest() != base.sha256:
         raise RolloutDiverged(
             f"the rollout of thread {base.thread_id} read from PostgreSQL does not match its record "
             f"({len(data)} bytes, expected {base.length})"
@@ -81,6 +149,7 @@ def write_rollout(home: Path, base: RolloutBase, data: bytes) -> Path:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+    KNOWN.remember(target, data, digest)
     return target
 
 
@@ -88,12 +157,18 @@ def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutD
     """After the app-server exited: the bytes codex appended to ``thread_id``'s rollout since
     ``base``. ``None`` when there is no file and nothing was stored (a thread that ran no turn).
     Raises ``RolloutDiverged`` when the stored prefix (``base.length`` bytes, ``base.sha256``) does
-    not match the file's start, or the file is gone although a base was restored."""
+    not match the file's start, or the file is gone although a base was restored. A file this process
+    wrote or read as ``base`` (``KNOWN``, module docstring) is read from ``TAIL_BYTES`` before
+    ``base.length`` only."""
     path = find_rollout(home, thread_id)
     if path is None:
         if base is not None and base.length:
             raise RolloutDiverged(f"the rollout of thread {thread_id} is gone from {home} after the turn")
         return None
+    if base is not None and base.length >= TAIL_BYTES and (known := KNOWN.get(path, base)) is not None:
+        delta = _read_known(home, path, thread_id, base, known)
+        if delta is not None:
+            return delta
     data = path.read_bytes()
     offset = base.length if base is not None else 0
     # One pass over the file: the prefix's hash is checked, then extended by the appended bytes (a
@@ -106,6 +181,7 @@ def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutD
             "not storing a diverged copy"
         )
     digest.update(view[offset:])
+    KNOWN.remember(path, data, digest.copy())
     return RolloutDelta(
         thread_id=thread_id,
         relpath=str(path.relative_to(home)),
@@ -115,6 +191,31 @@ def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutD
         sha256=digest.hexdigest(),
         base=base,
     )
+
+
+def _read_known(home: Path, path: Path, thread_id: str, base: RolloutBase, known: _Known) -> RolloutDelta | None:
+    """``read_delta`` for a file this process knows as ``base`` (``KNOWN``): only the last ``TAIL_BYTES`` of
+    the prefix and what follows are read. ``None`` — read it all — unless the open file is the same
+    (device, inode), at least ``base.length`` long and its bytes before ``base.length`` end as known."""
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if (st.st_dev, st.st_ino) != known.identity or st.st_size < base.length:
+            KNOWN.forget(path)
+            return None
+        start = base.length - TAIL_BYTES
+        fh.seek(start)
+        rest = fh.read()
+    if rest[:TAIL_BYTES] != known.tail:
+        KNOWN.forget(path)
+        return None
+    appended = rest[TAIL_BYTES:]
+    digest = known.digest.copy()
+    digest.update(appended)
+    length, sha256 = base.length + len(appended), digest.hexdigest()
+    # The file as it is now: the next turn's base once this one is stored.
+    KNOWN.put(path, _Known(known.identity, length, sha256, digest, (known.tail + appended)[-TAIL_BYTES:]))
+    return RolloutDelta(thread_id=thread_id, relpath=str(path.relative_to(home)), offset=base.length,
+                        data=appended, length=length, sha256=sha256, base=base)
 
 
 @dataclass(frozen=True)
@@ -152,4 +253,5 @@ def write_leftover(home: Path, leftover: Leftover) -> None:
     if not target.is_relative_to(home / "sessions"):
         raise RolloutDiverged(f"leftover rollout path {leftover.relpath!r} is not under sessions/")
     target.parent.mkdir(parents=True, exist_ok=True)
+    KNOWN.forget(target)  # written in place: not the bytes this process knew there
     target.write_bytes(leftover.data)

@@ -1,0 +1,108 @@
+"""A turn's capture of a rollout this process wrote or read last reads only the end of it
+(``rollout_files.KNOWN``, session 14): the same delta as a full read, and anything that is not that
+file any more — replaced, truncated, its last bytes before the stored length changed — is read in full
+and, if it diverged, refused."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from hermes_sessions.codex import rollout_files
+from hermes_sessions.codex.rollout_files import (
+    TAIL_BYTES,
+    KnownPrefixes,
+    RolloutBase,
+    RolloutDiverged,
+    read_delta,
+    write_rollout,
+)
+
+RELPATH = "sessions/2026/12/03/rollout-2026-12-03T10-00-00-t1.jsonl"
+
+
+def _base(data: bytes, generation: int = 1) -> RolloutBase:
+    return RolloutBase(thread_id="t1", relpath=RELPATH, length=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                       generation=generation)
+
+
+def _append(home: Path, data: bytes) -> None:
+    with open(home / RELPATH, "ab") as fh:
+        fh.write(data)
+
+
+@pytest.fixture
+def restored(tmp_path) -> tuple[Path, bytes]:
+    stored = b''.join(b'{"line":%d,"pad":"%s"}\n' % (i, b"x" * 40) for i in range(400))  # ~25 KB
+    home = tmp_path / "home"
+    write_rollout(home, _base(stored), stored)
+    return home, stored
+
+
+def test_consecutive_turns_read_only_the_tail_and_get_what_a_full_read_gets(restored, monkeypatch):
+    home, whole = restored
+    base = _base(whole)
+
+    def no_full_read(self):
+        raise AssertionError(f"read in full: {self}")
+
+    monkeypatch.setattr(Path, "read_bytes", no_full_read)
+    for turn in range(3):
+        appended = b'{"turn":%d}\n' % turn * (turn + 1)
+        _append(home, appended)
+        delta = read_delta(home, "t1", base)
+        whole += appended
+        assert (delta.offset, delta.data, delta.length) == (base.length, appended, len(whole))
+        assert delta.sha256 == hashlib.sha256(whole).hexdigest() and delta.relpath == RELPATH
+        base = _base(whole, generation=base.generation + 1)  # stored: the next turn's base
+
+
+def test_a_file_that_is_not_the_known_one_is_read_in_full_and_refused_if_it_diverged(restored):
+    home, stored = restored
+    base, path = _base(stored), home / RELPATH
+    # Replaced (another inode) by a copy whose first byte differs: only the full read can tell.
+    other = path.with_name("other")
+    other.write_bytes(b"X" + stored[1:] + b"more\n")
+    os.replace(other, path)
+    with pytest.raises(RolloutDiverged, match="no longer starts with"):
+        read_delta(home, "t1", base)
+    # Restored again, then cut short in place (the same inode).
+    write_rollout(home, base, stored)
+    with open(path, "r+b") as fh:
+        fh.truncate(len(stored) - 10)
+    with pytest.raises(RolloutDiverged, match="no longer starts with"):
+        read_delta(home, "t1", base)
+    # Restored again, then the bytes just before the stored length changed in place, and an append.
+    write_rollout(home, base, stored)
+    with open(path, "r+b") as fh:
+        fh.seek(len(stored) - 5)
+        fh.write(b"ZZZZ\n")
+    _append(home, b"appended\n")
+    with pytest.raises(RolloutDiverged, match="no longer starts with"):
+        read_delta(home, "t1", base)
+
+
+def test_a_base_other_than_the_known_one_is_read_in_full(restored, monkeypatch):
+    home, stored = restored
+    calls = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: calls.append(self) or real(self))
+    older = stored[:-100]  # what PostgreSQL holds is not what this process last saw (e.g. a fenced finalize)
+    _append(home, b"new\n")
+    delta = read_delta(home, "t1", _base(older))
+    assert calls and delta.data == stored[-100:] + b"new\n"
+    assert delta.sha256 == hashlib.sha256(stored + b"new\n").hexdigest()
+
+
+def test_the_known_files_are_bounded_least_recently_used_first(tmp_path):
+    known = KnownPrefixes(size=2)
+    paths = [tmp_path / f"f{i}" for i in range(3)]
+    for path in paths:
+        path.write_bytes(b"a" * TAIL_BYTES)
+        known.remember(path, b"a" * TAIL_BYTES, hashlib.sha256(b"a" * TAIL_BYTES))
+    base = RolloutBase("t", "r", TAIL_BYTES, hashlib.sha256(b"a" * TAIL_BYTES).hexdigest(), 1)
+    assert known.get(paths[0], base) is None
+    assert known.get(paths[1], base) is not None and known.get(paths[2], base) is not None
+    assert rollout_files.KNOWN.size >= 8  # a worker's kept threads (HERMES_WARM_MAX_THREADS) fit
