@@ -13,10 +13,15 @@ Facts this rests on (``docs/codex.md`` §7):
   stored is refused (``RolloutDiverged``), never stored.
 
 A file this process wrote or read last (``KNOWN``) is checked after a turn without reading its prefix
-again: same file (device and inode), not shorter, the same last ``TAIL_BYTES`` before the stored length;
-the sha256 goes on from the kept hash state. Reading and hashing the whole file each turn cost O(rollout)
-— ~0.15 ms at 136 KB, ~0.9 ms at 1.5 MB on this machine, growing with every turn of a session — where
-the appended bytes are a few KB (session 14).
+again: same file (device and inode), not shorter, the same first and last ``TAIL_BYTES`` of the stored
+length; the sha256 goes on from the kept hash state. Reading and hashing the whole file each turn cost
+O(rollout) — ~0.15 ms at 136 KB, ~0.9 ms at 1.5 MB on this machine, growing with every turn of a
+session — where the appended bytes are a few KB (session 14). What this gives up: a change *inside* the
+prefix, away from both ends, by a writer other than codex's appends and this module (none exists in the
+service: restores go through ``write_rollout``, which renews ``KNOWN``; ``write_leftover`` forgets it; a
+kept thread's file is stamp-checked before its turn) is no longer seen at capture. It would not change
+the conversation either: codex reads the file only at ``thread/resume``, right after the restore
+verified it, and appends to the history it loaded then (adversary, session 14).
 
 Nothing here touches the database; ``hermes_sessions.services.rollouts`` does.
 """
@@ -82,12 +87,13 @@ TAIL_BYTES = 4096
 class _Known:
     """A rollout file as this process last wrote or read it: ``identity`` (``st_dev``, ``st_ino``),
     ``length`` and ``sha256`` (hex) of its bytes, ``digest`` (the sha256 state after them, copied before
-    use) and ``tail`` (its last ``TAIL_BYTES`` bytes)."""
+    use), ``head`` and ``tail`` (its first and last ``TAIL_BYTES`` bytes)."""
 
     identity: tuple[int, int]
     length: int
     sha256: str
     digest: Any
+    head: bytes
     tail: bytes
 
 
@@ -106,7 +112,8 @@ class KnownPrefixes:
             st = path.stat()
         except OSError:
             return
-        self.put(path, _Known((st.st_dev, st.st_ino), len(data), digest.hexdigest(), digest, bytes(data[-TAIL_BYTES:])))
+        self.put(path, _Known((st.st_dev, st.st_ino), len(data), digest.hexdigest(), digest,
+                              bytes(data[:TAIL_BYTES]), bytes(data[-TAIL_BYTES:])))
 
     def put(self, path: Path, known: _Known) -> None:
         with self._lock:
@@ -127,8 +134,13 @@ class KnownPrefixes:
         with self._lock:
             self._known.pop(str(path), None)
 
+    def _after_fork(self) -> None:
+        # A forked child (Celery's prefork pool, gunicorn's workers) starts empty, with a lock nobody holds.
+        self._known, self._lock = OrderedDict(), threading.Lock()
+
 
 KNOWN = KnownPrefixes()
+os.register_at_fork(after_in_child=KNOWN._after_fork)
 
 
 def write_rollout(home: Path, base: RolloutBase, data: bytes) -> Path:
@@ -194,18 +206,18 @@ def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutD
 
 
 def _read_known(home: Path, path: Path, thread_id: str, base: RolloutBase, known: _Known) -> RolloutDelta | None:
-    """``read_delta`` for a file this process knows as ``base`` (``KNOWN``): only the last ``TAIL_BYTES`` of
-    the prefix and what follows are read. ``None`` — read it all — unless the open file is the same
-    (device, inode), at least ``base.length`` long and its bytes before ``base.length`` end as known."""
+    """``read_delta`` for a file this process knows as ``base`` (``KNOWN``): only the first and the last
+    ``TAIL_BYTES`` of the prefix and what follows are read. ``None`` — read it all — unless the open file is
+    the same (device, inode), at least ``base.length`` long and its prefix starts and ends as known."""
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
         if (st.st_dev, st.st_ino) != known.identity or st.st_size < base.length:
             KNOWN.forget(path)
             return None
-        start = base.length - TAIL_BYTES
-        fh.seek(start)
+        head = fh.read(TAIL_BYTES)
+        fh.seek(base.length - TAIL_BYTES)
         rest = fh.read()
-    if rest[:TAIL_BYTES] != known.tail:
+    if head != known.head or rest[:TAIL_BYTES] != known.tail:
         KNOWN.forget(path)
         return None
     appended = rest[TAIL_BYTES:]
@@ -213,7 +225,7 @@ def _read_known(home: Path, path: Path, thread_id: str, base: RolloutBase, known
     digest.update(appended)
     length, sha256 = base.length + len(appended), digest.hexdigest()
     # The file as it is now: the next turn's base once this one is stored.
-    KNOWN.put(path, _Known(known.identity, length, sha256, digest, (known.tail + appended)[-TAIL_BYTES:]))
+    KNOWN.put(path, _Known(known.identity, length, sha256, digest, known.head, (known.tail + appended)[-TAIL_BYTES:]))
     return RolloutDelta(thread_id=thread_id, relpath=str(path.relative_to(home)), offset=base.length,
                         data=appended, length=length, sha256=sha256, base=base)
 

@@ -1,11 +1,12 @@
-"""A turn's capture of a rollout this process wrote or read last reads only the end of it
+"""A turn's capture of a rollout this process wrote or read last reads only both ends of it
 (``rollout_files.KNOWN``, session 14): the same delta as a full read, and anything that is not that
-file any more — replaced, truncated, its last bytes before the stored length changed — is read in full
-and, if it diverged, refused."""
+file any more — replaced, truncated, rewritten in place, re-made on a reused inode, its first or last
+bytes of the stored prefix changed — is read in full and, if it diverged, refused."""
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,49 @@ def test_the_known_files_are_bounded_least_recently_used_first(tmp_path):
     assert known.get(paths[0], base) is None
     assert known.get(paths[1], base) is not None and known.get(paths[2], base) is not None
     assert rollout_files.KNOWN.size >= 8  # a worker's kept threads (HERMES_WARM_MAX_THREADS) fit
+
+
+def test_a_file_rewritten_in_place_with_another_start_is_refused(restored):
+    """Adversary, session 14: the same inode (``open(…, 'r+b')``, ``Path.write_bytes``), another first byte or
+    100 bytes, the same last bytes before the stored length — the checks on the tail and the inode alone let
+    these through."""
+    home, stored = restored
+    base, path = _base(stored), home / RELPATH
+    with open(path, "r+b") as fh:
+        fh.write(b"X")
+    _append(home, b'{"turn":1}\n')
+    with pytest.raises(RolloutDiverged, match="no longer starts with"):
+        read_delta(home, "t1", base)
+    write_rollout(home, base, stored)
+    inode = path.stat().st_ino
+    path.write_bytes(b"Z" * 100 + stored[100:] + b'{"turn":1}\n')
+    assert path.stat().st_ino == inode
+    with pytest.raises(RolloutDiverged, match="no longer starts with"):
+        read_delta(home, "t1", base)
+
+
+def test_a_home_remade_by_another_writer_on_a_reused_inode_is_refused(restored):
+    """Adversary, session 14: the home wiped and its file written again by something other than this process's
+    ``write_rollout`` — ext4 hands the freed inode number straight back, so the identity check passes."""
+    home, stored = restored
+    base = _base(stored)
+    remade = b"Q" * 10 + stored[10:] + b"tail\n"
+    for _ in range(50):  # the reuse is the filesystem's choice: the check must hold with or without it
+        shutil.rmtree(home)
+        (home / RELPATH).parent.mkdir(parents=True)
+        (home / RELPATH).write_bytes(remade)
+        with pytest.raises(RolloutDiverged, match="no longer starts with"):
+            read_delta(home, "t1", base)
+        write_rollout(home, base, stored)  # known again, for the next round
+
+
+def test_a_forked_child_starts_with_nothing_known(restored):
+    home, stored = restored
+    assert rollout_files.KNOWN.get(home / RELPATH, _base(stored)) is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing known, and the lock free
+        os.write(write, b"empty" if rollout_files.KNOWN.get(home / RELPATH, _base(stored)) is None else b"kept")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"empty"
