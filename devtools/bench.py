@@ -313,7 +313,8 @@ def _seconds(records: list[dict[str, Any]]) -> list[float]:
 
 
 def _count(records: list[dict[str, Any]], key: str) -> int:
-    """How many of the turns have ``timings[key] == 1`` (``warm``: a kept-loaded thread; ``spare``)."""
+    """How many of the turns have ``timings[key] == 1`` (``warm``: a kept-loaded thread; ``spare``; ``woken``: by
+    its holder's wake; ``early_start``: ``turn/start`` sent beside the claim)."""
     return sum(1 for r in records if (r["turn"].get("timings") or {}).get(key) == 1)
 
 
@@ -341,7 +342,8 @@ def _print_warm_figures(m: dict[str, Any], warm_settings: dict[str, str]) -> Non
     settings = " ".join(f"{k}={v}" for k, v in warm_settings.items())
     ws, cw, cb = m["warm_stack"], m["cold_warm"], m["cold_baseline"]
     print(f"median_warm_stack_ms: {median_ms(_seconds(ws))}   (warm stack, {settings}: one session's consecutive turns; "
-          f"{_count(ws, 'warm')}/{len(ws)} on a kept-loaded thread, {_count(ws, 'spare')}/{len(ws)} on a spare)")
+          f"{_count(ws, 'warm')}/{len(ws)} on a kept-loaded thread, {_count(ws, 'spare')}/{len(ws)} on a spare, "
+          f"{_count(ws, 'woken')}/{len(ws)} woken, {_count(ws, 'early_start')}/{len(ws)} started early)")
     print(f"median_warm_profile_ms: {median_ms(m['warm_profile'])}   (warm direct turn under the session's permission "
           "profile, read-only: the same codex work as a stack turn)")
     print(f"ratio_vs_warm: {ratio(_seconds(ws), m['warm_profile']):.2f}   (warm stack consecutive / warm direct under "
