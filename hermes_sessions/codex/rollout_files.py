@@ -78,7 +78,7 @@ def find_rollout(home: Path, thread_id: str) -> Path | None:
     return found[0] if found else None
 
 
-#: Bytes before a known prefix's end that ``read_delta`` compares (with the file's identity and length)
+#: Bytes at each end of a known prefix that ``read_delta`` compares (with the file's identity and length)
 #: instead of hashing the whole prefix again.
 TAIL_BYTES = 4096
 
@@ -170,8 +170,8 @@ def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutD
     ``base``. ``None`` when there is no file and nothing was stored (a thread that ran no turn).
     Raises ``RolloutDiverged`` when the stored prefix (``base.length`` bytes, ``base.sha256``) does
     not match the file's start, or the file is gone although a base was restored. A file this process
-    wrote or read as ``base`` (``KNOWN``, module docstring) is read from ``TAIL_BYTES`` before
-    ``base.length`` only."""
+    wrote or read as ``base`` (``KNOWN``, module docstring) is read only in its first ``TAIL_BYTES`` and
+    from ``TAIL_BYTES`` before ``base.length`` on."""
     path = find_rollout(home, thread_id)
     if path is None:
         if base is not None and base.length:

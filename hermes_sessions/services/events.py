@@ -86,9 +86,10 @@ def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None, n
 def event_notify_on_commit(event: TurnEvent | HeldEvents) -> None:
     """Once the current transaction commits (and after the commit callbacks registered before this
     one), wake the listeners for ``event``, written with ``notify=False``: one ``pg_notify`` of its own.
-    ``turn_enqueue`` sends the ``queued`` event's wake-up after the turn's task: the API process's own
-    event-stream read it triggers then does not compete with that send (~2 ms of a warm turn on 2 cores,
-    ``make bench-warm``). If it cannot be sent, nothing is lost — streams re-read on their heartbeat.
+    The two-trip enqueue (``turns._enqueue``: ``on_busy=reject``, or inside a caller's transaction) sends
+    the ``queued`` event's wake-up after the turn's task: the API process's own event-stream read it
+    triggers then does not compete with that send (~2 ms of a warm turn on 2 cores, ``make bench-warm``);
+    the one-trip enqueue sends it with its COMMIT instead (``turns._enqueue_in_one_trip``). If it cannot be sent, nothing is lost — streams re-read on their heartbeat.
     ``event``: a written event, or ``event_append_held``'s events (their last id, read after the commit)."""
 
     def send() -> None:
