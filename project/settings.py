@@ -139,10 +139,6 @@ DATABASES = {
         conn_health_checks=True,  # a persistent connection killed by a database restart is replaced, not a 500
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Django's PostgreSQL backend whose health check of a reused connection costs no round trip when the
-    # connection is quiet and idle (project/db_liveness.py).
-    DATABASES["default"]["ENGINE"] = "project.postgresql_backend"
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Django's SQLite backend that also makes the database file's folder on first connection.
     DATABASES["default"]["ENGINE"] = "project.sqlite_backend"
@@ -185,8 +181,8 @@ DATABASE_POOL = env_bool("DATABASE_POOL", False)
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 20)  # connections per API process
 if DATABASE_POOL and "postgresql" in DATABASES["default"]["ENGINE"]:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # Django's PostgreSQL backend whose pool, after one broken connection, checks the others at once
-    # (project/db_pool.py) instead of psycopg_pool's 1 s, 2 s, 4 s … between checks.
+    # Django's PostgreSQL backend and pool, which after one broken connection checks the others at once
+    # instead of psycopg_pool's 1 s, 2 s, 4 s … between checks (project/postgresql_pool_backend).
     DATABASES["default"]["ENGINE"] = "project.postgresql_pool_backend"
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -211,8 +207,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", 1024
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        # DRF's TokenAuthentication, its token read prepared on PostgreSQL (api/authentication.py).
-        "hermes_sessions.api.authentication.PreparedTokenAuthentication",
+        "rest_framework.authentication.TokenAuthentication",  # Authorization: Token <key>
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

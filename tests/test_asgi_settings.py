@@ -13,7 +13,7 @@ def test_database_pool_turns_persistent_connections_off_and_the_pool_on(tmp_path
     assert "'CONN_MAX_AGE': 0" in values["DATABASES"]
     assert "'pool': {'min_size': 1, 'max_size': 7, 'timeout': 10}" in values["DATABASES"]
     assert "'CONN_HEALTH_CHECKS': True" in values["DATABASES"]  # Django then gives the pool its connection check
-    assert "'ENGINE': 'project.postgresql_pool_backend'" in values["DATABASES"]  # … followed by a sweep of the pool
+    assert "'ENGINE': 'project.postgresql_pool_backend'" in values["DATABASES"]  # … whose failure sweeps the pool
 
 
 def test_without_database_pool_connections_persist_and_no_pool(tmp_path):

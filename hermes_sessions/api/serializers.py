@@ -6,7 +6,6 @@ errors (mapped in ``api.errors``). Output serializers read annotated rows from `
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
@@ -102,25 +101,7 @@ class SessionCreateSerializer(serializers.Serializer):
         return value
 
 
-class FieldsBuiltOnce:
-    """For a ``ModelSerializer`` on a hot path: its fields are built from the model once per class, then
-    deep-copied for each instance — as DRF copies a serializer's declared fields (``Field.__deepcopy__``
-    makes a new, unbound field from the same arguments) — instead of introspected again each time
-    (``ModelSerializer.get_fields``: ``build_field``, ``get_field_kwargs`` per field). Measured: DRF's
-    field building was ~26 % of a turn ``POST``'s CPU (``TurnSerializer(turn).data``, cProfile on thread
-    time, session 13). For serializers whose fields depend on nothing but the class (no ``context``,
-    request or instance in ``get_fields``)."""
-
-    def get_fields(self) -> dict[str, serializers.Field]:
-        cls = type(self)
-        built: dict[str, serializers.Field] | None = cls.__dict__.get("_fields_built_once")
-        if built is None:
-            built = super().get_fields()  # type: ignore[misc]
-            cls._fields_built_once = built  # type: ignore[attr-defined]  # a race builds it twice: harmless
-        return copy.deepcopy(built)
-
-
-class SessionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
+class SessionSerializer(serializers.ModelSerializer):
     """A session as the API shows it; expects a row from ``selectors.session_list`` (annotated)."""
 
     codex_thread_id = serializers.CharField(
@@ -186,7 +167,7 @@ class ThreadActionField(serializers.ChoiceField):
         return str(value) if value else None
 
 
-class TurnSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
+class TurnSerializer(serializers.ModelSerializer):
     """A turn and its outcome. ``usage`` holds codex token counts; ``timings`` phase durations (ms);
     ``thread_action`` is null until the runner has opened a thread."""
 
@@ -228,7 +209,7 @@ class ToolCallsField(serializers.JSONField):
     """OpenAI-style ``tool_calls`` list (or null)."""
 
 
-class MessageSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
+class MessageSerializer(serializers.ModelSerializer):
     """One transcript row."""
 
     turn = serializers.UUIDField(source="turn_id", read_only=True, allow_null=True)
@@ -260,7 +241,7 @@ class MessageSearchResultSerializer(MessageSerializer):
         read_only_fields = fields
 
 
-class NoticeSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
+class NoticeSerializer(serializers.ModelSerializer):
     """One lifecycle notice about a session."""
 
     turn = serializers.UUIDField(source="turn_id", read_only=True, allow_null=True)

@@ -1,23 +1,49 @@
 """``ENGINE = "project.postgresql_pool_backend"`` (``DATABASE_POOL``, the ASGI API): Django's PostgreSQL backend
-whose psycopg pool checks connections with ``project.db_pool.check_pooled_connection``.
+and its psycopg pool (``OPTIONS["pool"]``), whose check of a connection it hands out, when it fails, first
+checks every other idle connection of the pool at once.
 
-Django builds the pool itself and passes it ``check=ConnectionPool.check_connection`` when
-``CONN_HEALTH_CHECKS`` is on (a ``check`` in ``OPTIONS["pool"]`` is refused as a second value). That
-check is kept, after a check without a round trip (``project/db_liveness.py``), and what follows its
-failure changes (``project/db_pool.py``). The pool keeps the
-callable as ``_check`` (psycopg_pool 3.3; ``tests/test_asgi_settings.py`` fails if that stops holding)."""
+Why: with ``CONN_HEALTH_CHECKS`` Django gives the pool ``check=ConnectionPool.check_connection``, and
+psycopg_pool 3.3's ``ConnectionPool._getconn_with_check_loop`` discards a connection that fails it and then
+waits 1 s, 2 s, 4 s … (its reconnection backoff) before it checks the next idle one. After PostgreSQL dropped
+the pool's connections (a restart, ``pg_terminate_backend``, a network blip) every idle one is broken, so
+request after request waited out the pool's 10 s timeout and answered 503 while the database was back
+(``tests/test_asgi_settings.py``). Here the first failed check runs ``ConnectionPool.check`` (public API:
+broken connections are discarded and replaced), so the pool's retry finds a sound or a fresh connection.
+
+Django refuses a ``check`` in ``OPTIONS["pool"]`` (it passes its own), so the pool's callable is replaced on
+the pool Django built; psycopg_pool 3.3 keeps it as ``_check`` (``tests/test_asgi_settings.py`` fails if that
+stops holding)."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from project.db_pool import check_pooled_connection
-from project.postgresql_backend import base
+from django.db.backends.postgresql import base
+from psycopg_pool import ConnectionPool
+
+logger = logging.getLogger(__name__)
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self) -> Any:
         pool = super().pool
-        if pool is not None and getattr(pool, "_check", None) is not None:
-            pool._check = check_pooled_connection
+        if pool is not None and getattr(pool, "_check", None) is ConnectionPool.check_connection:
+            pool._check = _check_or_sweep
         return pool
+
+
+def _check_or_sweep(conn: Any) -> None:
+    """``ConnectionPool.check_connection`` (an empty statement; raises on a broken connection); when it fails,
+    first ``ConnectionPool.check`` the pool of the database alias ``default`` (the one pooled), then re-raise so
+    that the pool discards this connection too and retries at once."""
+    try:
+        ConnectionPool.check_connection(conn)
+    except Exception:
+        from django.db import connections
+
+        pool = getattr(connections["default"], "pool", None)
+        if pool is not None:
+            logger.warning("a pooled database connection was broken; checking the pool's idle connections")
+            pool.check()
+        raise
