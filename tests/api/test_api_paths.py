@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.core.handlers.asgi import ASGIHandler
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from hermes_sessions.api.paths import is_api_path
 from hermes_sessions.models import Session
+from project.asgi_handler import HermesASGIHandler
 from tests.factories import SessionFactory, UserFactory
-from tests.support.asgi import asgi_get, asgi_scope
+from tests.test_asgi_handler import _run, _scope
 
 UNROUTED_API_PATHS = [
     "//api/sessions/",  # the adversary's input
@@ -73,7 +73,7 @@ def test_an_unrouted_api_path_is_a_json_404_under_wsgi(path, method):
 @pytest.mark.parametrize("path", UNROUTED_API_PATHS)
 def test_an_unrouted_api_path_is_a_json_404_under_asgi(path):
     token = Token.objects.create(user=UserFactory()).key
-    status, body = asgi_get(ASGIHandler(), asgi_scope(path, token))
+    status, body = _run(HermesASGIHandler(), _scope(path, token))
     _assert_json_404(status, "application/json", body, path)
 
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.core.handlers.asgi import ASGIHandler
 from django.db import connection
 from django.test import AsyncClient
 from rest_framework.authtoken.models import Token
@@ -24,10 +23,12 @@ from hermes_sessions.models import Session
 from hermes_sessions.services import events
 from hermes_sessions.services.events import TurnEventWriter
 from hermes_sessions.services.turns import TurnClaim
+from project.asgi_handler import HermesASGIHandler
 from tests.factories import UserFactory
-from tests.support.asgi import asgi_call, asgi_scope
+from tests.support.asgi import asgi_call
 from tests.support.dispatch import hold_dispatches
 from tests.support.sse import ApiServer, open_stream
+from tests.test_asgi_handler import _scope
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the server process reads what the test commits
 
@@ -513,13 +514,14 @@ def test_a_stream_that_cannot_be_opened_for_the_database_is_503_not_500(monkeypa
     from psycopg_pool import PoolTimeout
 
     from hermes_sessions.api import streams
-    from tests.support.asgi import asgi_get
+    from project.asgi_handler import HermesASGIHandler
+    from tests.test_asgi_handler import _run, _scope
 
     def unavailable(request):
         raise PoolTimeout("couldn't get a connection after 10.00 sec")
 
     monkeypatch.setattr(streams, "_authenticate", unavailable)
-    status, body = asgi_get(ASGIHandler(), asgi_scope("/api/sessions/s1/events/"))
+    status, body = _run(HermesASGIHandler(), _scope("/api/sessions/s1/events/"))
     assert status == 503 and b'"code":"database_unavailable"' in body
 
 
@@ -597,7 +599,7 @@ def test_options_on_a_stream_answers_like_drfs_views(server, token, claimed):
 def _asgi(method: str, path: str, token: str) -> tuple[int, dict[bytes, bytes], bytes]:
     """``method path`` through the ASGI application in this process (as uvicorn calls it); the whole
     response within 5 s or ``TimeoutError`` (a stream left open)."""
-    return async_to_sync(asgi_call)(ASGIHandler(), asgi_scope(path, token, method=method), timeout=5)
+    return async_to_sync(asgi_call)(HermesASGIHandler(), _scope(path, token, method=method), timeout=5)
 
 
 def test_head_and_options_through_the_asgi_application_end_at_once(token, claimed):
