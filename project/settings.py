@@ -325,11 +325,11 @@ CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")
 CODEX_PROJECT_DOCS = env_bool("CODEX_PROJECT_DOCS", False)
 # Tail cap (characters) of the transcript a fresh thread is seeded with (hermes_sessions/history_seed.py).
 HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
-# Spare app-servers per worker process, spawned and initialized ahead of need (hermes_sessions/codex/warm.py);
+# Spare app-servers per worker process, spawned and initialized ahead of need (hermes_sessions/worker/warm/spares.py);
 # 0 (default): every turn spawns its own. Spares older than HERMES_WARM_POOL_MAX_AGE seconds are replaced.
 HERMES_WARM_POOL = env_int("HERMES_WARM_POOL", 0)
 HERMES_WARM_POOL_MAX_AGE = env_float("HERMES_WARM_POOL_MAX_AGE", 600.0)
-# Session affinity (hermes_sessions/codex/kept.py, services/affinity.py): after a turn, a worker process that runs
+# Session affinity (hermes_sessions/worker/warm/kept.py, worker/affinity.py): after a turn, a worker process that runs
 # one turn at a time (-c 1, or -P solo) keeps the app-server with the thread loaded for HERMES_WARM_IDLE_SECONDS
 # (0: close it after every turn) and the session's next turn is sent to that worker's own queue
 # (<HERMES_TURN_QUEUE>.<node name>) while its heartbeat is fresh, and to the shared queue
@@ -341,16 +341,16 @@ HERMES_WARM_MAX_RSS_MB = env_int("HERMES_WARM_MAX_RSS_MB", 512)  # a kept app-se
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
 # The enqueue of a routed turn wakes its worker by PostgreSQL NOTIFY instead of a message to the worker's own
 # queue; the shared queue's fallback copy, sent HERMES_AFFINITY_DEADLINE later if the turn is still queued,
-# stays the durable path; 0: Celery messages only (hermes_sessions/services/wake.py).
+# stays the durable path; 0: Celery messages only (hermes_sessions/worker/wake.py).
 HERMES_WAKE = env_bool("HERMES_WAKE", True)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
-# (hermes_sessions/services/early_start.py).
+# (hermes_sessions/worker/warm/early_start.py).
 HERMES_EARLY_START = env_bool("HERMES_EARLY_START", True)
 HERMES_WORKER_HEARTBEAT_SECONDS = env_float("HERMES_WORKER_HEARTBEAT_SECONDS", 2.0)  # a warm worker's heartbeat row
 HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # older: not routed to; swept
 
-# --- Durability (see hermes_sessions/services/recovery.py) --------------------------------------
+# --- Durability (see hermes_sessions/worker/recovery.py) --------------------------------------
 # A turn's POST waits at most this long (ms) for its session's row lock — held by another writer of the session,
 # e.g. manage.py prune_sessions on a long session or a delete — then answers 503 session_locked (Retry-After):
 # without it, POSTs piling up behind a long-held lock each held a pooled connection until the pool's 10 s
@@ -365,7 +365,7 @@ HERMES_MAX_ATTEMPTS = env_int("HERMES_MAX_ATTEMPTS", 3)  # claims of one turn be
 HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # queued this long at the head: send again
 # Backoff (seconds) for retryable codex failures before turn/start (active writer, transport blip).
 HERMES_RETRY_DELAYS = tuple(float(x) for x in env_list("HERMES_RETRY_DELAYS", "0.5,1,2,4,8"))
-HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see services/retry_policy.py
+HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see worker/retry_policy.py
 HERMES_IDEMPOTENCY_TTL = env_int("HERMES_IDEMPOTENCY_TTL", 24 * 3600)  # seconds an Idempotency-Key is kept
 
 HERMES_LOG_LEVEL = env_str("HERMES_LOG_LEVEL", "INFO")  # the hermes_sessions loggers

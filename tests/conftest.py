@@ -136,7 +136,7 @@ def _no_lease_loop_left():
     stop it: a leaked one takes back other tests' running turns (found in session 6: an e2e test's turn
     was taken back by the pytest process, not by its worker)."""
     yield
-    from hermes_sessions.services import recovery
+    from hermes_sessions.worker import recovery
 
     leaked = recovery._lease_loop
     if leaked is not None:

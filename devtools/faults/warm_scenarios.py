@@ -1,6 +1,6 @@
 """The session-affinity scenarios of ``make faults`` (issue 9 §4): faults of the app-servers a ``-c 1``
-worker keeps with a session's thread loaded between its turns (``hermes_sessions/codex/kept.py``,
-``services/affinity.py``).
+worker keeps with a session's thread loaded between its turns (``hermes_sessions/worker/warm/kept.py``,
+``worker/affinity.py``).
 
 ``warm-codex-dies``   each session's thread is kept loaded by the worker that ran its last turn; between
                       turns the harness SIGKILLs that kept app-server (found as the codex process working
@@ -25,7 +25,7 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
                       countdown copies sit behind it (adversary F2, session 4); a round starts with every
                       worker idle, and notes when the set-up did not hold (first copies not in the holder's
                       queue nor woken, the long turn started after the countdown copies were due). A keeping worker's loop must
-                      hand the turns off (``affinity.stalled_holder_turns``): each claimed within
+                      hand the turns off (``routing.stalled_holder_turns``): each claimed within
                       ``HERMES_AFFINITY_DEADLINE`` + 3 heartbeats + 3 s of its post, or 3 s after a turn slot
                       came free if that is later (a SLOW turn ended); succeeded, resumed cold, attempt 1.
                       The sweeper is paused meanwhile: here it sweeps every 1 s with a 4 s stale limit and
@@ -465,7 +465,7 @@ def _setting(name: str) -> Any:
 
 
 class _WakeWatch:
-    """The NOTIFY wake-ups sent to one worker (``hermes_sessions/services/wake.py``), heard on a connection of
+    """The NOTIFY wake-ups sent to one worker (``hermes_sessions/worker/wake.py``), heard on a connection of
     the harness's own: a turn routed to a holder whose wake listener listens gets a wake-up instead of a
     message in its own queue."""
 
@@ -473,7 +473,7 @@ class _WakeWatch:
         import psycopg
 
         from hermes_sessions.services.own_connections import own_connection_params
-        from hermes_sessions.services.wake import wake_channel
+        from hermes_sessions.services.routing import wake_channel
 
         self.conn = psycopg.connect(**own_connection_params("faults-wake-watch"), autocommit=True)
         self.conn.execute(f"LISTEN {wake_channel(queue)}")

@@ -37,7 +37,7 @@ from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history
 from ..models import CodexBinding, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from ..selectors import is_valid_session_id
-from . import affinity, bindings, claim_statement, dispatch, events, rollouts, wake
+from . import bindings, claim_statement, dispatch, events, rollouts, routing
 from .errors import InvalidInput, SessionBusy, SessionLocked
 from .locks import bound_lock_waits, lock_session_and_turn, lock_session_and_turn_later, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
@@ -122,14 +122,14 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         else:
             drawn = batch.add(_draw_seq_sql(owned=True), [updated_at, session_id, owner_id])
         # A statement of its own, after the lock: its snapshot has every turn committed while it waited.
-        route_sql, route_params = affinity.session_route_sql(session_id)
+        route_sql, route_params = routing.session_route_sql(session_id)
         row = batch.add(_enqueue_reads_sql(route_sql), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, session_id, Turn.Status.RUNNING,
             Turn.Status.QUEUED, *route_params, session_id]).one()
         if row is None or drawn.rowcount != 1:  # the UPDATE found no row to lock (or not the owner's)
             raise Session.DoesNotExist(f"no session {session_id!r}")
         seq, busy_id, busy_status, route_value = row
-        route = affinity.parse_route(route_value)
+        route = routing.parse_route(route_value)
         if busy_id is not None:
             busy_id = Turn._meta.pk.to_python(busy_id)  # SQLite: hex text
         if busy_id is not None and on_busy == "reject":
@@ -147,9 +147,9 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         # message to its queue (``wake``) — not of a turn queued behind another, which it claims only once
         # that one has ended: that one's finalize dispatches it.
         queue = dispatch.route_given(route.queue) if route is not None else ""
-        woken = bool(queue) and route is not None and route.wakeable and busy_id is None and wake.wake_enabled()
+        woken = bool(queue) and route is not None and route.wakeable and busy_id is None and routing.wake_enabled()
         if woken:
-            wake.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id, text=text)
+            routing.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id, text=text)
         dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=woken)
         events.event_notify_on_commit(queued)
     return turn
@@ -165,7 +165,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     two: none of these writes depends on what the reads find (a turn is queued, busy or not), so Python
     has nothing to decide between them. The wake's ``pg_notify`` is the one ``_enqueue`` holds (``wake``),
     sent by the statement itself when the route is a wakeable worker's, no other turn of the session is
-    running or queued and the turn was inserted; its channel named in SQL (``wake.wake_channel_sql``).
+    running or queued and the turn was inserted; its channel named in SQL (``routing.wake_channel_sql``).
     Every statement after the lock runs after it (a statement's snapshot is taken when it starts): the
     reads see every turn committed while this one waited, as in ``_enqueue``. A session that is not the
     caller's (or no session) matches nothing: nothing is written, no wake is sent, the commit is empty,
@@ -179,8 +179,8 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     now = timezone.now()
     turn = Turn(session_id=session_id, seq=0, input=text, created_by=created_by, dispatched_at=now)
     touch(turn, "created_at")
-    can_wake = wake.wake_enabled() and dispatch.routes_to_workers()
-    payload = wake.wake_payload(turn_id=turn.id, session_id=session_id,
+    can_wake = routing.wake_enabled() and dispatch.routes_to_workers()
+    payload = routing.wake_payload(turn_id=turn.id, session_id=session_id,
                                 text=text if settings.HERMES_EARLY_START else None) if can_wake else ""
     owned = owner_id is not None
     with pipelined_atomic() as batch:
@@ -195,7 +195,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
             batch.add(_interrupt_sql(), [now, session_id, Turn.Status.RUNNING, turn.id])
         events.event_append_held(batch, turn=turn, items=[(events.QUEUED, None)],
                                  data_sql={0: events.queued_seq_sql()})
-        route_sql, route_params = affinity.session_route_sql(session_id)
+        route_sql, route_params = routing.session_route_sql(session_id)
         reads: Later[Any] = batch.add(_enqueue_reads_and_wake_sql(route_sql), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, turn.id, session_id, Turn.Status.RUNNING,
             Turn.Status.QUEUED, turn.id, *route_params, session_id, payload, can_wake, turn.id])
@@ -204,7 +204,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
             row = reads.one()
             if row is None or drawn.rowcount != 1:
                 return
-            route = affinity.parse_route(row[3])
+            route = routing.parse_route(row[3])
             queue = dispatch.route_given(route.queue) if route is not None else ""
             # Outside the transaction now. The streams' NOTIFY went with the COMMIT (the event's statement).
             dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=bool(row[4]))
@@ -271,13 +271,13 @@ def _busy_turn_sql(*, but_one: bool) -> str:
 def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
     """The one-trip enqueue's reads after its writes, and its wake, as one statement: ``_enqueue_reads_sql``'s
     columns (the busy turn leaves the new one out) and how many wakes were sent (0 or 1) — the ``pg_notify``
-    of ``wake.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
+    of ``routing.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
     session is running or queued, the caller allows it (``wake_enabled``, not in-process) and the turn row
     exists (a session that is not the caller's gets no wake)."""
     q = connection.ops.quote_name
     turns = q(Turn._meta.db_table)
     busy = _busy_turn_sql(but_one=True)
-    channel = wake.wake_channel_sql(f"substr(r.route, {len('wake:') + 1})")
+    channel = routing.wake_channel_sql(f"substr(r.route, {len('wake:') + 1})")
     return (f"WITH r AS (SELECT s.{q('last_turn_seq')} AS seq, (SELECT b.{q('id')} {busy}) AS busy_id, "
             f"(SELECT b.{q('status')} {busy}) AS busy_status, {route_sql} AS route "
             f"FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s), "
@@ -300,7 +300,7 @@ def _draw_seq_sql(*, owned: bool = False) -> str:
 def _enqueue_reads_sql(route_sql: str) -> str:
     """The enqueue's reads after its lock, one statement: the drawn ``seq``, the session's running (or
     else oldest queued) turn — ``"running"`` sorts after ``"queued"``, so ``DESC`` puts it first — its
-    status, and the route (``affinity.session_route_sql``). Raw SQL (any backend): the ORM compiled an
+    status, and the route (``routing.session_route_sql``). Raw SQL (any backend): the ORM compiled an
     annotated query with three subqueries per POST."""
     q = connection.ops.quote_name
     busy = _busy_turn_sql(but_one=False)
@@ -690,7 +690,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, 
     held (a duplicate delivery or a lost claim) — then nothing is written.
 
     ``warm_queue``: the own queue of the worker that will keep the thread loaded (session affinity,
-    ``affinity.warm_thread_record``), recorded only for a succeeded turn whose rollout was stored here;
+    ``routing.warm_thread_record``), recorded only for a succeeded turn whose rollout was stored here;
     every other end of a turn records that no worker holds it.
     """
     status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
@@ -763,7 +763,7 @@ def _commit_turn_once(
             notice = bindings.NOTICE_THREAD_ROTATED
         delta = result.rollout
         kept = bool(warm_queue and delta is not None and delta.thread_id == result.thread_id and bind)
-        warm = affinity.warm_thread_record_sql(
+        warm = routing.warm_thread_record_sql(
             session_id=session.pk, queue=warm_queue if kept else "", thread_id=result.thread_id or "",
             generation=(delta.base.generation + 1 if delta is not None and delta.base and delta.base.generation else 1))
         _set_finish(turn, result, status=status, error=error)
@@ -799,7 +799,7 @@ class _TurnEnd:
 
 
 def _end_turn(session: Session, turn: Turn, *, warm: tuple[str, list[Any]], batch: Batch) -> Later[_TurnEnd]:
-    """Write the ended ``turn`` (``_FINISH_FIELDS``) and ``warm`` (``affinity.warm_thread_record_sql``),
+    """Write the ended ``turn`` (``_FINISH_FIELDS``) and ``warm`` (``routing.warm_thread_record_sql``),
     stamp the session's next queued turn as dispatched (``dispatch.session_next_turn_sql``) and read the
     active binding, under the finalize's locks. One statement on PostgreSQL (data-modifying CTEs; its
     reads come after the locks and after any ``binding_rotate``, so they see what committed before this

@@ -4,7 +4,7 @@ import json
 import pytest
 from kombu.exceptions import OperationalError
 
-from hermes_sessions import services, tasks
+from hermes_sessions import tasks, worker
 from hermes_sessions.models import Turn
 from tests.factories import SessionFactory
 
@@ -61,7 +61,7 @@ def test_broker_down_still_accepts_the_turn_and_the_sweep_resends_it(client, use
     monkeypatch.setattr(tasks.run_turn, "apply_async", lambda *a, **k: sent.append(k["args"][0]))
     settings.HERMES_REDISPATCH_SECONDS = 0
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.turns_sweep().redispatched == 1
+        assert worker.turns_sweep().redispatched == 1
     assert sent == [str(turn.id)]
 
 

@@ -1,4 +1,4 @@
-"""The per-process keeper of loaded threads (``codex/kept.py``): its bounds (LRU, turns, resident size),
+"""The per-process keeper of loaded threads (``worker/warm/kept.py``): its bounds (LRU, turns, resident size),
 expiry, release and shutdown, the per-process singleton, and ``KeptThread.usable_for``'s reasons.
 
 No codex runs here: a kept copy's client is a ``FakeClient`` (``alive()``, ``pid``, ``close``), which is
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hermes_sessions.codex import kept as kept_mod
-from hermes_sessions.codex.kept import Keeper, KeptThread, keeper, resident_mb, rollout_stamp
 from hermes_sessions.codex.rollout_files import RolloutBase
+from hermes_sessions.worker.warm import kept as kept_mod
+from hermes_sessions.worker.warm.kept import Keeper, KeptThread, keeper, resident_mb, rollout_stamp
 
 THREAD = "019a0000-0000-7000-8000-000000000001"
 CONFIG = {"sandbox": "workspace-write", "approval_policy": "never"}

@@ -148,7 +148,7 @@ BREAKAGES: list[Breakage] = [
         (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_later_turn_while_an_earlier_one_is_queued",),
     ),
     Breakage(
-        "session-locked-while-codex-works", "I3", "hermes_sessions/services/execution.py",
+        "session-locked-while-codex-works", "I3", "hermes_sessions/worker/execution.py",
         "        return _run_with_retries(claim, control, retry_policy(), stream)\n",
         "        from django.db import transaction as _tx\n"
         "        from ..models import Session as _Session\n"
@@ -179,7 +179,7 @@ BREAKAGES: list[Breakage] = [
         (T + "test_i4_every_wait_ends.py::test_a_turn_whose_completion_never_comes_ends_failed_with_a_reason",),
     ),
     Breakage(
-        "retry-deadline-ignored", "I4", "hermes_sessions/services/retry_policy.py",
+        "retry-deadline-ignored", "I4", "hermes_sessions/worker/retry_policy.py",
         "        if elapsed + delay > self.deadline:\n            return None\n",
         "",
         ("tests/services/test_retry_policy.py::test_the_deadline_ends_a_claims_retries_early",),

@@ -1,12 +1,12 @@
-"""The one retry budget (services/retry_policy.py): its arithmetic, the number the README quotes, and
+"""The one retry budget (worker/retry_policy.py): its arithmetic, the number the README quotes, and
 that each layer spends it — the run retries, the requeue, the commit retry."""
 import pytest
 from django.db import OperationalError
 
 from hermes_sessions import services
 from hermes_sessions.models import CodexBinding, Notice, Turn
-from hermes_sessions.services import execution
-from hermes_sessions.services.retry_policy import RetryPolicy, retry_policy
+from hermes_sessions.worker import execution
+from hermes_sessions.worker.retry_policy import RetryPolicy, retry_policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,9 @@ from hermes_sessions import services
 from hermes_sessions.codex.launch import session_home
 from hermes_sessions.codex.rollout_files import RolloutBase, RolloutDiverged, find_rollout, read_delta, write_rollout
 from hermes_sessions.models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Turn
-from hermes_sessions.services import execution, rollouts
+from hermes_sessions.services import rollouts
 from hermes_sessions.services.turns import history_seed
+from hermes_sessions.worker import execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
