@@ -1,4 +1,4 @@
-"""Shared fixtures. The suite runs on PostgreSQL (``DATABASE_URL``); see README "Tests"."""
+"""Shared fixtures. The suite runs on PostgreSQL (``DATABASE_URL``); see docs/development.md."""
 import pytest
 from django.conf import settings
 

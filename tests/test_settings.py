@@ -17,7 +17,7 @@ from django.conf import settings
 
 BASE = Path(__file__).resolve().parent.parent
 SETTINGS_SOURCE = (BASE / "project" / "settings.py").read_text()
-README = (BASE / "README.md").read_text()
+OPERATING = (BASE / "docs" / "operating.md").read_text()
 ENV_READ = re.compile(r'env_(?:str|bool|int|float|path|list)\(\s*"([A-Z0-9_]+)"')
 
 
@@ -127,11 +127,11 @@ def test_every_environment_variable_lands_in_the_setting_of_its_name():
         assert hasattr(settings, setting), setting
 
 
-def test_every_environment_variable_is_in_the_readme_table():
+def test_every_environment_variable_is_in_the_settings_table():
     names = set(ENV_READ.findall(SETTINGS_SOURCE)) | {"OPENAI_API_KEY", "CODEX_PASS_ENV", "CODEX_RUST_LOG"}
-    table = README.split("### Settings (environment)", 1)[1]
+    table = OPERATING.split("## 3. Settings (environment)", 1)[1]
     missing = sorted(n for n in names if f"| `{n}`" not in table)
-    assert missing == [], f"README 'Settings (environment)' lacks {missing}"
+    assert missing == [], f"docs/operating.md 'Settings (environment)' lacks {missing}"
 
 
 @pytest.mark.django_db
@@ -139,7 +139,7 @@ def test_postgresql_finds_a_vanished_client_within_a_minute_not_two_hours():
     """A connection whose worker vanished without a FIN keeps its transaction, and the session row lock it
     holds, until the server's TCP keepalives find it dead: the OS default waits 2 h before the first probe.
     Every connection asks for 30 s + 3 × 10 s (settings ``DATABASE_KEEPALIVES_IDLE``; seen while testing a
-    claim whose connection was cut mid-transaction, session 7)."""
+    claim whose connection was cut mid-transaction)."""
     from django.db import connection
 
     with connection.cursor() as cursor:

@@ -1,4 +1,4 @@
-"""``manage.py forget_rollout``: the README's way to provoke a rotation on the production shape."""
+"""``manage.py forget_rollout``: the way to provoke a rotation on the production shape (docs/operating.md)."""
 import pytest
 from django.core.management import CommandError, call_command
 
