@@ -77,8 +77,8 @@ def wake_channel_sql(queue_expr: str) -> str:
 
 
 def wake_enabled() -> bool:
-    """``HERMES_WAKE`` (default on) and the database is PostgreSQL."""
-    return bool(settings.HERMES_WAKE) and connection.vendor == "postgresql"
+    """``HERMES_WAKE`` (default on)."""
+    return bool(settings.HERMES_WAKE)
 
 
 @dataclass(frozen=True)

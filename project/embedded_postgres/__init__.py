@@ -35,15 +35,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pgserver import PostgresServer
+    from pgserver.postgres_server import PostgresServer
 
 # The longest Unix socket path Linux accepts (sun_path is 108 bytes, NUL included).
 SOCKET_PATH_MAX = 107
 
 
 def server(pgdata: Path) -> PostgresServer:
-    """The PostgreSQL server on data directory ``pgdata`` (absolute), started (and the directory made and
-    initialized) if it does not run yet; this process is on its list of users until it exits.
+    """The PostgreSQL server on data directory ``pgdata``, started (and the directory made and initialized)
+    if it does not run yet; this process is on its list of users until it exits.
 
     Raises ``RuntimeError`` when ``pgdata``'s socket path is too long for a Unix socket (pgserver would
     put the socket elsewhere, where ``HOST`` does not point), and ``subprocess.CalledProcessError`` when
@@ -56,16 +56,25 @@ def server(pgdata: Path) -> PostgresServer:
     with warnings.catch_warnings():
         # platformdirs warns at pgserver's import when XDG_RUNTIME_DIR is unset; its fallback is fine.
         warnings.simplefilter("ignore")
-        import pgserver
+        from pgserver.postgres_server import PostgresServer, get_server
         from pgserver.utils import DiskList
-    import psutil
 
+    if pgdata in PostgresServer._instances:
+        return get_server(pgdata)
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    if pgdata in pgserver.PostgresServer._instances:
-        return pgserver.get_server(pgdata)
-    with pgserver.PostgresServer._lock:
+    with PostgresServer._lock:
         handles = DiskList(pgdata / ".handle_pids.json")  # pgserver 0.1.4's list of the server's processes
         for pid in handles.get():
-            if not psutil.pid_exists(pid):
+            if not _alive(pid):
                 handles.get_and_remove(pid)
-    return pgserver.get_server(pgdata)
+    return get_server(pgdata)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
