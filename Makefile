@@ -27,13 +27,14 @@ install: $(VENV)/.installed node_modules/.installed
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-# The seed scenario on the embedded defaults: SQLite, no broker (tasks run in-process), the local
-# model stand-in, the real pinned codex binary.
+# The seed scenario on the embedded defaults: a private PostgreSQL under var/postgres that the first
+# connection starts and the last process using it stops (project/embedded_postgres), no broker (tasks run
+# in-process), the local model stand-in, the real pinned codex binary. Never DATABASE_URL's database.
 demo: install
 	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py migrate --noinput
 	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py demo
 
-# The admin on the demo's database (the embedded SQLite under HERMES_VAR_DIR), even when DATABASE_URL or
+# The admin on the demo's database (the embedded PostgreSQL under HERMES_VAR_DIR), even when DATABASE_URL or
 # CELERY_BROKER_URL is exported for the production shape: user demo, password demo (HTTP_BIND=… to move it).
 demo-admin: install
 	@echo "the demo's admin: http://$(HTTP_BIND)/admin/ (user demo, password demo)"

@@ -132,7 +132,7 @@ MESSAGE_SEARCH_CONFIG = "simple"
 
 class MessageSearchVector(models.Func):
     """``hermes_message_search_vector(content)``: ``to_tsvector('simple', coalesce(content, ''))`` in a
-    PL/pgSQL function made by migration 0004 (PostgreSQL only), declared ``COST 1000``.
+    PL/pgSQL function made by migration 0004, declared ``COST 1000``.
 
     Why a function: the planner costs the built-in ``to_tsvector`` at 100 × ``cpu_operator_cost`` per
     row, far below what parsing a chat message costs (measured with ``make bench-admin``: 20-40 µs a
@@ -183,8 +183,8 @@ class Message(models.Model):
             ),
         ]
         indexes = [
-            # Full-text search over the content (migration 0004, PostgreSQL only: SQLite has no GIN
-            # and searches with icontains). Queries must use this exact expression to use it.
+            # Full-text search over the content (migration 0004). Queries must use this exact
+            # expression to use it (selectors.message_search_filter).
             GinIndex(MessageSearchVector("content"), name="message_content_search"),
         ]
 

@@ -62,7 +62,7 @@ def _bound_idle_transactions(**_: object) -> None:
 
     seconds = settings.HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS
     conn = connections["default"]
-    if conn.vendor != "postgresql" or seconds <= 0:
+    if seconds <= 0:
         return
     options = conn.settings_dict.setdefault("OPTIONS", {})
     setting = f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"

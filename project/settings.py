@@ -2,9 +2,9 @@
 
 Two shapes:
 
-* **Embedded (the demo)**: neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` is set. SQLite under
-  ``HERMES_VAR_DIR``, Celery tasks run eagerly in-process (no broker), codex pointed at the local model
-  stand-in, and a built-in development ``SECRET_KEY``.
+* **Embedded (the demo)**: neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` is set. A private PostgreSQL
+  under ``HERMES_VAR_DIR`` that the first connection starts (``project/embedded_postgres``), Celery tasks run
+  eagerly in-process (no broker), codex pointed at the local model stand-in, and a built-in development ``SECRET_KEY``.
 * **Production shape**: ``DATABASE_URL`` (PostgreSQL) and/or ``CELERY_BROKER_URL`` (Redis or RabbitMQ)
   set. ``DJANGO_SECRET_KEY`` is then required: importing these settings without it raises
   ``ImproperlyConfigured``.
@@ -15,14 +15,15 @@ Names: every environment variable lands in the setting of the same name (``HERME
 (environment)" lists them all.
 
 Importing this module has no side effects: it creates no directory. Directories are made where they
-are used (the SQLite backend in ``project/sqlite_backend`` makes the database's folder on first
-connection, ``project/beat.py`` the beat schedule's, ``codex/launch.py`` codex's). Tests use
+are used (the embedded PostgreSQL's backend makes and starts its data directory on first connection,
+``project/beat.py`` the beat schedule's, ``codex/launch.py`` codex's). Tests use
 ``project/settings_test.py``.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -132,27 +133,24 @@ WSGI_APPLICATION = "project.wsgi.application"
 ASGI_APPLICATION = "project.asgi.application"
 
 DATABASE_CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60)  # seconds a connection is reused
-DATABASES = {
-    "default": dj_database_url.parse(
-        DATABASE_URL or f"sqlite:///{HERMES_VAR_DIR / 'db.sqlite3'}",
-        conn_max_age=DATABASE_CONN_MAX_AGE,
-        conn_health_checks=True,  # a persistent connection killed by a database restart is replaced, not a 500
-    )
-}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+DATABASES: dict[str, dict[str, Any]]
+if DATABASE_URL:
+    DATABASES = {"default": dict(dj_database_url.parse(DATABASE_URL))}
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(f"DATABASE_URL must name a PostgreSQL database (postgres://…), not "
+                                   f"{DATABASE_URL.split(':', 1)[0]}: the service runs on PostgreSQL only")
     # Django's PostgreSQL backend whose health check of a reused connection costs no round trip when the
     # connection is quiet and idle (project/db_liveness.py).
     DATABASES["default"]["ENGINE"] = "project.postgresql_backend"
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Django's SQLite backend that also makes the database file's folder on first connection.
-    DATABASES["default"]["ENGINE"] = "project.sqlite_backend"
-    # The embedded default: writers wait for each other (BEGIN IMMEDIATE + a busy timeout) rather
-    # than failing with "database is locked" when the API and an eager turn write at once.
-    DATABASES["default"]["OPTIONS"] = {
-        "timeout": 30,
-        "transaction_mode": "IMMEDIATE",
-        "init_command": "PRAGMA journal_mode=WAL;",
-    }
+else:
+    # The embedded default: the same backend on a private PostgreSQL that its first connection starts, data
+    # directory (and Unix socket) HERMES_VAR_DIR/postgres (project/embedded_postgres).
+    DATABASES = {"default": {"ENGINE": "project.embedded_postgres", "NAME": "postgres", "USER": "postgres",
+                             "HOST": str(HERMES_VAR_DIR / "postgres")}}
+DATABASES["default"].update(
+    CONN_MAX_AGE=DATABASE_CONN_MAX_AGE,
+    CONN_HEALTH_CHECKS=True,  # a persistent connection killed by a database restart is replaced, not a 500
+)
 # The server's TCP keepalives on our connections: a connection whose client vanished without a FIN (a network
 # cut, a frozen VM — not kill -9, whose socket the kernel closes) is found dead within DATABASE_KEEPALIVES_IDLE
 # + 3 × 10 s and its transaction rolled back, instead of after the OS default of 2 h while it holds a session's
@@ -160,17 +158,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # (libpq's own variable, e.g. a statement log for a diagnosis) is kept in front.
 DATABASE_KEEPALIVES_IDLE = env_int("DATABASE_KEEPALIVES_IDLE", 30)
 PGOPTIONS = env_str("PGOPTIONS")
-if "postgresql" in DATABASES["default"]["ENGINE"]:
-    DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None, [
-        PGOPTIONS.strip(),
-        f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
-    ]))
-    # The same on our side (libpq's keepalives): a worker or API process waiting for an answer over a path cut
-    # without a FIN — the server gone with its host, a network partition — finds its connection dead within the
-    # same bound and fails that database call (the turn is retried, the request gets its 503) instead of waiting
-    # 2 h (adversary, session 10: a worker whose claim's answer never came stayed stuck with its slot taken).
-    DATABASES["default"]["OPTIONS"].update(
-        keepalives=1, keepalives_idle=DATABASE_KEEPALIVES_IDLE, keepalives_interval=10, keepalives_count=3)
+DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None, [
+    PGOPTIONS.strip(),
+    f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
+]))
+# The same on our side (libpq's keepalives): a worker or API process waiting for an answer over a path cut
+# without a FIN — the server gone with its host, a network partition — finds its connection dead within the
+# same bound and fails that database call (the turn is retried, the request gets its 503) instead of waiting
+# 2 h (adversary, session 10: a worker whose claim's answer never came stayed stuck with its slot taken).
+# (The embedded server's Unix socket has no keepalives; PostgreSQL and libpq ignore these there.)
+DATABASES["default"]["OPTIONS"].update(
+    keepalives=1, keepalives_idle=DATABASE_KEEPALIVES_IDLE, keepalives_interval=10, keepalives_count=3)
 # The statements of the warm path's pipelined transactions (hermes_sessions/services/pipelining.py: the
 # enqueue, the claim, the finalize) are bound server-side and prepared on a connection once it has run them
 # this many times, so PostgreSQL stops parsing and planning them on every turn (parse + plan were ~70 % of
@@ -180,15 +178,16 @@ if "postgresql" in DATABASES["default"]["ENGINE"]:
 DATABASE_PREPARE_THRESHOLD = env_int("DATABASE_PREPARE_THRESHOLD", 2)
 # ASGI (make run): psycopg's connection pool with CONN_MAX_AGE = 0 — persistent connections are not
 # supported under ASGI and leak (../shared/pitfalls.md, Django #37066). Off by default: Celery's prefork
-# workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork).
+# workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork). The embedded
+# default has no pool (its backend, project/embedded_postgres, is the one without).
 DATABASE_POOL = env_bool("DATABASE_POOL", False)
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 20)  # connections per API process
-if DATABASE_POOL and "postgresql" in DATABASES["default"]["ENGINE"]:
+if DATABASE_POOL and DATABASE_URL:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # Django's PostgreSQL backend whose pool, after one broken connection, checks the others at once
     # (project/db_pool.py) instead of psycopg_pool's 1 s, 2 s, 4 s … between checks.
     DATABASES["default"]["ENGINE"] = "project.postgresql_pool_backend"
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
+    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

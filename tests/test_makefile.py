@@ -63,7 +63,8 @@ def _free_port() -> int:
 
 
 def _demo_database(env: dict[str, str]) -> None:
-    """The demo's database as `make demo` leaves it (migrated SQLite with user demo/demo), without codex."""
+    """The demo's database as `make demo` leaves it (the embedded PostgreSQL, migrated, with user demo/demo),
+    without codex."""
     code = ("import django; django.setup(); from django.core.management import call_command; "
             "call_command('migrate', verbosity=0); from django.contrib.auth.models import User; "
             "User.objects.create_superuser('demo', 'demo@example.com', 'demo')")
@@ -108,4 +109,10 @@ def test_make_demo_admin_serves_the_demo_database_even_with_database_url_exporte
         assert (status, url) == (200, f"{base}/admin/"), log.read_text()  # logged in: the demo's user exists there
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        # SIGTERM ends runserver without its exit handlers, so its embedded PostgreSQL still runs: a process
+        # that joins and leaves is the last one and stops it (project/embedded_postgres).
+        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from project.embedded_postgres "
+                        "import server; server(Path(sys.argv[1]))", str(tmp_path / "var" / "postgres")],
+                       cwd=BASE, check=True, timeout=60, capture_output=True)
         proc.wait(timeout=20)

@@ -1,5 +1,5 @@
 """``PreparedTokenAuthentication``: DRF's ``TokenAuthentication`` (``Authorization: Token <key>``), its token
-read done as one prepared statement on PostgreSQL.
+read done as one prepared statement.
 
 Why: every API request authenticates first, and a turn's ``POST`` waits for it before anything else. DRF
 reads the token with ``Token.objects.select_related("user").get(key=key)``: the ORM compiles the join on
@@ -10,7 +10,7 @@ with timestamps along the request) — the largest single step before the turn r
 read, by the model's metadata, bound server-side and prepared after ``DATABASE_PREPARE_THRESHOLD`` runs
 (``services.pipelining.prepared_cursor``), builds the same ``Token`` and ``User`` instances
 (``Model.from_db``). Everything else — the header parsing, the errors and their messages, the inactive-user
-check, ``WWW-Authenticate`` — is DRF's own code; other databases (the SQLite demo) use DRF's read.
+check, ``WWW-Authenticate`` — is DRF's own code.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class PreparedTokenAuthentication(TokenAuthentication):
     and ``AuthenticationFailed("User inactive or deleted.")`` for an inactive user — DRF's messages."""
 
     def authenticate_credentials(self, key: str) -> tuple[Any, Token]:
-        if connection.vendor != "postgresql" or self.get_model() is not Token:
+        if self.get_model() is not Token:
             return super().authenticate_credentials(key)
         if "\x00" in key:
             raise exceptions.AuthenticationFailed(_("Invalid token."))

@@ -17,7 +17,7 @@ connection (lost, not yet open) the hub reads as the streams do, in a thread.
 
 A notification nobody listened for is not lost: a stream reads the table from its last id before it
 waits, and again on every heartbeat tick, so NOTIFY is only a wake-up. If the LISTEN connection
-cannot be opened (SQLite, a database restart), streams fall back to those ticks and the hub tries
+cannot be opened (a database restart), streams fall back to those ticks and the hub tries
 again on the next one.
 
 Shutdown: the hub chains itself in front of the process's SIGTERM/SIGINT handlers (uvicorn's own),
@@ -41,7 +41,6 @@ from typing import Any, TypeVar
 
 import psycopg
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import DatabaseError, connection
 from psycopg.rows import dict_row
 
@@ -187,7 +186,7 @@ class EventHub:
     async def ensure_listening(self) -> None:
         """Start the listener task if none runs (first stream, or the connection was lost) and wait
         until its LISTEN is in place or it failed (at most ``LISTEN_CONNECT_SECONDS``)."""
-        if "postgresql" not in settings.DATABASES["default"]["ENGINE"] or self.stopping.is_set():
+        if self.stopping.is_set():
             return
         if self._task is None or self._task.done():
             self._ready = asyncio.Event()

@@ -15,7 +15,7 @@ Its CTEs, in order: ``clk`` the statement's clock (read once, after the locks: `
 is still queued (I3); ``ok`` the turn if it may run now (queued, no cancel asked for, not blocked); ``upd``
 marks it running under the new claim token, attempt + 1 and the lease; ``want`` / ``sess`` / ``ins`` write
 the user's transcript row with the session's next sequence number — at the first claim, or at a re-claim
-that finds none (``turns._start_claim``'s rule). The row it returns tells the caller what happened.
+that finds none. The row it returns tells the caller what happened.
 """
 from __future__ import annotations
 

@@ -125,14 +125,8 @@ def _route(turn_id: uuid.UUID | str) -> str:
 
 def session_dispatch_next_on_commit(session: Session) -> None:
     """Dispatch the session's oldest queued turn, if any, once the current transaction commits
-    (call it where a turn of ``session`` ends, under the session lock). One statement on PostgreSQL
+    (call it where a turn of ``session`` ends, under the session lock). One statement
     (``session_next_turn_sql``: the read and the ``dispatched_at`` stamp)."""
-    if connection.vendor != "postgresql":
-        nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").values_list(
-            "pk", flat=True).first()
-        if nxt is not None:
-            turn_dispatch_on_commit(nxt)
-        return
     with connection.cursor() as cursor:
         cursor.execute(*session_next_turn_sql(session.pk))
         row = cursor.fetchone()

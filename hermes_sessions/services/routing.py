@@ -137,7 +137,7 @@ def warm_thread_record(*, session: Session, queue: str, thread_id: str, generati
     """Record (inside the turn's finalize transaction, under the session lock) that worker ``queue``
     keeps ``thread_id`` loaded at rollout ``generation`` for ``HERMES_WARM_IDLE_SECONDS``; with an
     empty ``queue``, that no worker does. ``warm_thread_record_sql``'s one statement (the finalize
-    sends that one inside a statement of its own on PostgreSQL)."""
+    sends that one inside a statement of its own)."""
     if not connection.in_atomic_block:
         raise transaction.TransactionManagementError("warm_thread_record runs inside the turn's transaction")
     with connection.cursor() as cursor:
@@ -147,7 +147,7 @@ def warm_thread_record(*, session: Session, queue: str, thread_id: str, generati
 
 def warm_thread_record_sql(*, session_id: str, queue: str, thread_id: str, generation: int) -> tuple[str, list[Any]]:
     """``warm_thread_record``'s statement and its parameters: an upsert (``INSERT … ON CONFLICT (session)
-    DO UPDATE``, PostgreSQL and SQLite ≥ 3.24 alike; ``update_or_create`` took a savepoint, a
+    DO UPDATE``; ``update_or_create`` took a savepoint, a
     ``SELECT … FOR UPDATE`` and an UPDATE) of the row for ``queue``, or with an empty ``queue`` the
     ``DELETE`` of the session's row. Raw SQL from the model's metadata: the ORM's ``bulk_create`` compile
     was ~7 % of a warm finalize (py-spy)."""
@@ -303,8 +303,8 @@ def wake_channel_sql(queue_expr: str) -> str:
 
 
 def wake_enabled() -> bool:
-    """``HERMES_WAKE`` (default on) and the database is PostgreSQL."""
-    return bool(settings.HERMES_WAKE) and connection.vendor == "postgresql"
+    """``HERMES_WAKE`` (default on)."""
+    return bool(settings.HERMES_WAKE)
 
 
 @dataclass(frozen=True)

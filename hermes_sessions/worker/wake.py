@@ -57,18 +57,6 @@ RECONNECT_SECONDS = 1.0  # a lost LISTEN connection is opened again after this p
 _slot = threading.Lock()
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 @contextlib.contextmanager
 def turn_slot(*, timeout: float | None = None) -> Iterator[bool]:
     """This process's one turn slot, held for the block; yields whether it was taken within ``timeout``
@@ -97,8 +85,6 @@ def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
         return
     with turn_slot(timeout=timeout) as taken:
         yield taken
-
-
 
 
 class WakeListener:

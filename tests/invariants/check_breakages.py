@@ -103,9 +103,9 @@ BREAKAGES: list[Breakage] = [
         (T + "test_i2_exactly_once.py::test_a_second_claim_of_a_running_turn_is_refused",),
     ),
     Breakage(
-        "user-row-per-claim", "I2", "hermes_sessions/services/turns.py",
-        "    if turn.attempt == 1 or not reads.user_row:\n",
-        "    if True:\n",
+        "user-row-per-claim", "I2", "hermes_sessions/services/claim_statement.py",
+        "FROM ok WHERE ok.{tattempt} = 0 \"\n",
+        "FROM ok WHERE TRUE OR ok.{tattempt} = 0 \"\n",
         (T + "test_i2_exactly_once.py::test_a_reclaimed_turn_keeps_one_user_row",),
     ),
     Breakage(
@@ -282,8 +282,9 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "rollout-generation-not-fenced", "I8", "hermes_sessions/services/rollouts.py",
-        "        thread_id=delta.thread_id, generation=base.generation, length=base.length, sha256=base.sha256\n",
-        "        thread_id=delta.thread_id\n",
+        "%(thread)s AND {q('generation')} = %(generation)s \"\n"
+        "              f\"AND {q('length')} = %(base_length)s AND {q('sha256')} = %(base_sha256)s RETURNING",
+        "%(thread)s \"\n              f\"RETURNING",
         ("tests/services/test_rollouts.py::test_a_stale_generation_commits_nothing",),
     ),
 ]
