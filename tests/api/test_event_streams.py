@@ -33,6 +33,9 @@ from tests.test_asgi_handler import _scope
 pytestmark = pytest.mark.django_db(transaction=True)  # the server process reads what the test commits
 
 HEARTBEAT = 3.0  # seconds; long enough that an event arriving sooner was woken by NOTIFY, not the tick
+# A heartbeat is this comment frame, byte for byte (docs/contract.md §8): no ``id:``, so a client that
+# reconnects right after one asks for what follows its last real event. Written out here, not imported.
+HEARTBEAT_FRAME = b": heartbeat\n\n"
 
 
 @pytest.fixture(scope="module")
@@ -219,15 +222,33 @@ def test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap(serv
     seen = stream.read_until(lambda e: e.event == "delta")
     assert stream.read() is None  # the heartbeat
     assert sum(line.startswith("id:") for line in stream.raw) == len(stream.events)  # none on heartbeats
+    assert stream.heartbeat_frames == [HEARTBEAT_FRAME]
     stream.close()  # gone right after the heartbeat
     writer.add(events.DELTA, {"item_id": "m1", "text": "two "})
     time.sleep(events.DELTA_FLUSH_SECONDS)
     writer.add(events.DELTA, {"item_id": "m1", "text": "three"})
     writer.flush()
     finish(claimed, "one two three")
-    rest = open_stream(server.port, path, token, last_event_id=seen[-1].id).read_to_end()
+    # A client reconnects with the last id it kept, whatever block carried it (a heartbeat's too).
+    rest = open_stream(server.port, path, token, last_event_id=stream.last_event_id).read_to_end()
     assert [e.event for e in rest] == ["delta", "delta", "completed"]
     assert "".join(e.data["text"] for e in seen + rest if e.event == "delta") == "one two three"
+
+
+def test_heartbeats_are_comment_frames_byte_for_byte_and_move_no_id(server, token, claimed):
+    """Pitfall: 'heartbeats carried an id:, so a reconnect skipped real events'. Each tick's heartbeat is
+    exactly ``HEARTBEAT_FRAME``, and the id a client keeps across heartbeats is its last event's."""
+    stream = open_stream(server.port, f"/api/sessions/{claimed.session_id}/events/", token, last_event_id=0)
+    seen = stream.read_until(lambda e: e.event == "running")
+    assert stream.last_event_id == str(seen[-1].id)
+    for _ in range(2):  # two ticks with nothing new
+        assert stream.read() is None
+    assert stream.heartbeat_frames == [HEARTBEAT_FRAME, HEARTBEAT_FRAME]
+    retry, *event_frames, first, second = stream.frames  # every byte the stream sent, block by block
+    assert (retry, first, second) == (b"retry: 1000\n\n", HEARTBEAT_FRAME, HEARTBEAT_FRAME)
+    assert [f.split(b"\ndata: ")[0] for f in event_frames] == [f"id: {e.id}\nevent: {e.event}".encode() for e in seen]
+    assert stream.last_event_id == str(seen[-1].id)
+    stream.close()
 
 
 def _stat_connections(dbname: str) -> tuple[int, int]:
@@ -292,7 +313,7 @@ def test_sigterm_with_a_stream_open_then_resume_with_no_gap_or_duplicate(tmp_pat
     writer.flush()
     second = ApiServer(tmp_path / "second.log", heartbeat=HEARTBEAT).start()
     try:
-        resumed = open_stream(second.port, path, token, last_event_id=seen[-1].id)
+        resumed = open_stream(second.port, path, token, last_event_id=stream.last_event_id)
         writer.add(events.DELTA, {"item_id": "m1", "text": "after"})
         writer.flush()
         finish(claimed, "before while down after")
@@ -317,10 +338,12 @@ def test_an_imported_finished_turn_streams_its_terminal_event(server, token, cla
     assert session_import_line(line=line).imported
     assert list(TurnEvent.objects.filter(turn_id=claimed.turn_id).values_list("kind", flat=True)) == ["completed"]
 
-    got = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    stream = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token)
+    got = stream.read_to_end()
     assert [(e.event, e.data["final_text"], e.data["status"]) for e in got] == [("completed", "all done", "succeeded")]
+    assert stream.last_event_id == str(got[0].id)
     assert open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token,
-                       last_event_id=got[0].id).read_to_end() == []
+                       last_event_id=stream.last_event_id).read_to_end() == []
 
 
 def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(server, token, claimed):
@@ -331,11 +354,13 @@ def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(serv
     finish(claimed, "old turn")
     TurnEvent.objects.filter(turn_id=claimed.turn_id).delete()
 
-    got = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    stream = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token)
+    got = stream.read_to_end()
     assert [(e.event, e.data["final_text"]) for e in got] == [("completed", "old turn")]
     assert got[0].id == TurnEvent.objects.get(turn_id=claimed.turn_id).pk
+    assert stream.last_event_id == str(got[0].id)
     assert open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token,
-                       last_event_id=got[0].id).read_to_end() == []
+                       last_event_id=stream.last_event_id).read_to_end() == []
     again = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
     assert [e.id for e in again] == [got[0].id]
     assert TurnEvent.objects.filter(turn_id=claimed.turn_id).count() == 1
@@ -389,6 +414,7 @@ def test_prune_sessions_ends_an_open_session_stream_with_gone(server, token, cla
     assert rest[0].data == {"detail": "The session was deleted; this stream has ended.", "code": "not_found",
                             "session": claimed.session_id}
     assert stream.ended and seen[-1].id is not None
+    assert stream.last_event_id == str(seen[-1].id)  # heartbeats and ``gone`` carry none: the last real one is kept
     status, _, body = server.get(path, token)
     assert status == 404 and b'"code":"not_found"' in body
 

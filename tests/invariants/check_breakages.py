@@ -5,12 +5,16 @@ that the fast tests named for it fail. See BREAKAGES.md (beside this file) for h
 Each breakage is a textual ``(path, old, new)`` replacement; ``old`` must occur exactly once in
 ``path`` or the breakage is reported STALE (the code moved: update the entry) rather than skipped.
 Before the breakages, the named tests run once on an unbroken copy (the baseline) and must pass —
-otherwise a "caught" would prove nothing. Exit status 1 if the baseline fails, or any breakage
-survived, timed out or is stale.
+otherwise a "caught" would prove nothing. Each breakage's run records, in every process it starts
+(``line_probe.py``), whether the edited lines ran: a row whose edited lines no test executed (code
+that runs only on another database, say) is N/A — the breakage changed nothing the tests ran, so a
+failure there is not its catch. Exit status 1 if the baseline fails, or any breakage survived, timed
+out, is stale or not applicable.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -287,6 +291,20 @@ BREAKAGES: list[Breakage] = [
         "%(thread)s \"\n              f\"RETURNING",
         ("tests/services/test_rollouts.py::test_a_stale_generation_commits_nothing",),
     ),
+    Breakage(
+        "rollout-fence-bytes-only", "I8", "hermes_sessions/services/rollouts.py",
+        "WHERE {q('thread_id')} = %(thread)s AND {q('generation')} = %(generation)s \"",
+        "WHERE {q('thread_id')} = %(thread)s \"",
+        ("tests/services/test_rollouts.py::test_a_stale_generation_commits_nothing_when_the_other_writer_appended_nothing",),
+    ),
+    # --- the event streams (docs/contract.md §8) ---------------------------------------------------
+    Breakage(
+        "heartbeat-carries-an-id", "§8", "hermes_sessions/api/streams.py",
+        '                yield b": heartbeat\\n\\n"\n                await events_hub.ensure_listening()',
+        '                yield f": heartbeat\\nid: {after + 1}\\n\\n".encode()\n                await events_hub.ensure_listening()',
+        ("tests/api/test_event_streams.py::test_heartbeats_are_comment_frames_byte_for_byte_and_move_no_id",
+         "tests/api/test_event_streams.py::test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap"),
+    ),
 ]
 
 IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "var", ".mypy_cache", ".ruff_cache")
@@ -311,6 +329,40 @@ def apply(tree: Path, b: Breakage) -> str | None:
     return None
 
 
+def edited_lines(original: str, b: Breakage) -> list[int]:
+    """The 1-based lines of the broken file that ``b`` edits: from the line where ``new`` starts to the
+    line where it ends. A deletion (``new`` empty) is the one line at its place — what is left of a line
+    cut short, or the line that now follows the lines taken out."""
+    start = original.index(b.old)
+    first = original.count("\n", 0, start) + 1
+    return list(range(first, first + max(b.new.rstrip("\n").count("\n"), 0) + 1))
+
+
+def lines_run(out: Path) -> set[tuple[str, int]]:
+    """The ``(path, line)`` pairs that any process of a probed run recorded under ``out``."""
+    hits: set[tuple[str, int]] = set()
+    for record in out.glob("*") if out.is_dir() else ():
+        for row in record.read_text().splitlines():
+            path, _, line = row.rpartition(":")
+            if path:
+                hits.add((path, int(line)))
+    return hits
+
+
+def probe_env(tree: Path, probe: dict[str, list[int]], out: Path) -> dict[str, str]:
+    """``test_env()`` plus ``line_probe.py`` as the ``sitecustomize`` of every interpreter of the run,
+    watching ``probe`` (``{absolute path: [line, ...]}``) and recording hits under ``out``."""
+    site = out.parent / "probe-site"
+    site.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tree / T / "line_probe.py", site / "sitecustomize.py")
+    out.mkdir(parents=True, exist_ok=True)
+    env = test_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    env["HERMES_LINE_PROBE"] = json.dumps(probe)
+    env["HERMES_LINE_PROBE_OUT"] = str(out)
+    return env
+
+
 def test_env() -> dict[str, str]:
     """``make test``'s environment, on a database and broker of this script's own."""
     env = dict(os.environ)
@@ -322,12 +374,13 @@ def test_env() -> dict[str, str]:
     return env
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, float, str]:
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: float,
+              env: dict[str, str] | None = None) -> tuple[str, float, str]:
     """('passed' | 'failed' | 'timeout', seconds, output tail)."""
     cmd = [str(tree / ".venv/bin/pytest"), "-x", "-q", "-p", "no:cacheprovider", *tests]
     started = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=tree, env=test_env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=tree, env=env or test_env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return "timeout", time.monotonic() - started, out[-2000:]
@@ -341,6 +394,35 @@ def failing_test(output: str) -> str:
         if line.startswith(("FAILED ", "ERROR ")):
             return line.split(" ", 1)[1].split(" - ")[0]
     return ""
+
+
+def run_breakage(work: Path, b: Breakage, *, timeout: float, verbose: bool) -> bool:
+    """Run ``b``'s tests on a broken copy under ``work`` and print its row; whether it was caught."""
+    tree = copy_tree(work / "tree")
+    original = (tree / b.path).read_text() if (tree / b.path).exists() else ""
+    try:
+        stale = apply(tree, b)
+        if stale:
+            print(f"{b.invariant:9} {b.id:38} {'STALE':9} {'-':>7}  {stale}", flush=True)
+            return False
+        target, lines = str((tree / b.path).resolve()), edited_lines(original, b)
+        hits = work / "hits"
+        outcome, seconds, out = run_tests(tree, b.tests, timeout, env=probe_env(tree, {target: lines}, hits))
+        ran = {line for path, line in lines_run(hits) if path == target}
+        where = f"{b.path}:{lines[0]}" + (f"-{lines[-1]}" if len(lines) > 1 else "")
+        if ran:
+            result = {"failed": "caught", "passed": "SURVIVED", "timeout": "TIMEOUT"}[outcome]
+            detail = failing_test(out)
+        else:
+            # Never "caught": the tests did not run the edited code, so whatever they did, the breakage
+            # changed nothing they ran (a line only another database runs, a branch no test takes).
+            result, detail = "N/A", f"no test ran the edited line(s) {where} (the tests {outcome})"
+        print(f"{b.invariant:9} {b.id:38} {result:9} {seconds:7.1f}  {detail}", flush=True)
+        if verbose or result in ("SURVIVED", "TIMEOUT"):
+            print("    " + "\n    ".join(out.splitlines()[-15:]))
+        return result == "caught"
+    finally:
+        shutil.rmtree(work)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,21 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tree)
         print(f"{'invariant':9} {'breakage':38} {'result':9} {'seconds':>7}  failing test", flush=True)
         for b in chosen:
-            tree = copy_tree(Path(tmp) / b.id)
-            stale = apply(tree, b)
-            if stale:
-                bad += 1
-                print(f"{b.invariant:9} {b.id:38} {'STALE':9} {'-':>7}  {stale}", flush=True)
-                shutil.rmtree(tree)
-                continue
-            outcome, seconds, out = run_tests(tree, b.tests, args.timeout)
-            result = {"failed": "caught", "passed": "SURVIVED", "timeout": "TIMEOUT"}[outcome]
-            if outcome != "failed":
-                bad += 1
-            print(f"{b.invariant:9} {b.id:38} {result:9} {seconds:7.1f}  {failing_test(out)}", flush=True)
-            if args.verbose or outcome != "failed":
-                print("    " + "\n    ".join(out.splitlines()[-15:]))
-            shutil.rmtree(tree)
+            bad += not run_breakage(Path(tmp) / b.id, b, timeout=args.timeout, verbose=args.verbose)
     print(f"{len(chosen) - bad} of {len(chosen)} breakages caught" + ("" if not bad else f"; {bad} not"))
     return 1 if bad else 0
 
