@@ -226,7 +226,7 @@ class AppServerClient:
         before the claim holds — its own threads are what ask the model and start commands. Not the group:
         a sandbox helper codex is starting then (``bwrap … --die-with-parent``) could be stopped before it
         registered to die with its parent, and a worker killed meanwhile would leave it stopped for ever
-        under init (adversary, session 13: 4 of 4 runs). Returns whether a running process was signalled."""
+        under init (``tests/e2e/test_early_start_kill.py``). Returns whether a running process was signalled."""
         return self._signal(signal.SIGSTOP, group=False)
 
     def resume(self) -> bool:
