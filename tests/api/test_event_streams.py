@@ -220,21 +220,22 @@ def slow_heartbeat_server(django_db_setup, django_db_blocker, tmp_path_factory) 
         api.stop()
 
 
-def _kill_hub_listener() -> None:
+def _hub_listeners() -> set[int]:
+    """The pids of the API process's LISTEN backends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s "
+                       "AND application_name = 'hermes-sse-listener'", [connection.settings_dict["NAME"]])
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def _kill_hub_listener() -> int:
     """``pg_terminate_backend`` on the API process's LISTEN backend, as an operator would (once the
-    stream's subscription has it open)."""
-    _wait_for(_one_hub_listener, timeout=5)
+    stream's subscription has it open); its pid."""
+    _wait_for(lambda: len(_hub_listeners()) == 1, timeout=5)
+    (pid,) = _hub_listeners()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                       "AND application_name = 'hermes-sse-listener'", [connection.settings_dict["NAME"]])
-        assert cursor.rowcount == 1
-
-
-def _one_hub_listener() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                       "AND application_name = 'hermes-sse-listener'", [connection.settings_dict["NAME"]])
-        return cursor.fetchone()[0] == 1
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    return pid
 
 
 def test_after_the_listen_backend_is_killed_the_next_event_reaches_an_open_stream_within_two_seconds(
@@ -244,9 +245,9 @@ def test_after_the_listen_backend_is_killed_the_next_event_reaches_an_open_strea
     late). The listener reconnects within a second (``hermes_sessions/listener.py``): an event written
     1.5 s after the kill reaches the open stream in under 2 s, with the heartbeat 30 s away."""
     stream = open_stream(slow_heartbeat_server.port, f"/api/sessions/{claimed.session_id}/events/", token)
-    _kill_hub_listener()
+    killed = _kill_hub_listener()
     time.sleep(1.5)
-    assert _one_hub_listener(), "listening again within 1.5 s of the kill"
+    assert len(_hub_listeners() - {killed}) == 1, "listening again within 1.5 s of the kill"
     writer = writer_for(claimed)
     for text in ("after the kill", "and the next"):
         started = time.monotonic()
@@ -261,14 +262,16 @@ def test_after_the_listen_backend_is_killed_the_next_event_reaches_an_open_strea
 
 def test_an_event_committed_while_the_listen_connection_was_down_is_read_at_the_reconnect(
         slow_heartbeat_server, token, claimed):
-    """Its NOTIFY went to nobody (written right after the kill, in the milliseconds before the listener
-    is back): the hub's re-read after every (re)connect hands it to the open stream, heartbeat 30 s away."""
+    """Its NOTIFY went to nobody: the listener connected for this stream well under a second before the
+    kill, so its next attempt waits for the rest of ``RECONNECT_SECONDS`` and the event commits before it.
+    The hub's re-read after every (re)connect hands it to the open stream, heartbeat 30 s away."""
     stream = open_stream(slow_heartbeat_server.port, f"/api/sessions/{claimed.session_id}/events/", token)
     writer = writer_for(claimed)
     writer.add(events.DELTA, {"item_id": "m1", "text": "while down"})
     started = time.monotonic()
-    _kill_hub_listener()
+    killed = _kill_hub_listener()
     writer.flush()
+    assert not _hub_listeners() - {killed}, "committed while no LISTEN was in place"
     event = stream.read()
     elapsed = time.monotonic() - started
     assert event is not None and event.data["text"] == "while down"
