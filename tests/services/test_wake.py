@@ -332,15 +332,15 @@ def test_a_wake_sent_1_5_s_after_the_listeners_backend_is_killed_is_received():
                            "AND application_name = 'hermes-wake'")
             assert cursor.rowcount == 1
         killed = time.monotonic()
-        _wait_for(lambda: listener.connects == 2, 5)
-        assert time.monotonic() - killed < 1.2, "listening again within a second"
+        _wait_for(lambda: listener.connects == 2, 1.5)  # within a second (its connection is under a second old)
         time.sleep(max(0.0, 1.5 - (time.monotonic() - killed)))
         turn = uuid.uuid4()
         _notify(queue, f"{turn} s")
         _wait_for(lambda: ran == [turn], 2)
     finally:
         listener.stop()
-    assert not listener.is_alive() and _listeners_named("hermes-wake") == 0
+    assert not listener.is_alive()
+    _wait_for(lambda: _listeners_named("hermes-wake") == 0, 2)  # closed by stop
 
 
 def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkeypatch):
