@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.backends.postgresql import base as django_postgresql
 
-from hermes_sessions.services.own_connections import own_connection_params
+from hermes_sessions.listener import connection_params
 from project.db_liveness import quiet_and_idle
 from project.db_pool import check_pooled_connection
 
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
 
 
 def _terminate(pid: int) -> None:
-    with psycopg.connect(**own_connection_params("test-terminator"), autocommit=True) as other:
+    with psycopg.connect(**connection_params("test-terminator"), autocommit=True) as other:
         assert other.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone() == (True,)
 
 
@@ -57,7 +57,7 @@ def test_a_terminated_connection_is_found_and_replaced_before_the_next_query():
 
 
 def test_a_closed_or_broken_connection_is_not_quiet():
-    conn = psycopg.connect(**own_connection_params("test-liveness"), autocommit=True)
+    conn = psycopg.connect(**connection_params("test-liveness"), autocommit=True)
     assert quiet_and_idle(conn)
     conn.close()
     assert not quiet_and_idle(conn)
@@ -70,7 +70,7 @@ def test_the_pools_check_asks_only_a_connection_that_is_not_quiet(monkeypatch):
     asked: list = []
     real = ConnectionPool.check_connection
     monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(lambda c: (asked.append(1), real(c))))
-    conn = psycopg.connect(**own_connection_params("test-liveness"), autocommit=True)
+    conn = psycopg.connect(**connection_params("test-liveness"), autocommit=True)
     try:
         check_pooled_connection(conn)
         assert asked == []

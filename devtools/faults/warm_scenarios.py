@@ -472,10 +472,10 @@ class _WakeWatch:
     def __init__(self, queue: str) -> None:
         import psycopg
 
-        from hermes_sessions.services.own_connections import own_connection_params
+        from hermes_sessions.listener import connection_params
         from hermes_sessions.services.routing import wake_channel
 
-        self.conn = psycopg.connect(**own_connection_params("faults-wake-watch"), autocommit=True)
+        self.conn = psycopg.connect(**connection_params("faults-wake-watch"), autocommit=True)
         self.conn.execute(f"LISTEN {wake_channel(queue)}")
         self.turns: set[str] = set()
 

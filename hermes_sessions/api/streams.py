@@ -262,7 +262,7 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
                 await asyncio.wait_for(sub.wake.wait(), settings.HERMES_SSE_HEARTBEAT_SECONDS)
             except asyncio.TimeoutError:
                 yield b": heartbeat\n\n"
-                await events_hub.ensure_listening()  # a lost LISTEN connection is re-opened here
+                await events_hub.ensure_listening()  # the hub's listener task, should it have ended
                 own_read = True  # the slow safety re-read
             else:
                 own_read, sub.reread = sub.reread, False

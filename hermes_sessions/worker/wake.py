@@ -36,21 +36,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
-import psycopg
 from django.db import connection
 
 from ..latency_marks import mark
+from ..listener import Listener
 from ..services import routing
-from ..services.own_connections import own_connection_params
 from ..services.routing import WakeHint
 
 logger = logging.getLogger(__name__)
 
 # A wake the listener is handed less than this after its last wake's run ended waited behind that run.
 QUEUED_BEHIND_SECONDS = 0.005
-RECONNECT_SECONDS = 1.0  # a lost LISTEN connection is opened again after this pause
 
 # One turn at a time per worker process that keeps threads loaded: Celery's delivery (the main thread)
 # and the wake listener's both run a turn only while holding it.
@@ -88,57 +85,52 @@ def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
 
 
 class WakeListener:
-    """A daemon thread that ``LISTEN``s on ``routing.wake_channel(queue)`` on a connection of its own (autocommit,
-    not Django's) and calls ``run(turn_id, session_id, hint)`` for each wake (``parse_payload``), on this thread. A lost connection
-    is logged and opened again after ``RECONNECT_SECONDS``; wakes sent meanwhile are lost, which costs
-    only time (the Celery messages run those turns). ``run`` must not raise; if it does, it is logged."""
+    """A daemon thread that ``LISTEN``s on ``wake_channel(queue)`` (``listener.Listener``: a connection of
+    its own, the shared reconnect rule) and calls ``run(turn_id, session_id, hint)`` for each wake
+    (``parse_payload``), on this thread. A lost connection is logged and opened again within a second;
+    wakes sent meanwhile are lost, which costs only time (the Celery messages run those turns), so a
+    reconnect re-reads nothing: it only sets ``listening`` again (the heartbeat's ``wakeable``).
+    ``run`` must not raise; if it does, it is logged."""
 
     def __init__(self, queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> None:
         self.queue, self.channel, self.run = queue, routing.wake_channel(queue), run
-        self.listening = threading.Event()  # set while the LISTEN is in place (tests wait for it)
-        self._stop = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
-        self._thread = threading.Thread(target=self._loop, name="hermes-wake", daemon=True)
-        self._thread.hermes_long_lived = True  # type: ignore[attr-defined]  # may spawn kept app-servers
+        self._ran_until = float("-inf")
+        self._listener = Listener(self.channel, name="hermes-wake", on_notify=self._notified,
+                                  on_connect=self._connected)
+        #: Set while the LISTEN is in place (tests wait for it).
+        self.listening = self._listener.listening
 
     def start(self) -> None:
-        self._thread.start()
+        # long_lived: it may spawn kept app-servers; at its end it closes the Django connection its turns
+        # used (looked up on that thread: Django's connections are per thread).
+        self._listener.start(long_lived=True, at_exit=lambda: connection.close())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop listening and wait for the thread (``timeout`` seconds at most; a turn it is running
         has its own deadline). A no-op from the listener's own thread."""
-        self._stop.set()
-        if self._thread.ident is not None and self._thread is not threading.current_thread():  # started
-            self._thread.join(timeout=timeout)
+        self._listener.stop(timeout)
 
-    def _loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._listen()
-                except psycopg.Error:
-                    logger.warning("wake: LISTEN %s lost; listening again in %.0f s (turns still arrive by Celery)",
-                                   self.channel, RECONNECT_SECONDS, exc_info=True)
-                finally:
-                    self.listening.clear()
-                self._stop.wait(RECONNECT_SECONDS)
-        finally:
-            connection.close()  # the Django connection the turns of this thread used
+    @property
+    def stopping(self) -> bool:
+        return self._listener.stopping
 
-    def _listen(self) -> None:
-        with psycopg.Connection.connect(**own_connection_params("hermes-wake"), autocommit=True) as conn:
-            conn.execute(f"LISTEN {self.channel}")
-            self.listening.set()
-            ran_until = float("-inf")
-            while not self._stop.is_set():
-                for note in conn.notifies(timeout=1.0):  # returns each second to look at the stop flag
-                    if self._stop.is_set():
-                        return
-                    # Handed over at once after the last wake's run: it arrived while that ran, so it is
-                    # not fresh whatever its clock says (another host's clock may be off): no hint.
-                    behind = time.monotonic() - ran_until < QUEUED_BEHIND_SECONDS
-                    self._woken(note.payload, queued_behind=behind)
-                    ran_until = time.monotonic()
+    def is_alive(self) -> bool:
+        return self._listener.is_alive()
+
+    @property
+    def connects(self) -> int:
+        """Connects of its LISTEN so far (1 once listening, one more per reconnect)."""
+        return self._listener.connects
+
+    def _connected(self) -> None:
+        self._ran_until = float("-inf")
+
+    def _notified(self, payload: str) -> None:
+        # Handed over at once after the last wake's run: it arrived while that ran, so it is not fresh
+        # whatever its clock says (another host's clock may be off): no hint.
+        behind = time.monotonic() - self._ran_until < QUEUED_BEHIND_SECONDS
+        self._woken(payload, queued_behind=behind)
+        self._ran_until = time.monotonic()
 
     def _woken(self, payload: str, *, queued_behind: bool = False) -> None:
         mark("wake.received", payload.partition(" ")[0])

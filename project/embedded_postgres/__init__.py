@@ -6,7 +6,7 @@ one step before each new connection: ``server(pgdata)``, which initializes the d
 (initdb: trust authentication, user ``postgres``, database ``postgres``, UTF-8) and starts PostgreSQL on it
 unless it already runs there (pgserver 0.1.4 ships PostgreSQL 16.2; a start takes ~1.5 s, initdb included).
 The server listens on no TCP port, only on the Unix socket ``<pgdata>/.s.PGSQL.5432``: settings' ``HOST`` is
-the data directory itself, so our own connections (``own_connection_params``: LISTEN) reach it too.
+the data directory itself, so our own connections (``hermes_sessions.listener.connection_params``: LISTEN) reach it too.
 
 Where the data lives: ``HERMES_VAR_DIR/postgres`` (project/settings.py), server log in ``<pgdata>/log``.
 ``make clean`` deletes it with the rest of ``var/``; the next start makes a new one.

@@ -168,14 +168,14 @@ def test_the_hubs_one_statement_read_returns_the_rows_the_orm_read_returns(claim
     from psycopg.rows import dict_row
 
     from hermes_sessions.api.event_hub import _session_rows, session_rows_sql
-    from hermes_sessions.services.own_connections import own_connection_params
+    from hermes_sessions.listener import connection_params
 
     writer = writer_for(claimed)
     writer.add(events.DELTA, {"item_id": "m1", "text": "caf\u00e9 \u2603"})
     writer.flush()
     finish(claimed, "done")
     orm = _session_rows(claimed.session_id, 0)
-    with psycopg.connect(**own_connection_params("test"), row_factory=dict_row) as conn:
+    with psycopg.connect(**connection_params("test"), row_factory=dict_row) as conn:
         raw = conn.execute(session_rows_sql(), (claimed.session_id, 0, 500)).fetchall()
         after_first = conn.execute(session_rows_sql(), (claimed.session_id, orm[0]["id"], 2)).fetchall()
     assert [e["kind"] for e in orm] == ["queued", "running", "delta", "completed"]
@@ -209,6 +209,76 @@ def test_a_lost_hub_reader_loses_no_event_and_is_opened_again(server, token, cla
             return cursor.fetchone()[0] == 1
 
     _wait_for(one_reader, timeout=5)  # the second event may have come by the stream's own read, the reopen after
+    stream.close()
+
+
+@pytest.fixture(scope="module")
+def slow_heartbeat_server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[ApiServer]:
+    """A server whose heartbeat (30 s) is far beyond the 2 s an event may take after a lost LISTEN."""
+    with django_db_blocker.unblock():
+        api = ApiServer(tmp_path_factory.mktemp("sse-slow") / "server.log", heartbeat=30.0).start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def _hub_listeners() -> set[int]:
+    """The pids of the API process's LISTEN backends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s "
+                       "AND application_name = 'hermes-sse-listener'", [connection.settings_dict["NAME"]])
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def _kill_hub_listener() -> int:
+    """``pg_terminate_backend`` on the API process's LISTEN backend, as an operator would (once the
+    stream's subscription has it open); its pid."""
+    _wait_for(lambda: len(_hub_listeners()) == 1, timeout=5)
+    (pid,) = _hub_listeners()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    return pid
+
+
+def test_after_the_listen_backend_is_killed_the_next_event_reaches_an_open_stream_within_two_seconds(
+        slow_heartbeat_server, token, claimed):
+    """Operators' finding: after ``pg_terminate_backend`` on ``hermes-sse-listener`` the hub listened
+    again only on the next heartbeat tick, so a turn's events posted 3 s later waited for it (10-13.5 s
+    late). The listener reconnects within a second (``hermes_sessions/listener.py``): an event written
+    1.5 s after the kill reaches the open stream in under 2 s, with the heartbeat 30 s away."""
+    stream = open_stream(slow_heartbeat_server.port, f"/api/sessions/{claimed.session_id}/events/", token)
+    killed = _kill_hub_listener()
+    time.sleep(1.5)
+    assert len(_hub_listeners() - {killed}) == 1, "listening again within 1.5 s of the kill"
+    writer = writer_for(claimed)
+    for text in ("after the kill", "and the next"):
+        started = time.monotonic()
+        writer.add(events.DELTA, {"item_id": "m1", "text": text})
+        writer.flush()
+        event = stream.read()
+        elapsed = time.monotonic() - started
+        assert event is not None and event.data["text"] == text
+        assert elapsed < 2.0, f"{elapsed:.2f} s after the event was written"
+    stream.close()
+
+
+def test_an_event_committed_while_the_listen_connection_was_down_is_read_at_the_reconnect(
+        slow_heartbeat_server, token, claimed):
+    """Its NOTIFY went to nobody: the listener connected for this stream well under a second before the
+    kill, so its next attempt waits for the rest of ``RECONNECT_SECONDS`` and the event commits before it.
+    The hub's re-read after every (re)connect hands it to the open stream, heartbeat 30 s away."""
+    stream = open_stream(slow_heartbeat_server.port, f"/api/sessions/{claimed.session_id}/events/", token)
+    writer = writer_for(claimed)
+    writer.add(events.DELTA, {"item_id": "m1", "text": "while down"})
+    started = time.monotonic()
+    killed = _kill_hub_listener()
+    writer.flush()
+    assert not _hub_listeners() - {killed}, "committed while no LISTEN was in place"
+    event = stream.read()
+    elapsed = time.monotonic() - started
+    assert event is not None and event.data["text"] == "while down"
+    assert elapsed < 2.0, f"{elapsed:.2f} s after the kill"
     stream.close()
 
 

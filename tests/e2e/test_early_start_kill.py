@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from hermes_sessions import services
+from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Session, TurnWorker
 from hermes_sessions.services import dispatch, routing
-from hermes_sessions.services.own_connections import own_connection_params
 
 from .test_affinity import _turn, _wait, stand_in, workers  # noqa: F401
 
@@ -53,11 +53,11 @@ def test_a_worker_killed_while_codex_is_paused_leaves_no_process_of_codex_behind
     monkeypatch.setattr(routing, "wake_enabled", lambda: False)
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
     turn = services.turn_enqueue(session=session, input_text="paused", user=user)
-    lock = psycopg.Connection.connect(**own_connection_params("paused-kill-lock"))
+    lock = psycopg.Connection.connect(**connection_params("paused-kill-lock"))
     try:
         lock.execute(f"SELECT 1 FROM {Session._meta.db_table} WHERE {Session._meta.pk.column} = %s FOR UPDATE",
                      [session.pk])
-        with psycopg.Connection.connect(**own_connection_params("paused-kill-notify"), autocommit=True) as notify:
+        with psycopg.Connection.connect(**connection_params("paused-kill-notify"), autocommit=True) as notify:
             notify.execute("SELECT pg_notify(%s, %s)", [routing.wake_channel(queue), routing.wake_payload(
                 turn_id=turn.pk, session_id=session.pk, text="paused", sent_at=time.time())])
         _wait(lambda: (_stat(leader) or ["?"])[0] == "T", 10, "codex was not paused")

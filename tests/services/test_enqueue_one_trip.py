@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from hermes_sessions import services
+from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Session, Turn
 from hermes_sessions.services import events, pipelining, routing
-from hermes_sessions.services.own_connections import own_connection_params
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory, UserFactory
 
@@ -220,7 +220,7 @@ def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, celer
     queue = own("late")
     worker_row(queue, wakeable=True)
     warm_row(session, queue)
-    holder = psycopg.Connection.connect(**own_connection_params("test-lock-holder"))
+    holder = psycopg.Connection.connect(**connection_params("test-lock-holder"))
     try:
         holder.execute(f'SELECT 1 FROM {Session._meta.db_table} WHERE id = %s FOR NO KEY UPDATE', [session.pk])
         threading.Timer(0.8, holder.commit).start()  # a finalize or an operator's command holding it 0.8 s
@@ -242,7 +242,7 @@ def test_a_claim_that_waited_for_the_session_lock_starts_its_turn_after_the_wait
     finished (``make faults`` broker-restart, session 13: "turns #8 and #9 overlapped or ran out of order")."""
     session = SessionFactory(owner=user, last_turn_seq=1)
     turn = TurnFactory(session=session, seq=1, status=Turn.Status.QUEUED, input="hi")
-    holder = psycopg.Connection.connect(**own_connection_params("test-lock-holder"))
+    holder = psycopg.Connection.connect(**connection_params("test-lock-holder"))
     try:
         holder.execute(f'SELECT 1 FROM {Session._meta.db_table} WHERE id = %s FOR UPDATE', [session.pk])
         released: list = []

@@ -17,9 +17,9 @@ import pytest
 from django.db import connection, transaction
 
 from hermes_sessions import services, tasks, worker
+from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Turn, TurnWorker
 from hermes_sessions.services import fallback_copies, pipelining, routing
-from hermes_sessions.services.own_connections import own_connection_params
 from hermes_sessions.worker import execution, wake
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory
@@ -33,7 +33,7 @@ class Listening:
     """A ``LISTEN`` on one channel on a connection of the test's own (autocommit)."""
 
     def __init__(self, channel: str) -> None:
-        self.conn = psycopg.Connection.connect(**own_connection_params("test-wake"), autocommit=True)
+        self.conn = psycopg.Connection.connect(**connection_params("test-wake"), autocommit=True)
         self.conn.execute(f"LISTEN {channel}")
 
     def payloads(self, wait: float = 0.5) -> list[str]:
@@ -242,7 +242,7 @@ def test_tasks_run_in_process_wake_nobody(listening, django_capture_on_commit_ca
 # --- the listener ---------------------------------------------------------------------------------------
 
 def _notify(queue: str, payload: str) -> None:
-    with psycopg.Connection.connect(**own_connection_params("test-wake-sender"), autocommit=True) as conn:
+    with psycopg.Connection.connect(**connection_params("test-wake-sender"), autocommit=True) as conn:
         conn.execute("SELECT pg_notify(%s, %s)", [routing.wake_channel(queue), payload])
 
 
@@ -278,7 +278,7 @@ def test_the_listener_runs_each_wake_skips_malformed_ones_and_survives_a_failing
         assert len(ran) == 2
     finally:
         listener.stop()
-    assert not listener._thread.is_alive() and not listener.listening.is_set()
+    assert not listener.is_alive() and not listener.listening.is_set()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -310,9 +310,18 @@ def test_a_wake_that_arrived_while_the_listener_ran_another_loses_its_hint(caplo
         listener.stop()
 
 
+def _listeners_named(name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND application_name = %s", [name])
+        return cursor.fetchone()[0]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_listener_listens_again_after_its_connection_is_killed(monkeypatch):
-    monkeypatch.setattr(wake, "RECONNECT_SECONDS", 0.05)
+def test_a_wake_sent_1_5_s_after_the_listeners_backend_is_killed_is_received():
+    """The shared reconnect rule (``hermes_sessions/listener.py``): a broken LISTEN connection is opened
+    again at once (attempts at least a second apart), so a wake sent 1.5 s after ``pg_terminate_backend``
+    runs its turn; the listener's connection is closed when it stops."""
     queue = own("relisten")
     ran: list = []
     listener = wake.WakeListener(queue, lambda t, s, h: ran.append(t))
@@ -320,14 +329,19 @@ def test_the_listener_listens_again_after_its_connection_is_killed(monkeypatch):
     try:
         assert listener.listening.wait(10)
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'hermes-wake'")
-        _wait_for(lambda: not listener.listening.is_set(), 5)
-        assert listener.listening.wait(10)
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND application_name = 'hermes-wake'")
+            assert cursor.rowcount == 1
+        killed = time.monotonic()
+        _wait_for(lambda: listener.connects == 2, 1.5)  # within a second (its connection is under a second old)
+        time.sleep(max(0.0, 1.5 - (time.monotonic() - killed)))
         turn = uuid.uuid4()
         _notify(queue, f"{turn} s")
-        _wait_for(lambda: ran == [turn])
+        _wait_for(lambda: ran == [turn], 2)
     finally:
         listener.stop()
+    assert not listener.is_alive()
+    _wait_for(lambda: _listeners_named("hermes-wake") == 0, 2)  # closed by stop
 
 
 def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkeypatch):
@@ -348,7 +362,7 @@ def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkey
     assert not wake.wake_listening() and not wake.wake_listening_now()
     monkeypatch.setattr(wake, "_listener", (os.getpid(), one))
     wake.wake_stop(turn_timeout=1)
-    assert wake._listener is None and not wake.wake_listening() and one._stop.is_set()
+    assert wake._listener is None and not wake.wake_listening() and one.stopping
 
 
 # --- one turn at a time ---------------------------------------------------------------------------------
