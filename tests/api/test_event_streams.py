@@ -84,7 +84,7 @@ def test_errors_are_the_apis_json(server, user, token, claimed):
     assert server.get(f"/api/sessions/{claimed.session_id}/events/", other)[0] == 404
     status, _, body = server.get("/api/turns/not-a-uuid/events/", token)
     assert status == 404 and b'"code":"not_found"' in body
-    # Only ASCII digits (adversary, session 7: int() took "3_0" as 30, and "+3").
+    # Only ASCII digits: int() alone would take "3_0" as 30, and "+3".
     for bad in ("-3", "3_0", "%2B3", "%D9%A3", "1e5", "3.0"):
         status, _, body = server.get(path + f"?last_event_id={bad}", token)
         assert status == 400 and b'"code":"invalid_event_id"' in body, bad
@@ -133,8 +133,8 @@ def test_events_committed_while_no_stream_is_open_are_replayed_intact(server, to
 
 
 def test_an_ended_turn_with_more_than_a_page_of_events_streams_them_all(server, token, claimed):
-    """The adversary's input: a 1,200-word reply made 907 events; the turn stream of the ended turn
-    stopped after the first page (500) with no terminal event. Every page is read before the end."""
+    """A 1,200-word reply makes 907 events; a turn stream of the ended turn that read one page (500) would
+    stop there with no terminal event. Every page is read before the end."""
     writer = writer_for(claimed)
     words = [f"w{i} " for i in range(READ_PAGE + 20)]
     for word in words:
@@ -438,7 +438,7 @@ def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(serv
 
 @pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
 def test_another_method_on_a_stream_is_a_json_405_not_the_csrf_page(claimed, token, method):
-    """The adversary's input: POST with a token on /events/ answered Django's HTML CSRF 403."""
+    """POST with a token on /events/ is a JSON 405, not Django's HTML CSRF 403."""
     client = APIClient(enforce_csrf_checks=True)
     for path in (f"/api/turns/{claimed.turn_id}/events/", f"/api/sessions/{claimed.session_id}/events/"):
         response = getattr(client, method)(path, HTTP_AUTHORIZATION=f"Token {token}")
@@ -448,8 +448,8 @@ def test_another_method_on_a_stream_is_a_json_405_not_the_csrf_page(claimed, tok
 
 
 def test_a_chunked_body_is_a_json_411_not_an_empty_request(server, token):
-    """The adversary's input, on the real ASGI server: a chunked ``POST /api/sessions/`` was created
-    with none of its fields (DRF sizes bodies by Content-Length) and escaped the 413 check."""
+    """On the real ASGI server: a chunked ``POST /api/sessions/`` would otherwise be created with none of
+    its fields (DRF sizes bodies by Content-Length) and escape the 413 check."""
     body = b'{"id":"chunky","title":"t"}'
     request = (b"POST /api/sessions/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token " + token.encode()
                + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -491,9 +491,9 @@ def test_prune_sessions_ends_an_open_session_stream_with_gone(server, token, cla
 
 @pytest.mark.parametrize("revoke", ["token deleted", "user deactivated"])
 def test_a_stream_whose_credentials_were_revoked_ends_with_gone_within_a_heartbeat(server, user, token, claimed, revoke):
-    """Adversary, session 10: a session stream opened with a token that was deleted since (or whose user was
-    deactivated) went on sending the session's new turns, their input included; only new requests got 401.
-    Now every read of the stream's own — one per heartbeat tick — authenticates its request again: the stream
+    """A session stream opened with a token that was deleted since (or whose user was deactivated) must not
+    go on sending the session's new turns, their input included, while only new requests get 401.
+    Every read of the stream's own — one per heartbeat tick — authenticates its request again: the stream
     ends with ``event: gone`` carrying the 401 a reconnect gets, and a later turn's events never reach it."""
     path = f"/api/sessions/{claimed.session_id}/events/"
     stream = open_stream(server.port, path, token, last_event_id=0)
@@ -566,9 +566,9 @@ def test_deleting_the_session_of_a_running_turn_ends_its_turn_stream_with_gone(s
 
 
 def test_a_stream_whose_own_read_fails_stays_open_and_reads_again(claimed, settings, monkeypatch):
-    """The adversary's input (session 6): PostgreSQL restarted under 12 open streams; one stream's own
-    read got psycopg_pool's PoolTimeout and the stream was cut with an ASGI error. Now it stays open:
-    a heartbeat, then the same read again, which finds the events."""
+    """PostgreSQL restarted under 12 open streams: a stream whose own read gets psycopg_pool's PoolTimeout
+    is not cut with an ASGI error. It stays open: a heartbeat, then the same read again, which finds the
+    events."""
     from asgiref.sync import async_to_sync
     from psycopg_pool import PoolTimeout
 
@@ -621,7 +621,7 @@ def test_a_stream_that_cannot_be_opened_for_the_database_is_503_not_500(monkeypa
     assert status == 503 and b'"code":"database_unavailable"' in body
 
 
-# HEAD and OPTIONS (adversary, session 7: both answered 405 on the stream URLs). A client expects what
+# HEAD and OPTIONS on the stream URLs are not 405. A client expects what
 # DRF's views answer: HEAD is GET without a body — and here without a stream held open —, OPTIONS is 200
 # with Allow; both refuse as GET does (401, 404).
 

@@ -148,7 +148,7 @@ def test_a_cursor_the_server_did_not_make_is_the_documented_404_across_sessions(
 
 @pytest.mark.parametrize("q", ["-" * 40, "- " * 90 + "a"])
 def test_a_query_postgresql_cannot_parse_is_a_json_400_not_a_500(client, session, q):
-    """The adversary's input: 33+ dashes made PostgreSQL answer 'tsquery stack too small' → 500."""
+    """33+ dashes make PostgreSQL answer 'tsquery stack too small': a JSON 400, not a 500."""
     for url in (f"/api/sessions/{session.id}/messages/", "/api/messages/"):
         response = client.get(url, {"q": q})
         assert response.status_code == 400, url

@@ -257,7 +257,7 @@ def test_not_usable_for_another_thread(on_disk):
 def test_not_usable_when_the_generation_moved(on_disk):
     copy, _ = on_disk
     assert "generation 5" in copy.usable_for(thread_id=THREAD, generation=5, config=dict(CONFIG))
-    # The newcomer's report (session 8): "generation None" read like a bug after forget_rollout.
+    # Not "generation None", which reads like a bug after forget_rollout.
     assert copy.usable_for(thread_id=THREAD, generation=None, config=dict(CONFIG)) == (
         "the session has no stored rollout (this copy holds generation 4)")
 

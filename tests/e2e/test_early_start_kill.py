@@ -1,8 +1,8 @@
 """A woken worker whose claim is late — codex stopped by the early turn/start's watchdog
 (``worker/warm/early_start.py``) — killed with SIGKILL: no process of codex's may be left behind, stopped or
-not. Adversary, session 13: the watchdog stopped codex's whole process group, sandbox helpers included
-(``bwrap … --die-with-parent`` being started then); a helper stopped before it registered to die with its
-parent stayed, stopped, under init for ever (4 of 4 runs). ``pause`` now stops the app-server process only."""
+not. ``pause`` stops the app-server process only: stopping codex's whole process group would stop sandbox
+helpers too (``bwrap … --die-with-parent`` being started then), and a helper stopped before it registered to
+die with its parent stays, stopped, under init for ever (4 of 4 runs)."""
 from __future__ import annotations
 
 import os
