@@ -27,13 +27,14 @@ install: $(VENV)/.installed node_modules/.installed
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-# The seed scenario on the embedded defaults: SQLite, no broker (tasks run in-process), the local
-# model stand-in, the real pinned codex binary.
+# The seed scenario on the embedded defaults: a private PostgreSQL under var/postgres that the first
+# connection starts and the last process using it stops (project/embedded_postgres), no broker (tasks run
+# in-process), the local model stand-in, the real pinned codex binary. Never DATABASE_URL's database.
 demo: install
 	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py migrate --noinput
 	env -u DATABASE_URL -u CELERY_BROKER_URL $(PY) manage.py demo
 
-# The admin on the demo's database (the embedded SQLite under HERMES_VAR_DIR), even when DATABASE_URL or
+# The admin on the demo's database (the embedded PostgreSQL under HERMES_VAR_DIR), even when DATABASE_URL or
 # CELERY_BROKER_URL is exported for the production shape: user demo, password demo (HTTP_BIND=… to move it).
 demo-admin: install
 	@echo "the demo's admin: http://$(HTTP_BIND)/admin/ (user demo, password demo)"
@@ -66,7 +67,7 @@ e2e: install services
 faults: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.faults $(FAULTS_ARGS)
 
-# Move the codex pin (README "Moving the codex pin"): pin @openai/codex at VERSION in package.json and
+# Move the codex pin (docs/operating.md "Moving the codex pin"): pin @openai/codex at VERSION in package.json and
 # package-lock.json, then run the codex contract test (tests/codex, against the new binary's own schema)
 # and the real-binary end-to-end tests. `make faults` comes after, by hand (~4 min).
 codex-bump: $(VENV)/.installed services
@@ -89,11 +90,11 @@ bench: install services
 bench-warm: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench_warm $(BENCH_WARM_ARGS)
 
-# Open event streams held by one ASGI worker while ordinary API requests are timed (README "Live streaming").
+# Open event streams held by one ASGI worker while ordinary API requests are timed (docs/benchmarks.md).
 bench-streams: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m devtools.bench_streams $(BENCH_STREAMS_ARGS)
 
-# The admin and the transcript API at a million messages (README "Benchmark"): seeds its own scratch
+# The admin and the transcript API at a million messages (docs/benchmarks.md): seeds its own scratch
 # database beside TEST_DATABASE_URL (dropped afterwards), times pages over HTTP on gunicorn; exits 1 if a
 # median misses its target. ~3 min.
 bench-admin: install services
@@ -118,7 +119,7 @@ run: install
 # (from the environment or `make worker HERMES_TURN_QUEUE=…`; default "turns", as project/settings.py),
 # and Celery's default queue "celery", where beat sends the sweep.
 # One turn at a time (-c 1) so the worker keeps threads loaded between turns and gets its own queue
-# (session affinity, README "Warm turns"); for more turns at once run more workers, each its WORKER_NAME.
+# (session affinity, docs/architecture.md "Warm turns"); for more turns at once run more workers, each its WORKER_NAME.
 WORKER_NAME ?= hermes@%h
 WORKER_CONCURRENCY ?= 1
 WORKER_BEAT ?= -B

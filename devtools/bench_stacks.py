@@ -109,7 +109,7 @@ class Stack:
         sent 2 s after each, are left in it when the workers stop (no-ops, but a leftover queue). Needs
         Django set up (the bench's ``_setup_django``); without it there is nothing to forget."""
         try:
-            from hermes_sessions.services.worker_queues import queue_delete
+            from hermes_sessions.worker.own_queues import queue_delete
         except Exception:  # noqa: BLE001 — Django was never set up: the stack never ran a turn
             return
         queue_delete(self.env["HERMES_TURN_QUEUE"])

@@ -132,7 +132,7 @@ MESSAGE_SEARCH_CONFIG = "simple"
 
 class MessageSearchVector(models.Func):
     """``hermes_message_search_vector(content)``: ``to_tsvector('simple', coalesce(content, ''))`` in a
-    PL/pgSQL function made by migration 0004 (PostgreSQL only), declared ``COST 1000``.
+    PL/pgSQL function made by migration 0004, declared ``COST 1000``.
 
     Why a function: the planner costs the built-in ``to_tsvector`` at 100 × ``cpu_operator_cost`` per
     row, far below what parsing a chat message costs (measured with ``make bench-admin``: 20-40 µs a
@@ -183,8 +183,8 @@ class Message(models.Model):
             ),
         ]
         indexes = [
-            # Full-text search over the content (migration 0004, PostgreSQL only: SQLite has no GIN
-            # and searches with icontains). Queries must use this exact expression to use it.
+            # Full-text search over the content (migration 0004). Queries must use this exact
+            # expression to use it (selectors.message_search_filter).
             GinIndex(MessageSearchVector("content"), name="message_content_search"),
         ]
 
@@ -361,7 +361,7 @@ class TurnEvent(models.Model):
 
 class TurnWorker(models.Model):
     """A worker process that keeps codex threads loaded between turns (session affinity,
-    ``services/affinity.py``): its own Celery queue (``<HERMES_TURN_QUEUE>.<node name>``, the primary
+    ``worker/affinity.py``): its own Celery queue (``<HERMES_TURN_QUEUE>.<node name>``, the primary
     key), where it runs (``node``, ``host``, ``pid``) and its last ``heartbeat_at`` (renewed every
     ``HERMES_WORKER_HEARTBEAT_SECONDS`` by the process itself). Turns are routed to ``queue`` only while
     the heartbeat is younger than ``HERMES_WORKER_STALE_SECONDS``; the sweep empties the queue of a
@@ -374,7 +374,7 @@ class TurnWorker(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField()
     kept = models.PositiveIntegerField(default=0)  # threads it holds loaded at its last heartbeat
-    # Its wake listener was listening at its last heartbeat (``services/wake.py``): a turn routed to it
+    # Its wake listener was listening at its last heartbeat (``worker/wake.py``): a turn routed to it
     # is announced by NOTIFY, and only the shared queue's countdown copy goes through Celery.
     wakeable = models.BooleanField(default=False)
 

@@ -16,7 +16,7 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchVectorExact
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Exists, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Greatest
@@ -73,8 +73,8 @@ def last_activity_expression() -> Greatest:
         .annotate(at=Max(Coalesce("finished_at", "started_at", "created_at")))
         .values("at")[:1]
     )
-    # Coalesce keeps this portable: SQLite's MAX() (Greatest) is NULL when any argument is.
-    return Greatest("updated_at", Coalesce(Subquery(latest_turn_event), "updated_at"))
+    # PostgreSQL's GREATEST ignores the NULL of a session without turns.
+    return Greatest("updated_at", Subquery(latest_turn_event))
 
 
 def _annotate_sessions(queryset: QuerySet[Session]) -> QuerySet[Session]:
@@ -344,8 +344,6 @@ def _check_tsquery(text: str) -> None:
     """Raise ``InvalidSearch`` when PostgreSQL cannot parse ``text`` as a web-search query: e.g. 33 or
     more ``-`` in a row (PostgreSQL 15: ``tsquery stack too small``), which used to surface as a 500 where
     the search ran. One tiny query in a savepoint, so the refusal leaves the caller's transaction usable."""
-    if connection.vendor != "postgresql":
-        return
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SELECT numnode(websearch_to_tsquery(%s::regconfig, %s))", [MESSAGE_SEARCH_CONFIG, text])
@@ -356,13 +354,10 @@ def _check_tsquery(text: str) -> None:
 def message_search_filter(queryset: QuerySet[Message], q: str) -> QuerySet[Message]:
     """``queryset`` narrowed to rows whose ``content`` matches ``q``.
 
-    PostgreSQL: full-text search in web-search syntax (``websearch_to_tsquery``: words are ANDed,
+    Full-text search in web-search syntax (``websearch_to_tsquery``: words are ANDed,
     ``"a phrase"``, ``or``, ``-word``), with ``models.MESSAGE_SEARCH_CONFIG`` on both sides, through
     the GIN index ``message_content_search`` on ``models.MessageSearchVector`` (migration 0004; the
-    expression here is the index's).
-    Other databases (the SQLite demo): a case-insensitive substring match of the whole text."""
-    if connections[queryset.db].vendor != "postgresql":
-        return queryset.filter(content__icontains=q)
+    expression here is the index's)."""
     vector = MessageSearchVector("content")
     query = SearchQuery(q, config=MESSAGE_SEARCH_CONFIG, search_type="websearch")
     return queryset.filter(SearchVectorExact(vector, query))

@@ -62,7 +62,7 @@ def _bound_idle_transactions(**_: object) -> None:
 
     seconds = settings.HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS
     conn = connections["default"]
-    if conn.vendor != "postgresql" or seconds <= 0:
+    if seconds <= 0:
         return
     options = conn.settings_dict.setdefault("OPTIONS", {})
     setting = f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"
@@ -73,14 +73,14 @@ def _bound_idle_transactions(**_: object) -> None:
 @worker_process_init.connect
 def _fill_spares(**_: object) -> None:
     """With ``HERMES_WARM_POOL`` > 0, each pool process starts filling its spare app-servers as soon as
-    it is forked, not at its first turn (``hermes_sessions/codex/warm.py``); a process with an own queue
-    starts its affinity heartbeat (``hermes_sessions/services/affinity.py``), which also takes back
+    it is forked, not at its first turn (``hermes_sessions/worker/warm/spares.py``); a process with an own queue
+    starts its affinity heartbeat (``hermes_sessions/worker/affinity.py``), which also takes back
     expired leases; any other pool process (a worker with more turn slots, or keeping off) runs a lease
     loop of its own (``recovery.LeaseLoop``): lease recovery never depends on beat alone."""
-    from hermes_sessions.codex.kept import keeper
-    from hermes_sessions.codex.warm import spare_pool
-    from hermes_sessions.services.execution import start_affinity
-    from hermes_sessions.services.recovery import lease_loop_start
+    from hermes_sessions.worker.execution import start_affinity
+    from hermes_sessions.worker.recovery import lease_loop_start
+    from hermes_sessions.worker.warm.kept import keeper
+    from hermes_sessions.worker.warm.spares import spare_pool
 
     spare_pool()
     k = keeper()
@@ -90,7 +90,7 @@ def _fill_spares(**_: object) -> None:
 
 @celeryd_after_setup.connect
 def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
-    """Session affinity (``hermes_sessions/services/affinity.py``): a worker that runs one turn at a time
+    """Session affinity (``hermes_sessions/worker/affinity.py``): a worker that runs one turn at a time
     (prefork ``-c 1``, or ``-P solo``) also consumes its own queue ``<HERMES_TURN_QUEUE>.<node name>``
     and names it in ``HERMES_OWN_QUEUE`` for its pool process (set before the pool forks). A worker with
     more pool processes gets no own queue and keeps no thread loaded: its queue could not reach the one
@@ -98,7 +98,7 @@ def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
     from django import db
     from django.conf import settings
 
-    from hermes_sessions.services.affinity import OWN_QUEUE_ENV, own_queue_name, own_queue_taken
+    from hermes_sessions.services.routing import OWN_QUEUE_ENV, own_queue_name, own_queue_taken
 
     os.environ.pop(OWN_QUEUE_ENV, None)
     pool = str(getattr(instance, "pool_cls", "") or "")
@@ -136,11 +136,11 @@ def _close_spares(**_: object) -> None:
     ``PR_SET_PDEATHSIG`` (its rows go stale and the sweep removes them)."""
     from django.conf import settings
 
-    from hermes_sessions.codex.kept import close_keeper
-    from hermes_sessions.codex.warm import close_spare_pool
-    from hermes_sessions.services.affinity import affinity_stop
-    from hermes_sessions.services.recovery import lease_loop_stop
-    from hermes_sessions.services.wake import wake_stop
+    from hermes_sessions.worker.affinity import affinity_stop
+    from hermes_sessions.worker.recovery import lease_loop_stop
+    from hermes_sessions.worker.wake import wake_stop
+    from hermes_sessions.worker.warm.kept import close_keeper
+    from hermes_sessions.worker.warm.spares import close_spare_pool
 
     wake_stop(turn_timeout=settings.CODEX_TURN_TIMEOUT + 30)  # first: a woken turn ends on its app-server
     close_spare_pool()
@@ -154,8 +154,8 @@ def _close_in_main_process(**kwargs: object) -> None:
     and the worker's own queue is deleted from the broker, bindings included — nobody consumes it any more
     (its messages are duplicates of shared-queue ones, or the sweep sends their turns again). Not at a pool
     process's end: the main process still consumes the queue when one child is replaced."""
-    from hermes_sessions.services.affinity import own_queue, own_queue_taken
-    from hermes_sessions.services.worker_queues import queue_delete
+    from hermes_sessions.services.routing import own_queue, own_queue_taken
+    from hermes_sessions.worker.own_queues import queue_delete
 
     queue = own_queue()
     _close_spares(**kwargs)
@@ -165,7 +165,7 @@ def _close_in_main_process(**kwargs: object) -> None:
         taken = own_queue_taken(queue, pid=os.getpid())
     except Exception:  # noqa: BLE001 — the database is down: delete it (a live namesake re-declares it at restart)
         taken = ""
-    if taken:  # this worker's pool process yielded the queue to a live namesake (affinity.worker_heartbeat)
+    if taken:  # this worker's pool process yielded the queue to a live namesake (routing.worker_heartbeat)
         logging.getLogger("hermes_sessions.affinity").warning("not deleting %s at shutdown: %s", queue, taken)
         return
     queue_delete(queue)

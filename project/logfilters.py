@@ -3,7 +3,7 @@
 :class:`QuietSweep` drops Celery's own INFO lines about the periodic sweep task — beat's ``Scheduler:
 Sending due task sweep-turns (…)`` and the worker's ``Task …sweep_turns[…] received`` / ``succeeded in
 …`` — which would otherwise appear every ``HERMES_SWEEP_SECONDS`` (10 s) whether or not the sweep did
-anything. The sweep logs its own line for each action it takes (``hermes_sessions/services/recovery.py``),
+anything. The sweep logs its own line for each action it takes (``hermes_sessions/worker/recovery.py``),
 so a quiet log means nothing needed recovering. Warnings and errors about it (a failing sweep) pass.
 """
 from __future__ import annotations

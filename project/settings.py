@@ -2,9 +2,9 @@
 
 Two shapes:
 
-* **Embedded (the demo)**: neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` is set. SQLite under
-  ``HERMES_VAR_DIR``, Celery tasks run eagerly in-process (no broker), codex pointed at the local model
-  stand-in, and a built-in development ``SECRET_KEY``.
+* **Embedded (the demo)**: neither ``DATABASE_URL`` nor ``CELERY_BROKER_URL`` is set. A private PostgreSQL
+  under ``HERMES_VAR_DIR`` that the first connection starts (``project/embedded_postgres``), Celery tasks run
+  eagerly in-process (no broker), codex pointed at the local model stand-in, and a built-in development ``SECRET_KEY``.
 * **Production shape**: ``DATABASE_URL`` (PostgreSQL) and/or ``CELERY_BROKER_URL`` (Redis or RabbitMQ)
   set. ``DJANGO_SECRET_KEY`` is then required: importing these settings without it raises
   ``ImproperlyConfigured``.
@@ -15,14 +15,15 @@ Names: every environment variable lands in the setting of the same name (``HERME
 (environment)" lists them all.
 
 Importing this module has no side effects: it creates no directory. Directories are made where they
-are used (the SQLite backend in ``project/sqlite_backend`` makes the database's folder on first
-connection, ``project/beat.py`` the beat schedule's, ``codex/launch.py`` codex's). Tests use
+are used (the embedded PostgreSQL's backend makes and starts its data directory on first connection,
+``project/beat.py`` the beat schedule's, ``codex/launch.py`` codex's). Tests use
 ``project/settings_test.py``.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -132,23 +133,21 @@ WSGI_APPLICATION = "project.wsgi.application"
 ASGI_APPLICATION = "project.asgi.application"
 
 DATABASE_CONN_MAX_AGE = env_int("DATABASE_CONN_MAX_AGE", 60)  # seconds a connection is reused
-DATABASES = {
-    "default": dj_database_url.parse(
-        DATABASE_URL or f"sqlite:///{HERMES_VAR_DIR / 'db.sqlite3'}",
-        conn_max_age=DATABASE_CONN_MAX_AGE,
-        conn_health_checks=True,  # a persistent connection killed by a database restart is replaced, not a 500
-    )
-}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Django's SQLite backend that also makes the database file's folder on first connection.
-    DATABASES["default"]["ENGINE"] = "project.sqlite_backend"
-    # The embedded default: writers wait for each other (BEGIN IMMEDIATE + a busy timeout) rather
-    # than failing with "database is locked" when the API and an eager turn write at once.
-    DATABASES["default"]["OPTIONS"] = {
-        "timeout": 30,
-        "transaction_mode": "IMMEDIATE",
-        "init_command": "PRAGMA journal_mode=WAL;",
-    }
+DATABASES: dict[str, dict[str, Any]]
+if DATABASE_URL:
+    DATABASES = {"default": dict(dj_database_url.parse(DATABASE_URL))}
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(f"DATABASE_URL must name a PostgreSQL database (postgres://…), not "
+                                   f"{DATABASE_URL.split(':', 1)[0]}: the service runs on PostgreSQL only")
+else:
+    # The embedded default: the same backend on a private PostgreSQL that its first connection starts, data
+    # directory (and Unix socket) HERMES_VAR_DIR/postgres (project/embedded_postgres).
+    DATABASES = {"default": {"ENGINE": "project.embedded_postgres", "NAME": "postgres", "USER": "postgres",
+                             "HOST": str(HERMES_VAR_DIR / "postgres")}}
+DATABASES["default"].update(
+    CONN_MAX_AGE=DATABASE_CONN_MAX_AGE,
+    CONN_HEALTH_CHECKS=True,  # a persistent connection killed by a database restart is replaced, not a 500
+)
 # The server's TCP keepalives on our connections: a connection whose client vanished without a FIN (a network
 # cut, a frozen VM — not kill -9, whose socket the kernel closes) is found dead within DATABASE_KEEPALIVES_IDLE
 # + 3 × 10 s and its transaction rolled back, instead of after the OS default of 2 h while it holds a session's
@@ -156,17 +155,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # (libpq's own variable, e.g. a statement log for a diagnosis) is kept in front.
 DATABASE_KEEPALIVES_IDLE = env_int("DATABASE_KEEPALIVES_IDLE", 30)
 PGOPTIONS = env_str("PGOPTIONS")
-if "postgresql" in DATABASES["default"]["ENGINE"]:
-    DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None, [
-        PGOPTIONS.strip(),
-        f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
-    ]))
-    # The same on our side (libpq's keepalives): a worker or API process waiting for an answer over a path cut
-    # without a FIN — the server gone with its host, a network partition — finds its connection dead within the
-    # same bound and fails that database call (the turn is retried, the request gets its 503) instead of waiting
-    # 2 h (adversary, session 10: a worker whose claim's answer never came stayed stuck with its slot taken).
-    DATABASES["default"]["OPTIONS"].update(
-        keepalives=1, keepalives_idle=DATABASE_KEEPALIVES_IDLE, keepalives_interval=10, keepalives_count=3)
+DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None, [
+    PGOPTIONS.strip(),
+    f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
+]))
+# The same on our side (libpq's keepalives): a worker or API process waiting for an answer over a path cut
+# without a FIN — the server gone with its host, a network partition — finds its connection dead within the
+# same bound and fails that database call (the turn is retried, the request gets its 503) instead of waiting
+# 2 h (adversary, session 10: a worker whose claim's answer never came stayed stuck with its slot taken).
+# (The embedded server's Unix socket has no keepalives; PostgreSQL and libpq ignore these there.)
+DATABASES["default"]["OPTIONS"].update(
+    keepalives=1, keepalives_idle=DATABASE_KEEPALIVES_IDLE, keepalives_interval=10, keepalives_count=3)
 # The statements of the warm path's pipelined transactions (hermes_sessions/services/pipelining.py: the
 # enqueue, the claim, the finalize) are bound server-side and prepared on a connection once it has run them
 # this many times, so PostgreSQL stops parsing and planning them on every turn (parse + plan were ~70 % of
@@ -176,15 +175,16 @@ if "postgresql" in DATABASES["default"]["ENGINE"]:
 DATABASE_PREPARE_THRESHOLD = env_int("DATABASE_PREPARE_THRESHOLD", 2)
 # ASGI (make run): psycopg's connection pool with CONN_MAX_AGE = 0 — persistent connections are not
 # supported under ASGI and leak (../shared/pitfalls.md, Django #37066). Off by default: Celery's prefork
-# workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork).
+# workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork). The embedded
+# default has no pool (its backend, project/embedded_postgres, is the one without).
 DATABASE_POOL = env_bool("DATABASE_POOL", False)
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 20)  # connections per API process
-if DATABASE_POOL and "postgresql" in DATABASES["default"]["ENGINE"]:
+if DATABASE_POOL and DATABASE_URL:
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # Django's PostgreSQL backend and pool, which after one broken connection checks the others at once
     # instead of psycopg_pool's 1 s, 2 s, 4 s … between checks (project/postgresql_pool_backend).
     DATABASES["default"]["ENGINE"] = "project.postgresql_pool_backend"
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
+    DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": 10}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -320,11 +320,11 @@ CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")
 CODEX_PROJECT_DOCS = env_bool("CODEX_PROJECT_DOCS", False)
 # Tail cap (characters) of the transcript a fresh thread is seeded with (hermes_sessions/history_seed.py).
 HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
-# Spare app-servers per worker process, spawned and initialized ahead of need (hermes_sessions/codex/warm.py);
+# Spare app-servers per worker process, spawned and initialized ahead of need (hermes_sessions/worker/warm/spares.py);
 # 0 (default): every turn spawns its own. Spares older than HERMES_WARM_POOL_MAX_AGE seconds are replaced.
 HERMES_WARM_POOL = env_int("HERMES_WARM_POOL", 0)
 HERMES_WARM_POOL_MAX_AGE = env_float("HERMES_WARM_POOL_MAX_AGE", 600.0)
-# Session affinity (hermes_sessions/codex/kept.py, services/affinity.py): after a turn, a worker process that runs
+# Session affinity (hermes_sessions/worker/warm/kept.py, worker/affinity.py): after a turn, a worker process that runs
 # one turn at a time (-c 1, or -P solo) keeps the app-server with the thread loaded for HERMES_WARM_IDLE_SECONDS
 # (0: close it after every turn) and the session's next turn is sent to that worker's own queue
 # (<HERMES_TURN_QUEUE>.<node name>) while its heartbeat is fresh, and to the shared queue
@@ -336,16 +336,16 @@ HERMES_WARM_MAX_RSS_MB = env_int("HERMES_WARM_MAX_RSS_MB", 512)  # a kept app-se
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
 # The enqueue of a routed turn wakes its worker by PostgreSQL NOTIFY instead of a message to the worker's own
 # queue; the shared queue's fallback copy, sent HERMES_AFFINITY_DEADLINE later if the turn is still queued,
-# stays the durable path; 0: Celery messages only (hermes_sessions/services/wake.py).
+# stays the durable path; 0: Celery messages only (hermes_sessions/worker/wake.py).
 HERMES_WAKE = env_bool("HERMES_WAKE", True)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
-# (hermes_sessions/services/early_start.py).
+# (hermes_sessions/worker/warm/early_start.py).
 HERMES_EARLY_START = env_bool("HERMES_EARLY_START", True)
 HERMES_WORKER_HEARTBEAT_SECONDS = env_float("HERMES_WORKER_HEARTBEAT_SECONDS", 2.0)  # a warm worker's heartbeat row
 HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # older: not routed to; swept
 
-# --- Durability (see hermes_sessions/services/recovery.py) --------------------------------------
+# --- Durability (see hermes_sessions/worker/recovery.py) --------------------------------------
 # A turn's POST waits at most this long (ms) for its session's row lock — held by another writer of the session,
 # e.g. manage.py prune_sessions on a long session or a delete — then answers 503 session_locked (Retry-After):
 # without it, POSTs piling up behind a long-held lock each held a pooled connection until the pool's 10 s
@@ -360,7 +360,7 @@ HERMES_MAX_ATTEMPTS = env_int("HERMES_MAX_ATTEMPTS", 3)  # claims of one turn be
 HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # queued this long at the head: send again
 # Backoff (seconds) for retryable codex failures before turn/start (active writer, transport blip).
 HERMES_RETRY_DELAYS = tuple(float(x) for x in env_list("HERMES_RETRY_DELAYS", "0.5,1,2,4,8"))
-HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see services/retry_policy.py
+HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see worker/retry_policy.py
 HERMES_IDEMPOTENCY_TTL = env_int("HERMES_IDEMPOTENCY_TTL", 24 * 3600)  # seconds an Idempotency-Key is kept
 
 HERMES_LOG_LEVEL = env_str("HERMES_LOG_LEVEL", "INFO")  # the hermes_sessions loggers

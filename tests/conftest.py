@@ -1,12 +1,11 @@
-"""Shared fixtures. The suite runs on PostgreSQL (``DATABASE_URL``); see README "Tests"."""
+"""Shared fixtures. The suite runs on PostgreSQL (``DATABASE_URL``); see docs/development.md."""
 import pytest
 from django.conf import settings
 
 
 def pytest_configure(config):
-    # SQLite hides locking, NUL-byte and length faults; refuse to run the suite on it.
-    engine = settings.DATABASES["default"]["ENGINE"]
-    if "postgresql" not in engine:
+    # The suite runs on DATABASE_URL's PostgreSQL, never on the demo's embedded one (var/postgres).
+    if not settings.DATABASE_URL:
         raise pytest.UsageError(
             "The test suite needs PostgreSQL: set DATABASE_URL=postgres://… (make test does this)."
         )
@@ -136,7 +135,7 @@ def _no_lease_loop_left():
     stop it: a leaked one takes back other tests' running turns (found in session 6: an e2e test's turn
     was taken back by the pytest process, not by its worker)."""
     yield
-    from hermes_sessions.services import recovery
+    from hermes_sessions.worker import recovery
 
     leaked = recovery._lease_loop
     if leaked is not None:

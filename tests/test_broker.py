@@ -1,4 +1,4 @@
-"""project/broker.py: a Celery worker outlives its broker (README "Fault injection", broker-restart).
+"""project/broker.py: a Celery worker outlives its broker (docs/faults.md, broker-restart).
 
 The whole fault — a real worker, a Redis killed and restarted mid-turn — is ``make faults``'s
 broker-restart scenario; these tests pin the two pieces on a private redis-server of their own.

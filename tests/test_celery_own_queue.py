@@ -1,5 +1,5 @@
 """``project/celery.py``'s ``_consume_own_queue``: a worker gets its own queue (session affinity,
-``hermes_sessions/services/affinity.py``) only when it runs one turn at a time — prefork ``-c 1`` or
+``hermes_sessions/worker/affinity.py``) only when it runs one turn at a time — prefork ``-c 1`` or
 ``-P solo`` — and keeping threads loaded is on. The worker is a stand-in with what the handler reads at
 ``celeryd_after_setup``: ``concurrency``, ``pool_cls`` (a class by then) and ``app.amqp.queues``."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from celery.concurrency import get_implementation
 
 from hermes_sessions.models import TurnWorker
-from hermes_sessions.services import affinity
-from hermes_sessions.services.affinity import OWN_QUEUE_ENV, own_queue_name
+from hermes_sessions.services import routing
+from hermes_sessions.services.routing import OWN_QUEUE_ENV, own_queue_name
 from project.celery import _consume_own_queue
 
 NODE = "w1@host"
@@ -36,7 +36,7 @@ def keeping_on(settings, monkeypatch, request):
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 120.0, 8
     monkeypatch.setenv(OWN_QUEUE_ENV, "left over from an earlier start")
     if "django_db" not in request.keywords:
-        monkeypatch.setattr(affinity, "own_queue_taken", lambda queue: "")  # no live worker holds it
+        monkeypatch.setattr(routing, "own_queue_taken", lambda queue: "")  # no live worker holds it
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo"])

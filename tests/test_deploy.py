@@ -1,4 +1,4 @@
-"""deploy/: the systemd units and their EnvironmentFile example (README "Running under systemd").
+"""deploy/: the systemd units and their EnvironmentFile example (docs/operating.md "Running under systemd").
 
 Each unit is checked by ``systemd-analyze verify`` with its install path (/opt/hermes_sessions) and
 EnvironmentFile pointed at this checkout, so the commands it runs must exist in this checkout's .venv;
@@ -21,6 +21,7 @@ BASE = Path(__file__).resolve().parent.parent
 UNITS = BASE / "deploy" / "systemd"
 ENV_EXAMPLE = BASE / "deploy" / "hermes.env.example"
 README = (BASE / "README.md").read_text()
+OPERATING = (BASE / "docs" / "operating.md").read_text()
 UNIT_NAMES = ["hermes-api.service", "hermes-worker@.service", "hermes-beat.service", "hermes-stand-in.service"]
 
 
@@ -80,7 +81,7 @@ def test_the_api_runs_the_asgi_app_on_uvicorn_workers():
     assert Path(argv[0]).name == "gunicorn" and argv[1] == "project.asgi:application"
     assert argv[argv.index("-k") + 1] == "uvicorn_worker.UvicornWorker"
     assert "--max-requests" not in argv  # recycling would cut open event streams
-    # as make run: the connection pool with CONN_MAX_AGE 0 under ASGI (README "Live streaming")
+    # as make run: the connection pool with CONN_MAX_AGE 0 under ASGI (docs/architecture.md "Event streams")
     assert "DATABASE_POOL=1" in unit("hermes-api.service")["Service"]["Environment"]
     assert importlib.util.find_spec("project.asgi") and importlib.util.find_spec("uvicorn_worker")
 
@@ -89,7 +90,7 @@ def test_a_worker_stops_warm_and_outwaits_the_longest_turn():
     service = unit("hermes-worker@.service")["Service"]
     argv = exec_start("hermes-worker@.service")
     assert argv[1:5] == ["-A", "project", "worker", "-Q"]
-    assert argv[5] == "${HERMES_TURN_QUEUE},celery"  # turns and the sweep (README "production shape")
+    assert argv[5] == "${HERMES_TURN_QUEUE},celery"  # turns and the sweep (docs/operating.md "Rules for workers and queues")
     assert "-B" not in argv  # beat runs once, in hermes-beat.service
     assert "%i" in argv[argv.index("-n") + 1]  # each instance its own node name
     # SIGTERM to Celery's main process only: its warm shutdown waits for the running turns; the pool and
@@ -106,8 +107,9 @@ def test_beat_and_the_stand_in_run_what_make_runs():
 
 
 def test_the_environment_file_example_names_only_documented_variables():
-    table = README.split("### Settings (environment)", 1)[1].split("\n## ", 1)[0]
+    table = OPERATING.split("## 3. Settings (environment)", 1)[1].split("\n## ", 1)[0]
     commented = set(re.findall(r"^# ([A-Z][A-Z0-9_]+)=", ENV_EXAMPLE.read_text(), re.M))
     missing = sorted(n for n in set(env_example()) | commented if f"`{n}`" not in table)
-    assert missing == [], f"README 'Settings (environment)' lacks {missing}"
-    assert "Running under systemd" in README and "deploy/systemd" in README
+    assert missing == [], f"docs/operating.md 'Settings (environment)' lacks {missing}"
+    assert "Running under systemd" in OPERATING and "deploy/systemd" in OPERATING
+    assert "docs/operating.md" in README and "deploy/systemd" in README  # the README points an operator there

@@ -1,4 +1,4 @@
-"""The Makefile as an operator meets it (issue 8 item 7): every variable it reads is in README's
+"""The Makefile as an operator meets it: every variable it reads is in docs/operating.md's
 settings section, `make worker` follows HERMES_TURN_QUEUE, and `make demo-admin` serves the demo's own
 database even when DATABASE_URL is exported."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 BASE = Path(__file__).resolve().parent.parent
 MAKEFILE = (BASE / "Makefile").read_text()
-README = (BASE / "README.md").read_text()
-SETTINGS_SECTION = README.split("### Settings (environment)", 1)[1].split("\n## ", 1)[0]
+OPERATING = (BASE / "docs" / "operating.md").read_text()
+SETTINGS_SECTION = OPERATING.split("## 3. Settings (environment)", 1)[1].split("\n## ", 1)[0]
 
 
 def make_n(*args: str, env: dict[str, str] | None = None) -> str:
@@ -29,12 +29,12 @@ def make_n(*args: str, env: dict[str, str] | None = None) -> str:
     return result.stdout
 
 
-def test_every_variable_the_makefile_reads_is_in_the_readme_settings_section():
+def test_every_variable_the_makefile_reads_is_in_the_settings_section():
     internal = set(re.findall(r"^([A-Z_]+) :=", MAKEFILE, re.M))  # VENV, PY: not for the operator
     read = set(re.findall(r"\$\(([A-Z][A-Z0-9_]*)\)", MAKEFILE)) | set(re.findall(r"\$\((?:or|strip) \$\(([A-Z_]+)", MAKEFILE))
     assert {"HERMES_TURN_QUEUE", "STAND_IN_PORT", "HTTP_BIND"} <= read  # the patterns still find them
     missing = sorted(name for name in read - internal if f"`{name}`" not in SETTINGS_SECTION)
-    assert missing == [], f"README 'Settings (environment)' lacks the Makefile's {missing}"
+    assert missing == [], f"docs/operating.md 'Settings (environment)' lacks the Makefile's {missing}"
 
 
 def settings_default_turn_queue() -> str:
@@ -63,7 +63,8 @@ def _free_port() -> int:
 
 
 def _demo_database(env: dict[str, str]) -> None:
-    """The demo's database as `make demo` leaves it (migrated SQLite with user demo/demo), without codex."""
+    """The demo's database as `make demo` leaves it (the embedded PostgreSQL, migrated, with user demo/demo),
+    without codex."""
     code = ("import django; django.setup(); from django.core.management import call_command; "
             "call_command('migrate', verbosity=0); from django.contrib.auth.models import User; "
             "User.objects.create_superuser('demo', 'demo@example.com', 'demo')")
@@ -108,4 +109,10 @@ def test_make_demo_admin_serves_the_demo_database_even_with_database_url_exporte
         assert (status, url) == (200, f"{base}/admin/"), log.read_text()  # logged in: the demo's user exists there
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        # SIGTERM ends runserver without its exit handlers, so its embedded PostgreSQL still runs: a process
+        # that joins and leaves is the last one and stops it (project/embedded_postgres).
+        subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from project.embedded_postgres "
+                        "import server; server(Path(sys.argv[1]))", str(tmp_path / "var" / "postgres")],
+                       cwd=BASE, check=True, timeout=60, capture_output=True)
         proc.wait(timeout=20)

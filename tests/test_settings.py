@@ -17,7 +17,7 @@ from django.conf import settings
 
 BASE = Path(__file__).resolve().parent.parent
 SETTINGS_SOURCE = (BASE / "project" / "settings.py").read_text()
-README = (BASE / "README.md").read_text()
+OPERATING = (BASE / "docs" / "operating.md").read_text()
 ENV_READ = re.compile(r'env_(?:str|bool|int|float|path|list)\(\s*"([A-Z0-9_]+)"')
 
 
@@ -60,17 +60,33 @@ def test_production_shape_uses_the_given_secret_key_and_debug_is_off(tmp_path):
     assert values == {"SECRET_KEY": "k" * 50, "DEBUG": "False", "HERMES_EMBEDDED": "False"}
 
 
-def test_embedded_demo_runs_on_the_development_key_sqlite_and_eager_tasks(tmp_path):
+def test_embedded_demo_runs_on_the_development_key_the_embedded_postgresql_and_eager_tasks(tmp_path):
     values = _settings_json(
         {"HERMES_VAR_DIR": str(tmp_path / "var")},
-        "SECRET_KEY", "DEMO_SECRET_KEY", "DEBUG", "HERMES_EMBEDDED", "CELERY_TASK_ALWAYS_EAGER", "DATABASES",
+        "SECRET_KEY", "DEMO_SECRET_KEY", "DEBUG", "HERMES_EMBEDDED", "CELERY_TASK_ALWAYS_EAGER",
     )
     assert values["SECRET_KEY"] == values["DEMO_SECRET_KEY"]
     assert values["DEBUG"] == "False"
     assert values["HERMES_EMBEDDED"] == "True"
     assert values["CELERY_TASK_ALWAYS_EAGER"] == "True"
-    assert "project.sqlite_backend" in values["DATABASES"]
-    assert str(tmp_path / "var" / "db.sqlite3") in values["DATABASES"]
+
+
+@pytest.mark.parametrize("env", [{}, {"CELERY_BROKER_URL": "redis://127.0.0.1:6379/0", "DJANGO_SECRET_KEY": "k" * 50}])
+def test_without_database_url_the_database_is_the_embedded_postgresql_under_the_var_dir(tmp_path, env):
+    code = ("import json, django; django.setup(); from django.db import connection; "
+            "print(json.dumps([connection.vendor, connection.settings_dict['ENGINE'], connection.settings_dict['HOST'], "
+            "connection.settings_dict['NAME']]))")
+    result = _run(code, {"HERMES_VAR_DIR": str(tmp_path / "var"), **env})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == ["postgresql", "project.embedded_postgres", str(tmp_path / "var" / "postgres"),
+                                         "postgres"]
+
+
+def test_a_database_url_that_is_not_postgresql_is_refused(tmp_path):
+    result = _run("import project.settings", {"DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3",
+                                             "DJANGO_SECRET_KEY": "k" * 50})
+    assert result.returncode != 0
+    assert "DATABASE_URL must name a PostgreSQL database" in result.stderr
 
 
 @pytest.mark.parametrize("env", [
@@ -87,12 +103,27 @@ def test_importing_settings_and_setting_up_django_creates_no_directory(tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_embedded_database_folder_is_made_on_first_connection(tmp_path):
+def test_the_embedded_postgresql_starts_answers_and_stops_with_its_last_process(tmp_path):
+    """project/embedded_postgres: the first connection makes the data directory and starts the server; the
+    last process using it stops it at exit, also when a process that used it before died without saying so."""
     var = tmp_path / "nested" / "var"
-    code = "import django; django.setup(); from django.db import connection; connection.ensure_connection()"
-    result = _run(code, {"HERMES_VAR_DIR": str(var)})
-    assert result.returncode == 0, result.stderr
-    assert (var / "db.sqlite3").is_file()
+    pgdata = var / "postgres"
+    code = ("import django; django.setup(); from django.db import connection; c = connection.cursor(); "
+            "c.execute('SELECT 1'); print(c.fetchone()[0], connection.pg_version // 10000)")
+    env = {"HERMES_VAR_DIR": str(var), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # useradd, as root
+    first = _run(code, env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == ["1", "16"]
+    assert (pgdata / "PG_VERSION").is_file()
+    assert not (pgdata / "postmaster.pid").exists()  # stopped when the process ended
+    # A process that was on the list and died without its exit handlers (SIGKILL) is not waited for.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (pgdata / ".handle_pids.json").write_text(json.dumps([int(dead.stdout)]))
+    second = _run(code, env)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split() == ["1", "16"]
+    assert not (pgdata / "postmaster.pid").exists()
+    assert json.loads((pgdata / ".handle_pids.json").read_text()) == []
 
 
 def test_beat_makes_its_schedule_folder(tmp_path):
@@ -127,11 +158,11 @@ def test_every_environment_variable_lands_in_the_setting_of_its_name():
         assert hasattr(settings, setting), setting
 
 
-def test_every_environment_variable_is_in_the_readme_table():
+def test_every_environment_variable_is_in_the_settings_table():
     names = set(ENV_READ.findall(SETTINGS_SOURCE)) | {"OPENAI_API_KEY", "CODEX_PASS_ENV", "CODEX_RUST_LOG"}
-    table = README.split("### Settings (environment)", 1)[1]
+    table = OPERATING.split("## 3. Settings (environment)", 1)[1]
     missing = sorted(n for n in names if f"| `{n}`" not in table)
-    assert missing == [], f"README 'Settings (environment)' lacks {missing}"
+    assert missing == [], f"docs/operating.md 'Settings (environment)' lacks {missing}"
 
 
 @pytest.mark.django_db
@@ -139,7 +170,7 @@ def test_postgresql_finds_a_vanished_client_within_a_minute_not_two_hours():
     """A connection whose worker vanished without a FIN keeps its transaction, and the session row lock it
     holds, until the server's TCP keepalives find it dead: the OS default waits 2 h before the first probe.
     Every connection asks for 30 s + 3 × 10 s (settings ``DATABASE_KEEPALIVES_IDLE``; seen while testing a
-    claim whose connection was cut mid-transaction, session 7)."""
+    claim whose connection was cut mid-transaction)."""
     from django.db import connection
 
     with connection.cursor() as cursor:

@@ -122,8 +122,8 @@ def _arm(sc: Scenario, phase: str, thread_id: str) -> Trap:
         return proxy.arm(CHUNKS, _quoted(thread_id))
     if phase == "store":
         # The turn's final UPDATE (``turns._end_turn``, naming the thread) travels in the finalize's second round
-        # trip, after the first one stored the rollout (session 7: the chunk INSERT goes with BEGIN and the
-        # locks, so holding it held a transaction PostgreSQL had not seen begin).
+        # trip, after the first one stored the rollout (the trap is not on the chunk INSERT: it goes with
+        # BEGIN and the locks, so holding it would hold a transaction PostgreSQL has not seen begin).
         return proxy.arm(FINISH_UPDATE, _quoted(thread_id), after=insert)
     return proxy.arm(b"COMMIT", action="mute", after=insert)
 
@@ -182,8 +182,8 @@ def scenario_kill_during_rollout(sc: Scenario) -> None:
         if not trap.wait(60):
             sc.stack.pgproxy.disarm(trap)  # type: ignore[union-attr]
             # A violation, not a note: a trap that never fires means the statement it waits for changed shape
-            # (session 5: the chunk INSERT became one statement with the header UPDATE, and the store and
-            # commit rounds silently stopped killing anything).
+            # (e.g. the chunk INSERT made one statement with the header UPDATE: the store and commit rounds
+            # would silently stop killing anything).
             sc.rec.violations.append(f"round {rnd + 1} ({phase}): the trap caught nothing within 60 s — "
                                      "its SQL pattern no longer matches what the worker sends?")
             continue
@@ -204,7 +204,7 @@ def scenario_kill_during_rollout(sc: Scenario) -> None:
     for p in PHASES:
         if tried[p] and not landed[p]:
             # As for a trap that never fires: none landing where aimed means the phase stopped testing what it
-            # names (session 7: "store 0 of 2" once the rollout's store went with the finalize's first round trip).
+            # names (e.g. "store 0 of 2" when the rollout's store goes with the finalize's first round trip).
             sc.rec.violations.append(f"{p}: none of {tried[p]} kill(s) landed where aimed")
     sc.rec.notes.append("kills landed where aimed: " + ", ".join(
         f"{p} {landed[p]} of {tried[p]}" for p in PHASES)

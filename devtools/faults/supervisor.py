@@ -291,7 +291,7 @@ class Stack:
     def start_worker(self) -> Proc:
         """One more turn worker (``-Q <queue> -c CONCURRENCY``) in a process group of its own, reaching
         PostgreSQL through the proxy. With ``-c 1`` (the default) it also consumes its own queue and keeps
-        threads loaded between turns (session affinity, ``hermes_sessions/services/affinity.py``)."""
+        threads loaded between turns (session affinity, ``hermes_sessions/worker/affinity.py``)."""
         self.worker_seq += 1
         name = f"worker{self.worker_seq}"
         env = {**self.env, "DATABASE_URL": self.worker_database_url(name)}

@@ -1,6 +1,6 @@
 """The session-affinity scenarios of ``make faults`` (issue 9 §4): faults of the app-servers a ``-c 1``
-worker keeps with a session's thread loaded between its turns (``hermes_sessions/codex/kept.py``,
-``services/affinity.py``).
+worker keeps with a session's thread loaded between its turns (``hermes_sessions/worker/warm/kept.py``,
+``worker/affinity.py``).
 
 ``warm-codex-dies``   each session's thread is kept loaded by the worker that ran its last turn; between
                       turns the harness SIGKILLs that kept app-server (found as the codex process working
@@ -22,10 +22,10 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
                       frozen holder — a NOTIFY wake-up, or a message in its own queue with ``HERMES_WAKE=0``
                       —, the countdown copy reserved at once by the one idle worker),
                       and that worker then starts a long turn (``SLOW<--freeze-slow-seconds>``), so the
-                      countdown copies sit behind it (adversary F2, session 4); a round starts with every
+                      countdown copies sit behind it; a round starts with every
                       worker idle, and notes when the set-up did not hold (first copies not in the holder's
                       queue nor woken, the long turn started after the countdown copies were due). A keeping worker's loop must
-                      hand the turns off (``affinity.stalled_holder_turns``): each claimed within
+                      hand the turns off (``routing.stalled_holder_turns``): each claimed within
                       ``HERMES_AFFINITY_DEADLINE`` + 3 heartbeats + 3 s of its post, or 3 s after a turn slot
                       came free if that is later (a SLOW turn ended); succeeded, resumed cold, attempt 1.
                       The sweeper is paused meanwhile: here it sweeps every 1 s with a 4 s stale limit and
@@ -34,7 +34,7 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
                       its kept copies within 5 s, and no later turn runs on a loaded copy unless the session's
                       previous turn ended on that worker (worker logs); the held sessions' next turns succeed.
 
-``kill-beat-with-worker`` (adversary F2) ``kill -9`` of the sweeper (the worker that embeds beat) together with
+``kill-beat-with-worker`` ``kill -9`` of the sweeper (the worker that embeds beat) together with
                       a worker running a SLOW turn: with beat dead, the live workers' affinity loops must take
                       the turn back (``recovery.leases_take_back``) within the lease + one loop heartbeat + 3 s
                       of the kill (a log line ``worker <queue>: turn …: worker lost``), and it must succeed at
@@ -465,17 +465,17 @@ def _setting(name: str) -> Any:
 
 
 class _WakeWatch:
-    """The NOTIFY wake-ups sent to one worker (``hermes_sessions/services/wake.py``), heard on a connection of
+    """The NOTIFY wake-ups sent to one worker (``hermes_sessions/worker/wake.py``), heard on a connection of
     the harness's own: a turn routed to a holder whose wake listener listens gets a wake-up instead of a
     message in its own queue."""
 
     def __init__(self, queue: str) -> None:
         import psycopg
 
-        from hermes_sessions.services.own_connections import own_connection_params
-        from hermes_sessions.services.wake import wake_channel
+        from hermes_sessions.listener import connection_params
+        from hermes_sessions.services.routing import wake_channel
 
-        self.conn = psycopg.connect(**own_connection_params("faults-wake-watch"), autocommit=True)
+        self.conn = psycopg.connect(**connection_params("faults-wake-watch"), autocommit=True)
         self.conn.execute(f"LISTEN {wake_channel(queue)}")
         self.turns: set[str] = set()
 
@@ -512,7 +512,7 @@ def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[st
         # … the held sessions' next turns: the first copy to the frozen holder's queue (its heartbeat is still
         # fresh), the countdown copy reserved at once by the one idle worker …
         out["posted"] = [sc.post(s, sc.text(first + 60 + n)) for n, s in enumerate(held)]
-        # … which then starts a long turn: the countdown copies sit behind it (adversary F2).
+        # … which then starts a long turn: the countdown copies sit behind it.
         out["long"] = [sc.post(sc.new_session(), sc.text(first + 90, slow_for=a.freeze_slow_seconds))]
         if not _wait_claimed(_turn_ids(out["long"]), 10):
             sc.rec.notes.append(f"round {rnd}: the long SLOW turn was not claimed within 10 s")
@@ -701,7 +701,7 @@ def _no_beat_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> f
 
 
 def scenario_kill_beat_with_worker(sc: Scenario) -> None:
-    """Adversary F2: the worker that embeds beat dies with a turn worker (here: the sweeper and a worker
+    """The worker that embeds beat dies with a turn worker (here: the sweeper and a worker
     running a SLOW turn, both ``kill -9`` at once); the live workers' affinity loops take the turn back
     (``recovery.leases_take_back``) within the lease + one loop heartbeat, with no beat, and it succeeds on
     another worker, resumed from PostgreSQL."""

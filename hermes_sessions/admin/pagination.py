@@ -9,12 +9,12 @@ from django.utils.functional import cached_property
 
 
 class EstimatedCountPaginator(Paginator):
-    """Django's ``Paginator``, except that an **unfiltered** queryset on PostgreSQL is not counted with
+    """Django's ``Paginator``, except that an **unfiltered** queryset is not counted with
     ``COUNT(*)`` (a sequential scan of the table) but estimated from the planner's statistics
     (``pg_class.reltuples``, kept by autovacuum/``ANALYZE``). A filtered queryset (a search, a list
     filter) is counted exactly: its ``WHERE`` narrows the scan. A table estimated below
-    ``exact_below`` rows, one with no statistics yet (``reltuples`` < 0, never analysed), or another
-    database: counted, which is cheap there.
+    ``exact_below`` rows, or one with no statistics yet (``reltuples`` < 0, never analysed): counted,
+    which is cheap there.
 
     The estimate only sizes the page links and the "N sessions" line; ``page`` does not cut a page
     short at the estimate, so no row is hidden when the table grew since the last ``ANALYZE``."""
@@ -26,7 +26,7 @@ class EstimatedCountPaginator(Paginator):
     def count(self) -> int:
         queryset: Any = self.object_list
         query = getattr(queryset, "query", None)
-        if query is None or query.where or connections[queryset.db].vendor != "postgresql":
+        if query is None or query.where:
             return super().count
         with connections[queryset.db].cursor() as cursor:
             cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [queryset.model._meta.db_table])

@@ -24,8 +24,8 @@ DRF ``APIException`` (parse errors, 401, 404…)  as DRF  DRF's code
 
 The 503 (with ``Retry-After: 1``) is the database being unreachable or overloaded — no pooled
 connection within the pool's 10 s (all of them waiting on a lock another request holds), a
-restart, a lock or statement timeout, a deadlock: a retry may succeed, so it is not a 500 (adversary,
-session 6: 60 POSTs queued behind a held session lock got 500s, and so did other sessions' GETs).
+restart, a lock or statement timeout, a deadlock: a retry may succeed, so it is not a 500 — not for POSTs queued behind a held session lock, nor for other
+sessions' GETs meanwhile (``tests/api/test_session_lock_wait.py``).
 
 Anything else is a bug: it is not caught here, so Django logs it and answers 500 (invariant I6
 says known bad input must never get that far; the tests pin each row above).
@@ -86,7 +86,7 @@ class DatabaseUnavailable(exceptions.APIException):
     """503: the database could not serve the request now (``OperationalError``); retry shortly."""
 
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    # A POST's COMMIT can succeed with its answer lost (adversary, session 7): the retry advice covers it.
+    # A POST's COMMIT can succeed with its answer lost: the retry advice covers it.
     default_detail = ("The database is unavailable or overloaded right now; retry shortly. A POST may have been "
                       "applied before the failure: repeat it with the same Idempotency-Key to have it applied once.")
     default_code = "database_unavailable"

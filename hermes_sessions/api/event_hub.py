@@ -1,12 +1,15 @@
 """The API process's one LISTEN connection, shared by every open event stream (``api/streams.py``).
 
 Workers on any host write ``TurnEvent`` rows and ``NOTIFY hermes_turn_events, '<session> <turn> <id>'``
-in the same transaction (``services/events.py``). This hub holds one psycopg ``AsyncConnection`` per
-process (per event loop) that LISTENs on that channel while at least one stream is open; on a
-notification it reads the session's new rows from the table once and hands them to every open stream of
-that session (one query per batch however many streams watch it). The connection is
+in the same transaction (``services/events.py``). This hub holds one LISTEN connection per process (per
+event loop: a ``listener.Listener`` run as a task on the loop) on that channel while at least one stream
+is open; on a notification it reads the session's new rows from the table once and hands them to every
+open stream of that session (one query per batch however many streams watch it). The connection is
 opened on the first subscriber and closed explicitly, in its own task, when the last one leaves (under
-ASGI, connections left to garbage collection leak — ``../shared/pitfalls.md``, Django #37066).
+ASGI, connections left to garbage collection leak — ``../shared/pitfalls.md``, Django #37066). A lost
+connection (``pg_terminate_backend``, a database restart) is opened again within a second, and after
+every (re)connect the hub reads every watched session from its cursor: what committed meanwhile was
+notified to nobody.
 
 The hub's reads run on the event loop, on a second connection of its own opened with the LISTEN one (a
 query on the LISTEN connection would wait for its ``notifies()``), as one SQL statement: no thread
@@ -16,9 +19,9 @@ slowing the ``POST`` that wrote it (whose Celery send runs right after the commi
 connection (lost, not yet open) the hub reads as the streams do, in a thread.
 
 A notification nobody listened for is not lost: a stream reads the table from its last id before it
-waits, and again on every heartbeat tick, so NOTIFY is only a wake-up. If the LISTEN connection
-cannot be opened (SQLite, a database restart), streams fall back to those ticks and the hub tries
-again on the next one.
+waits, the hub re-reads at each reconnect, and each stream reads again on every heartbeat tick, so
+NOTIFY is only a wake-up. While the LISTEN connection cannot be opened (a database restart),
+streams fall back to those ticks; the listener tries again every second.
 
 Shutdown: the hub chains itself in front of the process's SIGTERM/SIGINT handlers (uvicorn's own),
 and on either sets ``stopping``; open streams then end at once, so the server's graceful shutdown does
@@ -41,15 +44,14 @@ from typing import Any, TypeVar
 
 import psycopg
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import DatabaseError, connection
 from psycopg.rows import dict_row
 
 from .. import selectors
 from ..latency_marks import mark
+from ..listener import Listener, connection_params
 from ..models import TurnEvent
 from ..services.events import CHANNEL
-from ..services.own_connections import own_connection_params
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +135,7 @@ class EventHub:
         self._count = 0
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        self.listening = False
+        self._listener: Listener | None = None
         self._reader: psycopg.AsyncConnection[dict[str, Any]] | None = None
 
     @property
@@ -181,39 +183,55 @@ class EventHub:
                 del self._subscribers[sub.session_id]
                 self._cursor.pop(sub.session_id, None)
         if self._count == 0 and self._task is not None:
-            self._task.cancel()  # its finally closes the connection
-            self._task, self.listening = None, False
+            self._task.cancel()  # the listener closes its connection, the task's finally the reader
+            self._task, self._listener = None, None
+
+    @property
+    def listening(self) -> bool:
+        """Whether the hub's ``LISTEN`` is in place now."""
+        return self._listener is not None and self._listener.listening.is_set()
 
     async def ensure_listening(self) -> None:
-        """Start the listener task if none runs (first stream, or the connection was lost) and wait
-        until its LISTEN is in place or it failed (at most ``LISTEN_CONNECT_SECONDS``)."""
-        if "postgresql" not in settings.DATABASES["default"]["ENGINE"] or self.stopping.is_set():
+        """Start the listener task if none runs (first stream, or it ended) and wait until its LISTEN is
+        in place or its first attempt failed (at most ``LISTEN_CONNECT_SECONDS``). The task reconnects by
+        itself within a second of a loss (``listener.py``'s rule) and re-reads every watched session then."""
+        if self.stopping.is_set():
             return
         if self._task is None or self._task.done():
-            self._ready = asyncio.Event()
-            self._task = self.loop.create_task(self._listen(self._ready), name="hermes-sse-listener")
+            ready = self._ready = asyncio.Event()
+            self._listener = Listener(CHANNEL, name="hermes-sse-listener", on_notify=self._notified,
+                                      on_connect=functools.partial(self._connected, ready), on_down=ready.set)
+            self._task = self.loop.create_task(self._listen(self._listener), name="hermes-sse-listener")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._ready.wait(), LISTEN_CONNECT_SECONDS)
 
-    async def _listen(self, ready: asyncio.Event) -> None:
-        conn: psycopg.AsyncConnection[Any] | None = None
+    async def _listen(self, listener: Listener) -> None:
+        """The listener task: ``listener.run()`` until cancelled (the last stream left), then the reader
+        connection is closed too (the LISTEN one ``run`` closes itself)."""
         try:
-            conn = await psycopg.AsyncConnection.connect(**own_connection_params("hermes-sse-listener"), autocommit=True)
-            await conn.execute(f"LISTEN {CHANNEL}")
-            self.listening = True
-            await self._open_reader()  # now, not at the first notification
-            ready.set()
-            async for note in conn.notifies():
-                self._notified(note.payload)
-        except psycopg.Error:
-            logger.warning("event streams: LISTEN connection lost; streams re-read on their heartbeat", exc_info=True)
+            await listener.run()
+        except Exception:  # noqa: BLE001 — a stream's next heartbeat tick starts the task again
+            logger.exception("event streams: the LISTEN task ended; streams re-read on their heartbeat")
         finally:
-            self.listening = False
             reader, self._reader = self._reader, None
-            ready.set()
-            for each in (reader, conn):
-                if each is not None:
-                    await each.close()
+            if reader is not None:
+                await reader.close()
+
+    async def _connected(self, ready: asyncio.Event) -> None:
+        """After every (re)connect of the LISTEN: open the reader (now, not at the first notification),
+        then read every watched session from its cursor — rows committed while no connection listened
+        were notified to nobody (``tests/api/test_event_streams.py::test_an_event_committed_while_the_listen_connection_was_down_is_read_at_the_reconnect``).
+        One read per session, however many streams watch it; a session without a cursor yet has its
+        streams read for themselves."""
+        await self._open_reader()
+        ready.set()
+        for session_id, waiting in list(self._subscribers.items()):
+            if session_id in self._cursor:
+                self._read(session_id)
+            else:
+                for sub in waiting:
+                    sub.reread = True
+                    sub.wake.set()
 
     def _notified(self, payload: str) -> None:
         """``'<session> <turn> <last id>'``: read the session's new rows unless already read."""
@@ -224,6 +242,11 @@ class EventHub:
         last_id = last.rpartition(" ")[2]
         if last_id.isdigit() and int(last_id) <= self._cursor.get(session_id, 0):
             return
+        self._read(session_id)
+
+    def _read(self, session_id: str) -> None:
+        """Read ``session_id``'s new rows for its streams, coalesced: one read at a time per session,
+        and a request during a read makes it read once more."""
         if session_id in self._reading:
             self._dirty.add(session_id)
             return
@@ -269,7 +292,7 @@ class EventHub:
             return None
         try:
             reader = await psycopg.AsyncConnection.connect(
-                **own_connection_params("hermes-sse-reader"), autocommit=True,
+                **connection_params("hermes-sse-reader"), autocommit=True,
                 row_factory=dict_row, connect_timeout=int(LISTEN_CONNECT_SECONDS))
         except psycopg.Error:
             logger.warning("event streams: reader connection could not be opened; reading in threads", exc_info=True)

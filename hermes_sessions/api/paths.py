@@ -11,8 +11,8 @@ API_SEGMENT = "api"
 def is_api_path(path: str) -> bool:
     """Whether ``path`` (a request's ``path_info``) is under ``/api``: its first segment that is not
     empty and not ``.`` is ``api`` — ``/api``, ``/api/…``, and also ``//api/…``, ``///api``,
-    ``/./api/…`` (adversary, session 7: ``GET //api/sessions/`` got Django's HTML 404 page, because
-    only ``/api/`` as a literal prefix counted). Such a path routes nowhere (the URL resolver does
+    ``/./api/…`` (with ``/api/`` as a literal prefix only, ``GET //api/sessions/`` would get Django's
+    HTML 404 page; ``tests/api/test_api_paths.py``). Such a path routes nowhere (the URL resolver does
     not collapse slashes), but its client is an API client and gets the API's JSON error. ``/apiary``,
     ``/x/../api/`` and ``/API/`` are not API paths (Django's pages answer them)."""
     for segment in path.split("/"):

@@ -4,7 +4,7 @@ Values the API stores are cleaned on the way in (``sanitize.clean_text``: a lone
 U+FFFD), but a 400 can quote what the client sent — ``"\\ud800" is not a valid choice.`` for an
 ``on_busy`` of ``"\\ud800"``, a ``model_config`` key — and DRF's ``JSONRenderer`` encodes its
 ``ensure_ascii=False`` text as UTF-8, which cannot hold a lone surrogate: ``UnicodeEncodeError``, a 500
-(adversary, session 7; invariant I6). Such a body is rendered again with every string cleaned."""
+(invariant I6, ``tests/api/test_hostile_input.py``). Such a body is rendered again with every string cleaned."""
 from __future__ import annotations
 
 from collections.abc import Mapping

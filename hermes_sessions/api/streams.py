@@ -8,7 +8,7 @@ open stream holds no sync worker under ASGI (``project/asgi.py``, ``make run``).
 Both also answer ``HEAD`` (GET's status and headers, no body: no stream is opened) and ``OPTIONS``
 (200, ``Allow: GET, HEAD, OPTIONS`` and a description, as DRF's views answer it), each after the same
 checks as GET: 401 without valid credentials, 404 for a turn or session that is not the caller's
-(adversary, session 7: both were a 405). Any other method is a JSON 405 with that ``Allow``.
+(not a 405; ``tests/api/test_event_streams.py``). Any other method is a JSON 405 with that ``Allow``.
 
 A stream whose turn or session is deleted (``manage.py prune_sessions``, the admin) ends with ``event: gone``
 (no ``id:``; data: the 404 a reconnect would get), found by the read on the next heartbeat tick.
@@ -87,9 +87,9 @@ def _denied(request: HttpRequest, user_pk: Any) -> tuple[str, str] | None:
     """``None`` while ``request``'s credentials still authenticate the user ``user_pk`` they did when its stream
     opened, else the 401's ``(detail, code)``. Run on every read of the stream's own — its first and one per
     heartbeat tick (``HERMES_SSE_HEARTBEAT_SECONDS``) — so a token deleted or a user deactivated while the
-    stream is open ends it within a heartbeat (adversary, session 10: a session stream opened with a token
-    deleted since went on sending the session's new turns, their input included; only new requests got 401).
-    One token read (``api/authentication.py``) per stream per tick; a cookie session (the admin's browser) is
+    stream is open ends it within a heartbeat: otherwise a session stream opened with a token deleted since would go on
+    sending the session's new turns, their input included, while only new requests got 401.
+    One token read (DRF's ``TokenAuthentication``) per stream per tick; a cookie session (the admin's browser) is
     read afresh too — Django caches the session and its user on the request."""
     if hasattr(request, "session"):
         request.session = import_module(settings.SESSION_ENGINE).SessionStore(request.session.session_key)
@@ -107,7 +107,7 @@ def _denied(request: HttpRequest, user_pk: Any) -> tuple[str, str] | None:
 def _last_event_id(request: HttpRequest) -> int | None:
     """``Last-Event-ID`` (header) or ``?last_event_id=``; raises ``ValueError`` when not a
     non-negative integer written as ASCII digits only — ``int()`` alone also took ``3_0`` (30), ``+3``
-    and non-ASCII digits (adversary, session 7); an event id the server sent is never spelt so."""
+    and non-ASCII digits; an event id the server sent is never spelt so."""
     raw = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id")
     if raw is None or raw.strip() == "":
         return None
@@ -213,8 +213,8 @@ def _frames(scope: _Scope, found: _Read, after: int) -> tuple[list[bytes], int, 
 async def _own_read(scope: _Scope, after: int, events_hub: EventHub) -> _Read | None:
     """The stream's own read of its scope after ``after`` — or, when the database cannot serve it (a
     restart, an exhausted pool), ``None`` after waiting one heartbeat interval: the stream stays open and
-    reads again (adversary, session 6: a read failing after a PostgreSQL restart cut the stream with an
-    ASGI error, and a client that did not reconnect got nothing more)."""
+    reads again: a read failing after a PostgreSQL restart must not cut the stream with an ASGI error,
+    which a client that does not reconnect would never recover from."""
     try:
         found = await in_thread(scope.read, after)
     except DATABASE_ERRORS as exc:
@@ -262,7 +262,7 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
                 await asyncio.wait_for(sub.wake.wait(), settings.HERMES_SSE_HEARTBEAT_SECONDS)
             except asyncio.TimeoutError:
                 yield b": heartbeat\n\n"
-                await events_hub.ensure_listening()  # a lost LISTEN connection is re-opened here
+                await events_hub.ensure_listening()  # the hub's listener task, should it have ended
                 own_read = True  # the slow safety re-read
             else:
                 own_read, sub.reread = sub.reread, False

@@ -214,7 +214,7 @@ class AppServerClient:
 
     def kill(self) -> None:
         """SIGKILL the process group at once, then ``close``: for an app-server that must not go on with
-        what it was sent (an early ``turn/start`` whose claim failed, ``services/early_start.py``). Closing
+        what it was sent (an early ``turn/start`` whose claim failed, ``worker/warm/early_start.py``). Closing
         stdin first would leave codex ~32 ms to act on it."""
         if self._proc is not None:
             self._kill_group()
@@ -222,11 +222,11 @@ class AppServerClient:
 
     def pause(self) -> bool:
         """SIGSTOP the app-server process (all its threads stop where they are); ``resume`` goes on. For an
-        early ``turn/start`` whose claim is late (``services/early_start.py``): codex must not reach the model
+        early ``turn/start`` whose claim is late (``worker/warm/early_start.py``): codex must not reach the model
         before the claim holds — its own threads are what ask the model and start commands. Not the group:
         a sandbox helper codex is starting then (``bwrap … --die-with-parent``) could be stopped before it
         registered to die with its parent, and a worker killed meanwhile would leave it stopped for ever
-        under init (adversary, session 13: 4 of 4 runs). Returns whether a running process was signalled."""
+        under init (``tests/e2e/test_early_start_kill.py``). Returns whether a running process was signalled."""
         return self._signal(signal.SIGSTOP, group=False)
 
     def resume(self) -> bool:
@@ -268,7 +268,7 @@ class AppServerClient:
         """Send ``method`` without waiting for its answer; ``PendingRequest.result()`` waits for it (until
         ``timeout`` seconds, default ``request_timeout``, from now) and raises as ``request`` does. For work
         done while codex handles the request (the woken turn's claim beside its ``turn/start``,
-        ``services/early_start.py``). Raises ``TransportError`` / ``RequestTimeout`` if it cannot be sent."""
+        ``worker/warm/early_start.py``). Raises ``TransportError`` / ``RequestTimeout`` if it cannot be sent."""
         timeout = self._request_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cv:

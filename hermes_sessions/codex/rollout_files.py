@@ -16,12 +16,12 @@ A file this process wrote or read last (``KNOWN``) is checked after a turn witho
 again: same file (device and inode), not shorter, the same first and last ``TAIL_BYTES`` of the stored
 length; the sha256 goes on from the kept hash state. Reading and hashing the whole file each turn cost
 O(rollout) — ~0.15 ms at 136 KB, ~0.9 ms at 1.5 MB on this machine, growing with every turn of a
-session — where the appended bytes are a few KB (session 14). What this gives up: a change *inside* the
+session — where the appended bytes are a few KB. What this gives up: a change *inside* the
 prefix, away from both ends, by a writer other than codex's appends and this module (none exists in the
 service: restores go through ``write_rollout``, which renews ``KNOWN``; ``write_leftover`` forgets it; a
 kept thread's file is stamp-checked before its turn) is no longer seen at capture. It would not change
 the conversation either: codex reads the file only at ``thread/resume``, right after the restore
-verified it, and appends to the history it loaded then (adversary, session 14).
+verified it, and appends to the history it loaded then (``tests/codex/test_rollout_known.py``).
 
 Nothing here touches the database; ``hermes_sessions.services.rollouts`` does.
 """

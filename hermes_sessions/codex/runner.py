@@ -16,7 +16,7 @@ infrastructure failure and the turn fails, binding kept); ``ThreadNotLoaded`` on
 resumes and retries once; every other failure ends the run with ``TurnRunError`` — its ``cause`` the
 typed error, ``before_turn_start`` whether codex can have run the input — and leaves the binding alone.
 The runner never retries or sleeps: the caller applies the one retry policy
-(``services/retry_policy.py``). It touches no database: it returns a ``TurnOutcome`` that
+(``worker/retry_policy.py``). It touches no database: it returns a ``TurnOutcome`` that
 ``hermes_sessions.services`` commits in one transaction.
 
 Notifications are read only after ``turn/start`` answers: the client queues those that arrive
@@ -78,7 +78,7 @@ class TurnSpec:
     # "no rollout found" then cannot mean the thread is gone, and fails the turn instead of rotating.
     rollout_restored: bool = False
     # The bound thread is already loaded in this app-server, whose connection started or resumed it (a
-    # thread kept loaded since the session's last turn, ``codex/kept.py``): no ``thread/resume`` is sent —
+    # thread kept loaded since the session's last turn, ``worker/warm/kept.py``): no ``thread/resume`` is sent —
     # its answer (and permission profile, checked then) is that of the last one. Should codex have
     # unloaded it meanwhile, ``turn/start`` answers ``thread not found`` and ``_start_turn`` resumes it.
     thread_loaded: bool = False
@@ -95,7 +95,7 @@ class TurnSpec:
     # seconds until it wants to be called again, or None (the event writer's deadline, services/events.py).
     on_tick: Callable[[], float | None] | None = None
     # ``turn/start`` was sent already on the kept thread (``thread_loaded``), with
-    # ``kept_turn_start_params``, while the worker claimed the turn (``services/early_start.py``): its answer
+    # ``kept_turn_start_params``, while the worker claimed the turn (``worker/warm/early_start.py``): its answer
     # is awaited instead of sending one.
     turn_start: PendingRequest | None = None
 

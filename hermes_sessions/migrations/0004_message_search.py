@@ -3,14 +3,10 @@
 * ``hermes_message_search_vector(text)``: ``to_tsvector('simple', coalesce(content, ''))`` as a
   PL/pgSQL function with its true cost (``models.MessageSearchVector`` says why), and
   ``message_content_search``, a GIN expression index on it (``models.MESSAGE_SEARCH_CONFIG`` says why
-  ``simple``). PostgreSQL only: on SQLite (the embedded demo) both are skipped and
-  ``selectors.message_search_filter`` falls back to ``icontains``. An expression index rather than a
-  stored tsvector column: no model field SQLite could not have, no second copy of every text.
+  ``simple``). An expression index rather than a stored tsvector column: no second copy of every text.
 * ``notice_unacked_session``: partial index on the few unacknowledged notices.
 * ``session_updated_id``: the admin's sessions list order.
 """
-from typing import Any
-
 import django.contrib.postgres.indexes
 from django.db import migrations, models
 
@@ -26,26 +22,6 @@ $$"""
 DROP_FUNCTION = "DROP FUNCTION IF EXISTS hermes_message_search_vector(text)"
 
 
-def _on_postgresql(sql: str) -> Any:
-    def run(apps: Any, schema_editor: Any) -> None:
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(sql)
-
-    return run
-
-
-class AddPostgresIndex(migrations.AddIndex):
-    """``AddIndex`` that builds the index only on PostgreSQL (the state always has it)."""
-
-    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
-        if schema_editor.connection.vendor == "postgresql":
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -53,8 +29,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(_on_postgresql(CREATE_FUNCTION), _on_postgresql(DROP_FUNCTION)),
-        AddPostgresIndex(
+        migrations.RunSQL(CREATE_FUNCTION, DROP_FUNCTION),
+        migrations.AddIndex(
             model_name='message',
             index=django.contrib.postgres.indexes.GinIndex(
                 hermes_sessions.models.MessageSearchVector('content'), name='message_content_search'

@@ -15,7 +15,7 @@ Its CTEs, in order: ``clk`` the statement's clock (read once, after the locks: `
 is still queued (I3); ``ok`` the turn if it may run now (queued, no cancel asked for, not blocked); ``upd``
 marks it running under the new claim token, attempt + 1 and the lease; ``want`` / ``sess`` / ``ins`` write
 the user's transcript row with the session's next sequence number — at the first claim, or at a re-claim
-that finds none (``turns._start_claim``'s rule). The row it returns tells the caller what happened.
+that finds none. The row it returns tells the caller what happened.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def claim_params(*, turn_id: uuid.UUID, token: uuid.UUID, lease: datetime) -> di
     user row's ``created_at`` and the session's ``updated_at`` are the statement's own clock (``clk``:
     ``clock_timestamp()``, read once), taken after the locking statement before it — not the caller's before
     the round trip: a claim that waited for the session's lock while the turn before it was finalized had a
-    ``started_at`` before that turn's ``finished_at`` (``make faults`` broker-restart: "turns #8 and #9 overlapped
-    or ran out of order", session 13; the class the adversary found in the one-trip enqueue's times)."""
+    ``started_at`` before that turn's ``finished_at``, which ``make faults`` reports as turns that "overlapped
+    or ran out of order"; the one-trip enqueue stamps its times the same way."""
     return {"turn": turn_id, "token": token, "lease": lease, "running": Turn.Status.RUNNING,
             "queued": Turn.Status.QUEUED, "user": Message.Role.USER, "active": CodexBinding.Status.ACTIVE}

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from .. import selectors
 from ..models import Session, Turn
-from . import affinity
+from . import routing
 from .fallback_copies import fallback_copy_later
 
 logger = logging.getLogger(__name__)
@@ -37,9 +37,9 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
     gets its 202 — the input was accepted.
 
     ``turn_enqueue`` saves two queries: ``stamped`` (it inserted the row with ``dispatched_at``
-    already) and ``route`` (``affinity.turn_route``'s answer, read in its transaction under the
+    already) and ``route`` (``routing.turn_route``'s answer, read in its transaction under the
     session lock; ``None``: read it after the commit) and ``woken`` (the transaction also wakes the worker
-    of ``route`` by NOTIFY, ``wake.wake_held``: no message to its queue — Celery's send, consume and pool
+    of ``route`` by NOTIFY, ``routing.wake_held``: no message to its queue — Celery's send, consume and pool
     hop were ~6 ms of a warm turn's ``queue`` phase on 2 cores, and the two deliveries competed for them,
     ``make bench-warm`` — and the shared queue's fallback copy is sent by this process when it is due
     (``fallback_copies``), not at the commit with a countdown)."""
@@ -51,7 +51,7 @@ def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, 
             queue = _route(turn_id) if route is None else route_given(route)
             task = _run_turn_task()
             if queue:
-                # Session affinity (services/affinity.py): the worker holding the thread loaded first; the
+                # Session affinity (worker/affinity.py): the worker holding the thread loaded first; the
                 # shared queue after the deadline, for any worker, should that one not claim it by then.
                 if woken:
                     fallback_copy_later(uuid.UUID(str(turn_id)), delay=settings.HERMES_AFFINITY_DEADLINE,
@@ -111,13 +111,13 @@ def routes_to_workers() -> bool:
 
 
 def _route(turn_id: uuid.UUID | str) -> str:
-    """``affinity.turn_route``, or ``""`` when it cannot be read (the shared queue always works)."""
+    """``routing.turn_route``, or ``""`` when it cannot be read (the shared queue always works)."""
     # The Celery app's flag, which ``apply_async`` obeys: a process whose app sends to the broker (the e2e
     # tests flip it, leaving Django's CELERY_TASK_ALWAYS_EAGER as it was read) routes like any API process.
     if current_app.conf.task_always_eager:
         return ""  # in-process: there is no other worker to route to
     try:
-        return affinity.turn_route(turn_id)
+        return routing.turn_route(turn_id)
     except Exception:  # noqa: BLE001 — a database blip: no affinity for this turn
         logger.warning("turn %s: affinity route not readable; sending to the shared queue", turn_id, exc_info=True)
         return ""
@@ -125,14 +125,8 @@ def _route(turn_id: uuid.UUID | str) -> str:
 
 def session_dispatch_next_on_commit(session: Session) -> None:
     """Dispatch the session's oldest queued turn, if any, once the current transaction commits
-    (call it where a turn of ``session`` ends, under the session lock). One statement on PostgreSQL
+    (call it where a turn of ``session`` ends, under the session lock). One statement
     (``session_next_turn_sql``: the read and the ``dispatched_at`` stamp)."""
-    if connection.vendor != "postgresql":
-        nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").values_list(
-            "pk", flat=True).first()
-        if nxt is not None:
-            turn_dispatch_on_commit(nxt)
-        return
     with connection.cursor() as cursor:
         cursor.execute(*session_next_turn_sql(session.pk))
         row = cursor.fetchone()

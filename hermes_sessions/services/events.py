@@ -21,8 +21,8 @@ for that row). The transaction also sends
 ``NOTIFY hermes_turn_events, '<session id> <turn id> <last id>'`` — ids only (NOTIFY payloads are
 limited to 8,000 bytes, ``../shared/pitfalls.md``); PostgreSQL delivers it at commit, and listeners
 read the rows from the table. Nothing depends on the notification arriving: streams re-read on their
-heartbeat tick. On PostgreSQL the lock, the claim check, the insert and the NOTIFY are one statement
-(``_events_sql``), in that order; elsewhere (the SQLite demo) the ORM takes the same steps.
+heartbeat tick. The lock, the claim check, the insert and the NOTIFY are one statement
+(``_events_sql``), in that order.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from django.utils import timezone
 
 from ..models import Session, Turn, TurnEvent
 from ..sanitize import clean_json, clean_text
-from .locks import lock_session_and_turn, lock_session_for_events
+from .locks import lock_session_and_turn
 from .pipelining import Batch, Later
 
 logger = logging.getLogger(__name__)
@@ -67,17 +67,11 @@ DELTA_FLUSH_SECONDS = 0.05
 DELTA_FLUSH_CHARS = 16_000
 
 
-def _session_lock(session_id: str) -> bool:
-    """The session's event lock, the only one (``locks.lock_session_for_events``, §8). On PostgreSQL
-    ``_events_sql`` takes the same lock (CTE ``l``) inside its statement."""
-    return lock_session_for_events(session_id)
-
-
 def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None, notify: bool = True) -> TurnEvent:
     """Append one event of ``turn`` (at its current ``attempt``) inside the caller's transaction
     (raises ``TransactionManagementError`` outside one) and notify the listeners at commit.
-    ``data`` is the event's JSON payload (cleaned of NUL bytes and lone surrogates). One statement on
-    PostgreSQL: the session's event lock, the insert and the NOTIFY (``_insert_events``). ``notify``
+    ``data`` is the event's JSON payload (cleaned of NUL bytes and lone surrogates). One statement:
+    the session's event lock, the insert and the NOTIFY (``_insert_events``). ``notify``
     False: no NOTIFY in the transaction — the caller sends it later (``event_notify_on_commit``)."""
     (event,) = event_append_many(turn=turn, items=[(kind, data)], notify=notify)
     return event
@@ -93,8 +87,6 @@ def event_notify_on_commit(event: TurnEvent | HeldEvents) -> None:
     ``event``: a written event, or ``event_append_held``'s events (their last id, read after the commit)."""
 
     def send() -> None:
-        if connection.vendor != "postgresql":
-            return
         last = event.pk if isinstance(event, TurnEvent) else event.last_id()
         payload = f"{event.session_id} {event.turn_id} {last if last is not None else ''}".rstrip()
         try:
@@ -261,7 +253,7 @@ class TurnEventWriter:
     def _insert(self, batch: list[tuple[str, dict[str, Any]]]) -> int | None:
         """One durable transaction: the session's event lock (the session row, first: the order of
         ``lock_session_and_turn``, I3), the claim check (turn row share lock: a claim or finalize in
-        progress is waited for), the rows, one NOTIFY — one statement on PostgreSQL
+        progress is waited for), the rows, one NOTIFY — one statement
         (``_insert_events``). ``None``: claim not held (§8)."""
         with transaction.atomic(durable=True):
             ids = _insert_events(self.session_id, self.turn_id, self.attempt,
@@ -274,17 +266,10 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
                    now: datetime, token: uuid.UUID | None = None, notify: bool = True) -> list[int] | None:
     """Insert ``rows`` (``(kind, cleaned data)``) as events of the turn, in order, inside the caller's
     transaction, under the session's event lock (``locks.lock_session_for_events``), and NOTIFY their
-    last id. With ``token``: only while that claim holds the running turn (``_claim_held``). Returns the
+    last id. With ``token``: only while that claim holds the running turn. Returns the
     new ids, or ``None`` when nothing was written (claim not held, or no such session)."""
     if not rows:
         return []
-    if connection.vendor != "postgresql":
-        if not _session_lock(session_id) or (token is not None and not _claim_held(turn_id, token)):
-            return None
-        made = TurnEvent.objects.bulk_create([
-            TurnEvent(session_id=session_id, turn_id=turn_id, attempt=attempt, kind=kind, data=data, created_at=now)
-            for kind, data in rows])
-        return [e.pk for e in made]
     with connection.cursor() as cursor:
         cursor.execute(*_events_statement(session_id, turn_id, attempt, rows, now=now, token=token, notify=notify))
         found = cursor.fetchone()
@@ -293,24 +278,21 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
 
 def event_append_held(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
                       notify: bool = True, data_sql: Mapping[int, str] | None = None) -> HeldEvents:
-    """``event_append_many`` as a statement held in ``batch`` (``pipelining``) on PostgreSQL: it goes with
+    """``event_append_many`` as a statement held in ``batch`` (``pipelining``): it goes with
     the batch's next round trip (the claim's and the finalize's: the one carrying the COMMIT), and its
     ids are read from the result afterwards. For writers that hold the session lock already (the
-    enqueue, the claim, the finalize). Other databases write at once. Raises
+    enqueue, the claim, the finalize). Raises
     ``TransactionManagementError`` outside a transaction.
 
-    ``data_sql`` (PostgreSQL only): ``{index in items: SQL expression}`` giving that event's ``jsonb`` data
+    ``data_sql``: ``{index in items: SQL expression}`` giving that event's ``jsonb`` data
     from the database instead of ``items``' dict, for data the caller learns only from its round trip (the
     one-trip enqueue's ``queued`` event and its drawn ``seq``: ``queued_seq_sql``). The expression may use
     ``%(turn)s``, the turn's id."""
     if not connection.in_atomic_block:
         raise TransactionManagementError("event_append runs inside the transaction of the change it reports")
     rows = [(kind, clean_json(data or {})) for kind, data in items]
-    if connection.vendor != "postgresql" or not rows:
-        if data_sql:
-            raise TransactionManagementError("data_sql is for PostgreSQL's held statements")
-        ids = _insert_events(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify)
-        return HeldEvents(turn.session_id, turn.pk, Later.ready(ids))
+    if not rows:
+        return HeldEvents(turn.session_id, turn.pk, Later.ready([]))
     statement = _events_statement(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify,
                                   data_sql=data_sql)
     return HeldEvents(turn.session_id, turn.pk, batch.add(*statement, convert=_event_ids))
@@ -330,8 +312,8 @@ def _event_ids(rows: list[tuple[Any, ...]]) -> list[int] | None:
 
 def event_append_claimed_held(batch: Batch, *, turn_id: uuid.UUID, token: uuid.UUID,
                               items: Sequence[tuple[str, dict[str, Any] | None]]) -> Later[list[int] | None]:
-    """``event_append_held`` for a claim whose writes travel in the same round trip (``turns._claim_in_one_trip``,
-    PostgreSQL only): the events are written only if claim ``token`` holds the running turn once the statements
+    """``event_append_held`` for a claim whose writes travel in the same round trip (``turns._claim_in_one_trip``):
+    the events are written only if claim ``token`` holds the running turn once the statements
     before it have run — nothing when the claim did not happen — in the turn's session and at its ``attempt``
     as the claim set it (both read from the turn row: the caller knows neither before the round trip). Their
     ids once the round trip is done (``None``: nothing written)."""
@@ -365,11 +347,12 @@ def _events_statement(session_id: str, turn_id: uuid.UUID | str, attempt: int, r
 
 def _events_sql(*, claimed: bool, notify: bool = True, attempt_of_claim: bool = False) -> str:
     """The event write as one statement (raw SQL: one round trip where the ORM needs four — the lock,
-    the claim check, the insert, the NOTIFY — and compiles each). Its order is the one of the ORM path:
+    the claim check, the insert, the NOTIFY — and compiles each). Its order:
     CTE ``l`` locks the session row (``FOR NO KEY UPDATE``, ``locks.lock_session_for_events``; a no-op
     for a caller that holds it ``FOR UPDATE``); ``c`` reads the turn through ``l`` — with ``claimed``, it
-    checks the claim token under ``FOR SHARE`` of the turn row (``_claim_held``), which its ``LockRows``
-    takes only after ``l`` has given its locked row: session row, then turn row (I3). The insert draws
+    checks the claim token under ``FOR SHARE`` of the turn row (it conflicts with the ``FOR UPDATE`` that
+    claim, requeue, finalize and the sweep take, so a write either happens before a take-back commits or
+    sees it and is dropped), which its ``LockRows`` takes only after ``l`` has given its locked row: session row, then turn row (I3). The insert draws
     its ids (in ``ord`` order) from rows that exist only once both locks are held: ids in commit order
     (§8). ``HAVING``: no row (nothing written) sends no NOTIFY. ``attempt_of_claim`` (a claim's own round
     trip, ``event_append_claimed_held``): the session is the turn's and the attempt the turn row's, read
@@ -400,17 +383,3 @@ def _clean_data(data: dict[str, Any]) -> dict[str, Any]:
     if "text" in data:
         return {**data, "text": clean_text(data["text"])}
     return data
-
-
-def _claim_held(turn_id: uuid.UUID | str, token: uuid.UUID) -> bool:
-    """Whether ``token`` still holds the running turn, read under ``FOR SHARE`` of the turn row: it
-    conflicts with the ``FOR UPDATE`` that claim, requeue, finalize and the sweep take, so a write
-    either happens before a take-back commits or sees it (and is dropped)."""
-    if connection.vendor != "postgresql":
-        return Turn.objects.filter(pk=turn_id, claim_token=token, status=Turn.Status.RUNNING).exists()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {Turn._meta.db_table} WHERE id = %s AND claim_token = %s AND status = %s FOR SHARE",
-            [turn_id, token, Turn.Status.RUNNING],
-        )
-        return cursor.fetchone() is not None

@@ -12,7 +12,7 @@ read (``tasks.run_turn``).
 
 What this gives up: a copy exists only in this process's memory until it is due. If the process dies
 first (kill -9) *and* the woken worker does not claim the turn, the turn waits for the affinity loops of
-the other workers (``affinity.stalled_holder_turns``: seconds) or the sweep (``HERMES_REDISPATCH_SECONDS``)
+the other workers (``routing.stalled_holder_turns``: seconds) or the sweep (``HERMES_REDISPATCH_SECONDS``)
 instead of the deadline — two faults at once; nothing is lost, the turn row is committed. A process that
 exits normally (``atexit``) or is stopped by SIGTERM (``flush_on_sigterm``: gunicorn's graceful stop of a
 uvicorn worker ends in the default SIGTERM action, which skips ``atexit`` — found by an adversary) sends

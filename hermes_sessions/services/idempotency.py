@@ -45,8 +45,9 @@ def idempotent(
     ``key`` None: no idempotency, just ``create()``. A key whose object has since been deleted runs
     ``create()`` again (the key then names the new object). Raises ``InvalidIdempotencyKey`` for a malformed key,
     ``IdempotencyMismatch`` when the key was used with a different ``body``, and ``IdempotencyKeyInUse`` when a
-    request with the same key held it longer than ``HERMES_POST_LOCK_TIMEOUT_MS`` (adversary, session 7: such
-    requests queued one behind another on the key's lock, each holding a pooled connection, 3 s more each).
+    request with the same key held it longer than ``HERMES_POST_LOCK_TIMEOUT_MS``: unbounded, such
+    requests would queue one behind another on the key's lock, each holding a pooled connection
+    (``tests/api/test_session_lock_wait.py``).
     """
     if key is None:
         return create(), True

@@ -36,11 +36,8 @@ def bound_lock_waits(batch: Batch | None = None) -> None:
     ``__cause__`` of Django's ``OperationalError``); until the transaction ends (``set_config(…, true)``).
     For the API's POSTs, so that requests waiting on another's lock do not pile up holding pooled
     connections. ``batch``: held there (``pipelining``: it travels with the transaction's first
-    statements) instead of run now. A no-op on other databases. Raises ``TransactionManagementError``
-    outside a transaction."""
+    statements) instead of run now. Raises ``TransactionManagementError`` outside a transaction."""
     _require_transaction("bound_lock_waits")
-    if connection.vendor != "postgresql":
-        return
     statement = ("SELECT set_config('lock_timeout', %s, true)", [f"{int(settings.HERMES_POST_LOCK_TIMEOUT_MS)}ms"])
     if batch is not None:
         batch.add(*statement)
@@ -56,11 +53,8 @@ def lock_wait_timed_out(exc: BaseException) -> bool:
 
 def advisory_xact_lock(name: str) -> None:
     """Take a PostgreSQL transaction-scoped advisory lock named by ``name`` (sha256 → 64-bit key),
-    held until the transaction ends. A no-op on other databases (SQLite serializes writers anyway).
-    Raises ``TransactionManagementError`` outside ``transaction.atomic``."""
+    held until the transaction ends. Raises ``TransactionManagementError`` outside ``transaction.atomic``."""
     _require_transaction("advisory_xact_lock")
-    if connection.vendor != "postgresql":
-        return
     key = int.from_bytes(hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()[:8], "big", signed=True)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
@@ -82,34 +76,24 @@ def lock_session_and_turn(turn_id: uuid.UUID | str, *, skip_locked: bool = False
     """Lock the turn's session row, then the turn row (``SELECT … FOR UPDATE``), and return both,
     freshly read; ``None`` when the turn does not exist. Raises ``TransactionManagementError``
     outside ``transaction.atomic``, and Django's ``ValidationError`` for an id that is not a UUID.
-    One statement on PostgreSQL (``_lock_sql``).
+    One statement (``_lock_sql``).
 
     ``skip_locked``: never wait — ``None`` also when another transaction holds either row (``SKIP
     LOCKED`` on both, still session first): for callers that race for the same work and may leave a
-    row to whoever holds it (``recovery.leases_take_back``, run by every worker and the sweep). Other
-    databases ignore it (SQLite serializes writers)."""
+    row to whoever holds it (``recovery.leases_take_back``, run by every worker and the sweep)."""
     _require_transaction("lock_session_and_turn")
     pk = Turn._meta.pk.to_python(turn_id)  # ValidationError for an id that is not a UUID
-    if connection.vendor != "postgresql":
-        session_id = next(iter(Turn.objects.filter(pk=pk).order_by().values_list("session_id", flat=True)[:1]), None)
-        if session_id is None:
-            return None
-        session = Session.objects.select_for_update().get(pk=session_id)
-        return session, Turn.objects.select_for_update().get(pk=pk)
     with connection.cursor() as cursor:
         cursor.execute(_lock_sql(skip_locked=skip_locked), {"turn": pk})
         return _locked_rows(cursor.fetchall())
 
 
 def lock_session_and_turn_later(batch: Batch, turn_id: uuid.UUID | str) -> Later[tuple[Session, Turn] | None]:
-    """``lock_session_and_turn`` as a statement held in ``batch`` (``pipelining``): on PostgreSQL it goes
-    to the server with the batch's next round trip, so statements added after it (the claim's reads,
-    the finalize's rollout store) run under both locks in the same round trip. Other databases lock at
-    once. Raises ``ValidationError`` for an id that is not a UUID, ``TransactionManagementError``
+    """``lock_session_and_turn`` as a statement held in ``batch`` (``pipelining``): it goes to the server
+    with the batch's next round trip, so statements added after it (the claim's reads, the finalize's
+    rollout store) run under both locks in the same round trip. Raises ``ValidationError`` for an id that is not a UUID, ``TransactionManagementError``
     outside ``transaction.atomic``."""
     _require_transaction("lock_session_and_turn")
-    if connection.vendor != "postgresql":
-        return Later.ready(lock_session_and_turn(turn_id))
     pk = Turn._meta.pk.to_python(turn_id)
     return batch.add(_lock_sql(), {"turn": pk}, convert=_locked_rows)
 

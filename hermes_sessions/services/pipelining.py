@@ -29,8 +29,7 @@ Rules that keep it safe, enforced here rather than left to callers:
   (a ``Later`` read, another statement, or the block's end) and Django's ``atomic`` rolls back; a
   COMMIT never runs after a failed statement (PostgreSQL answers ``ROLLBACK`` to it).
 * **Only the outermost transaction commits here.** Inside another ``atomic`` block (a test's, a
-  caller's), or on a database other than PostgreSQL, the block is a plain ``transaction.atomic`` and
-  ``add`` runs each statement at once.
+  caller's), the block is a plain ``transaction.atomic`` and ``add`` runs each statement at once.
 """
 from __future__ import annotations
 
@@ -193,8 +192,8 @@ def _prepared_cursor(raw: Any) -> Any:
 def prepared_cursor() -> Any:
     """A cursor on Django's connection (connected: call ``connection.ensure_connection()`` first) that binds
     server-side and prepares its statements after ``DATABASE_PREPARE_THRESHOLD`` runs (``_prepared_cursor``),
-    for a hot read whose text is the same on every request (``api.authentication``). PostgreSQL only; use
-    it as a context manager. Its parameters must not hold a NUL byte (PostgreSQL refuses them in text)."""
+    for a hot read whose text is the same on every request. Use it as a context
+    manager. Its parameters must not hold a NUL byte (PostgreSQL refuses them in text)."""
     return _prepared_cursor(connection.connection)
 
 
@@ -211,14 +210,14 @@ def _rows(cursor: Any) -> list[tuple[Any, ...]] | None:
 
 @contextmanager
 def pipelined_atomic(*, durable: bool = False) -> Iterator[Batch]:
-    """``transaction.atomic(durable=durable)`` with a ``Batch``: on PostgreSQL, as the outermost block,
+    """``transaction.atomic(durable=durable)`` with a ``Batch``: as the outermost block,
     held statements go in round trips of their own and the block's last ones carry the ``COMMIT``
     (Django's commit then finds the transaction closed and runs the ``on_commit`` callbacks). Raises
     what ``atomic`` raises (``RuntimeError`` for ``durable`` inside another block) and the database
     errors of the statements."""
     outermost = not connection.in_atomic_block
     with transaction.atomic(durable=durable):
-        batch = Batch(pipelined=outermost and connection.vendor == "postgresql")
+        batch = Batch(pipelined=outermost)
         if not batch.pipelined:
             yield batch
             batch.send()

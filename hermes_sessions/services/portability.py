@@ -116,11 +116,10 @@ def _row(section: _Section, obj: models.Model) -> dict[str, Any]:
 
 def session_export_record(*, session_id: str) -> dict[str, Any] | None:
     """One session as the dict a line holds (module docstring), or ``None`` when it no longer
-    exists. Read in one snapshot on PostgreSQL (``REPEATABLE READ`` when not already inside a
-    transaction), session row included, so a turn ending meanwhile cannot leave its rows half in the
-    line."""
+    exists. Read in one snapshot (``REPEATABLE READ`` when not already inside a transaction), session
+    row included, so a turn ending meanwhile cannot leave its rows half in the line."""
     with transaction.atomic():
-        if connection.vendor == "postgresql" and len(connection.atomic_blocks) == 1:
+        if len(connection.atomic_blocks) == 1:
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         session = Session.objects.select_related("owner").filter(pk=session_id).first()
@@ -196,8 +195,7 @@ def _field_schema(f: models.Field, users: frozenset[str]) -> dict[str, Any]:
     if isinstance(f, models.JSONField):
         schema = {"type": _JSON_TYPES[key]} if key in _JSON_TYPES else {}
     elif f.name not in users and isinstance(f, _INTEGER_FIELDS) and not isinstance(f, models.ForeignKey):
-        # Django's standard column ranges (PostgreSQL's), whatever this database is: an export made on the
-        # embedded SQLite (64-bit everywhere) must import into PostgreSQL too.
+        # Django's standard column ranges (PostgreSQL's): the bounds the database would enforce.
         _low, high = BaseDatabaseOperations.integer_field_ranges[f.get_internal_type()]
         schema = {"type": "integer", "minimum": 0, "maximum": high}  # seqs, counters, sizes, offsets
     elif isinstance(f, models.BinaryField):

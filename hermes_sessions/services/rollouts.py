@@ -159,29 +159,19 @@ def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str =
         )
         _insert_chunk(row, seq=1, offset=0, data=delta.data)
         return
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(*_store_fenced_statement(delta, codex_version=codex_version))
-            if cursor.fetchone() is None:
-                raise RolloutFenced(fenced_reason(delta))
-        return
-    moved = CodexRollout.objects.filter(
-        thread_id=delta.thread_id, generation=base.generation, length=base.length, sha256=base.sha256
-    ).update(length=delta.length, sha256=delta.sha256, generation=base.generation + 1, relpath=delta.relpath,
-             codex_version=codex_version[:64], updated_at=timezone.now())
-    if not moved:
-        raise RolloutFenced(fenced_reason(delta))
-    row = CodexRollout.objects.only("pk").get(thread_id=delta.thread_id)
-    _insert_chunk(row, seq=base.generation + 1, offset=delta.offset, data=delta.data)
+    with connection.cursor() as cursor:
+        cursor.execute(*_store_fenced_statement(delta, codex_version=codex_version))
+        if cursor.fetchone() is None:
+            raise RolloutFenced(fenced_reason(delta))
 
 
 def rollout_store_held(batch: Batch, *, delta: RolloutDelta, codex_version: str = "") -> Later[bool] | None:
     """``rollout_store`` of a rollout stored before (generation ≥ 1) as a statement held in ``batch``
-    (``pipelining``, PostgreSQL): the finalize sends it with its locks. Its value: ``False`` when fenced
+    (``pipelining``): the finalize sends it with its locks. Its value: ``False`` when fenced
     out (the caller raises ``RolloutFenced``, ``fenced_reason``, and rolls back). ``None`` for what must
     run as ``rollout_store`` once the locks are held: a first store (it checks for another writer's row
-    first) and other databases."""
-    if connection.vendor != "postgresql" or delta.base is None or delta.base.generation == 0:
+    first)."""
+    if delta.base is None or delta.base.generation == 0:
         return None
     return batch.add(*_store_fenced_statement(delta, codex_version=codex_version), convert=bool)
 
@@ -193,7 +183,7 @@ def fenced_reason(delta: RolloutDelta) -> str:
 
 
 def _store_fenced_statement(delta: RolloutDelta, *, codex_version: str) -> tuple[str, dict[str, Any]]:
-    """``rollout_store``'s fenced header update and its chunk as one statement (PostgreSQL: the chunk is
+    """``rollout_store``'s fenced header update and its chunk as one statement (the chunk is
     inserted from the ``UPDATE … RETURNING id`` of the header, so a fenced-out update inserts nothing and
     returns no row), and its parameters. Raw SQL: the ORM's ``update()`` returns no id, which cost a
     third query."""

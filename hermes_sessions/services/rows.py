@@ -26,7 +26,7 @@ def instance_from_row(model: type[M], values: Sequence[Any]) -> M:
     converted as the ORM's compiler converts them (on PostgreSQL ``JSONField`` values arrive as text:
     Django registers a text loader for jsonb)."""
     converted = list(values)
-    for i, col in _converted_columns(model, connection.vendor):
+    for i, col in _converted_columns(model):
         value = converted[i]
         for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
             value = convert(value, col, connection)
@@ -40,10 +40,10 @@ def _attnames(model: type[Model]) -> list[str]:
 
 
 @functools.cache
-def _converted_columns(model: type[Model], vendor: str) -> tuple[tuple[int, Any], ...]:
-    """``(position, column)`` of the concrete fields of ``model`` that have database converters on
-    ``vendor`` (on PostgreSQL only the ``JSONField`` ones): the others are taken as they come. Whether a
-    field has converters depends on its type and the backend, never on the connection; the converters
+def _converted_columns(model: type[Model]) -> tuple[tuple[int, Any], ...]:
+    """``(position, column)`` of the concrete fields of ``model`` that have database converters (on
+    PostgreSQL only the ``JSONField`` ones): the others are taken as they come. Whether a field has
+    converters depends on its type and the backend, never on the connection; the converters
     themselves are looked up per call (bound to the calling thread's connection)."""
     found = []
     for i, f in enumerate(model._meta.concrete_fields):

@@ -4,7 +4,7 @@ logger, written by the service that ends the turn once its transaction has commi
     turn 0192… ended status=failed session=sess-1 thread_action=resumed attempt=1 task=5f0c… reason="the model call failed with HTTP 500 (codex: internalServerError): We’re …"
 
 ``task`` is the Celery task id of the delivery that ended it (``wake`` when the worker ran it on its
-NOTIFY wake-up, ``services/wake.py``; ``-`` when no task did: an API cancel of a queued turn, the sweep
+NOTIFY wake-up, ``worker/wake.py``; ``-`` when no task did: an API cancel of a queued turn, the sweep
 giving up on a lost worker's turn), so Celery's own ``Task …run_turn[<task id>]``
 lines can be matched to the turn. ``reason`` is the turn's ``error`` as a JSON string (newlines escaped),
 cut to :data:`REASON_CHARS` characters; ``""`` for a turn that succeeded.

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Field, Q
+from django.db.models import Field
 from django.utils import timezone
 
 from .. import policy
@@ -37,7 +37,7 @@ from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history
 from ..models import CodexBinding, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from ..selectors import is_valid_session_id
-from . import affinity, bindings, claim_statement, dispatch, events, rollouts, wake
+from . import bindings, claim_statement, dispatch, events, rollouts, routing
 from .errors import InvalidInput, SessionBusy, SessionLocked
 from .locks import bound_lock_waits, lock_session_and_turn, lock_session_and_turn_later, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
@@ -104,7 +104,7 @@ def turn_enqueue(
 
 
 def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: User | None, on_busy: str) -> Turn:
-    if on_busy != "reject" and connection.vendor == "postgresql" and not connection.in_atomic_block:
+    if on_busy != "reject" and not connection.in_atomic_block:
         return _enqueue_in_one_trip(session_id=session_id, owner_id=owner_id, text=text, created_by=created_by,
                                     interrupt=on_busy == "interrupt")
     # Two round trips (``pipelining``): the lock, the draw and the reads; then the writes with the COMMIT.
@@ -122,16 +122,14 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         else:
             drawn = batch.add(_draw_seq_sql(owned=True), [updated_at, session_id, owner_id])
         # A statement of its own, after the lock: its snapshot has every turn committed while it waited.
-        route_sql, route_params = affinity.session_route_sql(session_id)
+        route_sql, route_params = routing.session_route_sql(session_id)
         row = batch.add(_enqueue_reads_sql(route_sql), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, session_id, Turn.Status.RUNNING,
             Turn.Status.QUEUED, *route_params, session_id]).one()
         if row is None or drawn.rowcount != 1:  # the UPDATE found no row to lock (or not the owner's)
             raise Session.DoesNotExist(f"no session {session_id!r}")
         seq, busy_id, busy_status, route_value = row
-        route = affinity.parse_route(route_value)
-        if busy_id is not None:
-            busy_id = Turn._meta.pk.to_python(busy_id)  # SQLite: hex text
+        route = routing.parse_route(route_value)
         if busy_id is not None and on_busy == "reject":
             raise SessionBusy(f"turn {busy_id} of this session is {busy_status}", turn_id=str(busy_id))
         if busy_id is not None and on_busy == "interrupt":
@@ -147,9 +145,9 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         # message to its queue (``wake``) — not of a turn queued behind another, which it claims only once
         # that one has ended: that one's finalize dispatches it.
         queue = dispatch.route_given(route.queue) if route is not None else ""
-        woken = bool(queue) and route is not None and route.wakeable and busy_id is None and wake.wake_enabled()
+        woken = bool(queue) and route is not None and route.wakeable and busy_id is None and routing.wake_enabled()
         if woken:
-            wake.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id, text=text)
+            routing.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id, text=text)
         dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=woken)
         events.event_notify_on_commit(queued)
     return turn
@@ -157,7 +155,7 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
 
 def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, created_by: User | None,
                          interrupt: bool) -> Turn:
-    """``_enqueue`` for ``on_busy`` ``enqueue`` or ``interrupt`` on PostgreSQL, as the outermost transaction:
+    """``_enqueue`` for ``on_busy`` ``enqueue`` or ``interrupt``, as the outermost transaction:
     one round trip (``pipelining``) from ``BEGIN`` to ``COMMIT`` — the lock and the draw, the turn's INSERT
     with the drawn ``seq`` read from the locked session row (and its ``created_at`` / ``dispatched_at`` from
     the clock after the lock's wait), the interrupt, its ``queued`` event (its ``seq`` likewise), then the
@@ -165,7 +163,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     two: none of these writes depends on what the reads find (a turn is queued, busy or not), so Python
     has nothing to decide between them. The wake's ``pg_notify`` is the one ``_enqueue`` holds (``wake``),
     sent by the statement itself when the route is a wakeable worker's, no other turn of the session is
-    running or queued and the turn was inserted; its channel named in SQL (``wake.wake_channel_sql``).
+    running or queued and the turn was inserted; its channel named in SQL (``routing.wake_channel_sql``).
     Every statement after the lock runs after it (a statement's snapshot is taken when it starts): the
     reads see every turn committed while this one waited, as in ``_enqueue``. A session that is not the
     caller's (or no session) matches nothing: nothing is written, no wake is sent, the commit is empty,
@@ -179,8 +177,8 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     now = timezone.now()
     turn = Turn(session_id=session_id, seq=0, input=text, created_by=created_by, dispatched_at=now)
     touch(turn, "created_at")
-    can_wake = wake.wake_enabled() and dispatch.routes_to_workers()
-    payload = wake.wake_payload(turn_id=turn.id, session_id=session_id,
+    can_wake = routing.wake_enabled() and dispatch.routes_to_workers()
+    payload = routing.wake_payload(turn_id=turn.id, session_id=session_id,
                                 text=text if settings.HERMES_EARLY_START else None) if can_wake else ""
     owned = owner_id is not None
     with pipelined_atomic() as batch:
@@ -195,7 +193,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
             batch.add(_interrupt_sql(), [now, session_id, Turn.Status.RUNNING, turn.id])
         events.event_append_held(batch, turn=turn, items=[(events.QUEUED, None)],
                                  data_sql={0: events.queued_seq_sql()})
-        route_sql, route_params = affinity.session_route_sql(session_id)
+        route_sql, route_params = routing.session_route_sql(session_id)
         reads: Later[Any] = batch.add(_enqueue_reads_and_wake_sql(route_sql), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, turn.id, session_id, Turn.Status.RUNNING,
             Turn.Status.QUEUED, turn.id, *route_params, session_id, payload, can_wake, turn.id])
@@ -204,7 +202,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
             row = reads.one()
             if row is None or drawn.rowcount != 1:
                 return
-            route = affinity.parse_route(row[3])
+            route = routing.parse_route(row[3])
             queue = dispatch.route_given(route.queue) if route is not None else ""
             # Outside the transaction now. The streams' NOTIFY went with the COMMIT (the event's statement).
             dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=bool(row[4]))
@@ -271,13 +269,13 @@ def _busy_turn_sql(*, but_one: bool) -> str:
 def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
     """The one-trip enqueue's reads after its writes, and its wake, as one statement: ``_enqueue_reads_sql``'s
     columns (the busy turn leaves the new one out) and how many wakes were sent (0 or 1) — the ``pg_notify``
-    of ``wake.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
+    of ``routing.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
     session is running or queued, the caller allows it (``wake_enabled``, not in-process) and the turn row
     exists (a session that is not the caller's gets no wake)."""
     q = connection.ops.quote_name
     turns = q(Turn._meta.db_table)
     busy = _busy_turn_sql(but_one=True)
-    channel = wake.wake_channel_sql(f"substr(r.route, {len('wake:') + 1})")
+    channel = routing.wake_channel_sql(f"substr(r.route, {len('wake:') + 1})")
     return (f"WITH r AS (SELECT s.{q('last_turn_seq')} AS seq, (SELECT b.{q('id')} {busy}) AS busy_id, "
             f"(SELECT b.{q('status')} {busy}) AS busy_status, {route_sql} AS route "
             f"FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s), "
@@ -300,7 +298,7 @@ def _draw_seq_sql(*, owned: bool = False) -> str:
 def _enqueue_reads_sql(route_sql: str) -> str:
     """The enqueue's reads after its lock, one statement: the drawn ``seq``, the session's running (or
     else oldest queued) turn — ``"running"`` sorts after ``"queued"``, so ``DESC`` puts it first — its
-    status, and the route (``affinity.session_route_sql``). Raw SQL (any backend): the ORM compiled an
+    status, and the route (``routing.session_route_sql``). Raw SQL (any backend): the ORM compiled an
     annotated query with three subqueries per POST."""
     q = connection.ops.quote_name
     busy = _busy_turn_sql(but_one=False)
@@ -395,23 +393,8 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
 
 def _claim(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None:
     """``turn_claim``'s transaction; the token of the claim it writes is put in ``sent`` before its COMMIT
-    is sent. One round trip on PostgreSQL (``_claim_in_one_trip``), the ORM's steps elsewhere."""
-    if connection.vendor == "postgresql":
-        return _claim_in_one_trip(pk, sent)
-    with pipelined_atomic(durable=True) as batch:  # not pipelined here: each statement runs at once
-        locked = lock_session_and_turn(pk)
-        if locked is None:
-            logger.warning("turn %s does not exist; nothing to run", pk)
-            return None
-        session, turn = locked
-        if turn.status != Turn.Status.QUEUED:
-            return None
-        runnable = _runnable(session, turn)
-        if runnable is None:
-            return None
-        claim = _start_claim(session, turn, runnable, batch)
-        sent.append(claim.token)
-        return claim
+    is sent. One round trip (``_claim_in_one_trip``)."""
+    return _claim_in_one_trip(pk, sent)
 
 
 def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None:
@@ -456,32 +439,6 @@ def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:
     dispatch.session_dispatch_next_on_commit(session)
 
 
-@dataclass(frozen=True)
-class _ClaimReads:
-    """What a claim reads under its locks besides the two rows: the active binding's thread, its stored
-    rollout's generation, and whether the turn's user row exists (written by an earlier claim)."""
-
-    thread_id: str | None
-    rollout_generation: int | None
-    user_row: bool
-
-
-def _runnable(session: Session, turn: Turn) -> _ClaimReads | None:
-    """What the claim needs if the queued ``turn`` may run now, else ``None`` (caller holds the locks; the
-    ORM's steps of ``claim_statement``, for databases other than PostgreSQL). A turn cancelled while its
-    worker was lost ends ``cancelled`` here instead (not run again)."""
-    if turn.cancel_requested_at is not None:
-        turn_end_cancelled_unrun(session, turn)
-        return None
-    # No turn of the session running, none queued before this one.
-    if Turn.objects.filter(session=session).exclude(pk=turn.pk).filter(
-            Q(status=Turn.Status.RUNNING) | Q(status=Turn.Status.QUEUED, seq__lt=turn.seq)).exists():
-        return None
-    thread_id, generation = _bound_thread(session)
-    return _ClaimReads(thread_id=thread_id, rollout_generation=generation,
-                       user_row=Message.objects.filter(turn=turn, role=Message.Role.USER).exists())
-
-
 def _bound_thread(session: Session) -> tuple[str | None, int | None]:
     """The session's active binding's thread and that thread's stored rollout generation (each ``None``
     when there is none), read with the ORM (``claim_statement`` reads the same in SQL)."""
@@ -511,36 +468,6 @@ def _claim_held_by(pk: uuid.UUID, token: uuid.UUID) -> TurnClaim | None:
                      thread_id=thread_id, rollout_generation=generation,
                      config=policy.effective_config(turn.session.model_config), attempt=turn.attempt,
                      previous_thread_id=turn.codex_thread_id or None)
-
-
-def _start_claim(session: Session, turn: Turn, reads: _ClaimReads, batch: Batch) -> TurnClaim:
-    token = uuid.uuid4()
-    previous_thread_id = turn.codex_thread_id or None  # only set here by turn_note_thread of a lost attempt
-    turn.status = Turn.Status.RUNNING
-    turn.started_at = timezone.now()
-    turn.attempt += 1
-    turn.claim_token = token
-    turn.lease_expires_at = _lease_deadline()
-    # attempt > 1: what earlier attempts streamed is superseded (docs/contract.md §8).
-    events.event_append_held(batch, turn=turn, items=[(events.RUNNING, {})])
-    claimed = row_update_sql(turn, ["status", "started_at", "attempt", "claim_token", "lease_expires_at"])
-    # The user's row is written at the first claim; a re-claim (attempt > 1) finds it already there.
-    if turn.attempt == 1 or not reads.user_row:
-        _append_messages(session, turn, [{"role": Message.Role.USER, "content": turn.input}], also=claimed,
-                         batch=batch)
-    else:
-        batch.add(*claimed)
-    return TurnClaim(
-        turn_id=turn.id,
-        session_id=session.id,
-        token=token,
-        input_text=turn.input,
-        thread_id=reads.thread_id,
-        rollout_generation=reads.rollout_generation,
-        config=policy.effective_config(session.model_config),
-        attempt=turn.attempt,
-        previous_thread_id=previous_thread_id,
-    )
 
 
 def turn_note_thread(*, turn_id: uuid.UUID, token: uuid.UUID, thread_id: str) -> None:
@@ -690,7 +617,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, 
     held (a duplicate delivery or a lost claim) — then nothing is written.
 
     ``warm_queue``: the own queue of the worker that will keep the thread loaded (session affinity,
-    ``affinity.warm_thread_record``), recorded only for a succeeded turn whose rollout was stored here;
+    ``routing.warm_thread_record``), recorded only for a succeeded turn whose rollout was stored here;
     every other end of a turn records that no worker holds it.
     """
     status = _TURN_STATUS.get(result.status or "", Turn.Status.FAILED)
@@ -763,7 +690,7 @@ def _commit_turn_once(
             notice = bindings.NOTICE_THREAD_ROTATED
         delta = result.rollout
         kept = bool(warm_queue and delta is not None and delta.thread_id == result.thread_id and bind)
-        warm = affinity.warm_thread_record_sql(
+        warm = routing.warm_thread_record_sql(
             session_id=session.pk, queue=warm_queue if kept else "", thread_id=result.thread_id or "",
             generation=(delta.base.generation + 1 if delta is not None and delta.base and delta.base.generation else 1))
         _set_finish(turn, result, status=status, error=error)
@@ -799,24 +726,13 @@ class _TurnEnd:
 
 
 def _end_turn(session: Session, turn: Turn, *, warm: tuple[str, list[Any]], batch: Batch) -> Later[_TurnEnd]:
-    """Write the ended ``turn`` (``_FINISH_FIELDS``) and ``warm`` (``affinity.warm_thread_record_sql``),
+    """Write the ended ``turn`` (``_FINISH_FIELDS``) and ``warm`` (``routing.warm_thread_record_sql``),
     stamp the session's next queued turn as dispatched (``dispatch.session_next_turn_sql``) and read the
-    active binding, under the finalize's locks. One statement on PostgreSQL (data-modifying CTEs; its
-    reads come after the locks and after any ``binding_rotate``, so they see what committed before this
-    transaction took the session lock and what it wrote since); the ORM elsewhere. It was five statements,
+    active binding, under the finalize's locks. One statement (data-modifying CTEs; its reads come after
+    the locks and after any ``binding_rotate``, so they see what committed before this transaction took
+    the session lock and what it wrote since). It was five statements,
     three of them ORM queries compiled per turn (``binding_publish``'s read, the upsert, the next turn):
     ~45 % of a warm finalize's samples under py-spy."""
-    if connection.vendor != "postgresql":
-        row_update(turn, _FINISH_FIELDS)
-        with connection.cursor() as cursor:
-            cursor.execute(*warm)
-        active = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).values_list(
-            "pk", "thread_id").first()
-        nxt = Turn.objects.filter(session=session, status=Turn.Status.QUEUED).order_by("seq").values_list(
-            "pk", flat=True).first()
-        if nxt is not None:
-            Turn.objects.filter(pk=nxt).update(dispatched_at=timezone.now())
-        return Later.ready(_TurnEnd(active=bindings.ActiveBinding(*active) if active else None, next_turn=nxt))
     update, update_params = row_update_sql(turn, _FINISH_FIELDS)
     nxt_sql, nxt_params = dispatch.session_next_turn_sql(session.pk)
     return batch.add(_end_turn_sql(update, warm[0], nxt_sql),
@@ -893,16 +809,12 @@ def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]
                 codex_item_id=clean_text(row.get("codex_item_id"), max_chars=255),
             )
         )
-    if not new or connection.vendor != "postgresql":
+    if not new:
         if also is not None:
             with connection.cursor() as cursor:
                 cursor.execute(*also)
-        if new:
-            Message.objects.bulk_create(new)
-            touch(session, "updated_at")
-            row_update(session, ["last_message_seq", "updated_at"])
         return
-    # One statement (data-modifying CTEs, PostgreSQL only): ``also``, the session's counter, the rows.
+    # One statement (data-modifying CTEs): ``also``, the session's counter, the rows.
     touch(session, "updated_at")
     for message in new:
         message.created_at = session.updated_at

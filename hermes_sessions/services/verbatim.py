@@ -29,7 +29,7 @@ def _sequence_catch_up(model: type[models.Model], given: list[int]) -> None:
     """Rows inserted with their own auto ids (a notice's ``id``) leave the table's sequence behind
     them; move it past the largest, never back, so the next ordinary insert does not collide."""
     pk = model._meta.pk
-    if not given or connection.vendor != "postgresql" or not isinstance(pk, (models.AutoField, models.BigAutoField, models.SmallAutoField)):
+    if not given or not isinstance(pk, (models.AutoField, models.BigAutoField, models.SmallAutoField)):
         return
     table = model._meta.db_table
     with connection.cursor() as cursor:

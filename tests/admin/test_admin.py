@@ -211,9 +211,9 @@ def test_the_session_pages_turns_table_is_newest_first_like_the_transcript(admin
 
 
 def test_the_read_only_session_page_closes_at_its_bottom_and_links_all_turns_visibly(admin_client):
-    """A newcomer's findings (session 6): the Close button sat mid-page, between the binding history and
-    the session's sections, under an empty bar; the "all turns" link was inside a module heading, in
-    the heading's own background colour."""
+    """The Close button sits at the page's bottom, not mid-page between the binding history and the
+    session's sections under an empty bar; the "all turns" link is visible, not inside a module heading
+    in the heading's own background colour."""
     session = SessionFactory()
     html = admin_client.get(session_url(session.id)).content.decode()
     assert html.count('class="closelink"') == 1

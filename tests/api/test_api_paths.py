@@ -1,7 +1,7 @@
 """Every answer under ``/api`` is the API's JSON — also for paths no route matches, however they are
 spelled (``api.paths.is_api_path``); paths outside the API keep Django's pages.
 
-The failing input (adversary, session 7): ``GET //api/sessions/`` answered Django's HTML 404 page.
+E.g. ``GET //api/sessions/`` is the API's JSON 404, not Django's HTML 404 page.
 The test client cannot send it (it parses ``//api/sessions/`` as a URL with host ``api``), so these
 requests set ``PATH_INFO`` themselves (WSGI, as runserver and the test client serve) and go through
 the ASGI application with a raw scope (as uvicorn calls it, ``make run``).
@@ -21,7 +21,7 @@ from tests.factories import SessionFactory, UserFactory
 from tests.test_asgi_handler import _run, _scope
 
 UNROUTED_API_PATHS = [
-    "//api/sessions/",  # the adversary's input
+    "//api/sessions/",  # a double leading slash
     "//api/sessions",
     "//api/",
     "//api",

@@ -33,6 +33,9 @@ from tests.test_asgi_handler import _scope
 pytestmark = pytest.mark.django_db(transaction=True)  # the server process reads what the test commits
 
 HEARTBEAT = 3.0  # seconds; long enough that an event arriving sooner was woken by NOTIFY, not the tick
+# A heartbeat is this comment frame, byte for byte (docs/contract.md §8): no ``id:``, so a client that
+# reconnects right after one asks for what follows its last real event. Written out here, not imported.
+HEARTBEAT_FRAME = b": heartbeat\n\n"
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,7 @@ def test_errors_are_the_apis_json(server, user, token, claimed):
     assert server.get(f"/api/sessions/{claimed.session_id}/events/", other)[0] == 404
     status, _, body = server.get("/api/turns/not-a-uuid/events/", token)
     assert status == 404 and b'"code":"not_found"' in body
-    # Only ASCII digits (adversary, session 7: int() took "3_0" as 30, and "+3").
+    # Only ASCII digits: int() alone would take "3_0" as 30, and "+3".
     for bad in ("-3", "3_0", "%2B3", "%D9%A3", "1e5", "3.0"):
         status, _, body = server.get(path + f"?last_event_id={bad}", token)
         assert status == 400 and b'"code":"invalid_event_id"' in body, bad
@@ -130,8 +133,8 @@ def test_events_committed_while_no_stream_is_open_are_replayed_intact(server, to
 
 
 def test_an_ended_turn_with_more_than_a_page_of_events_streams_them_all(server, token, claimed):
-    """The adversary's input: a 1,200-word reply made 907 events; the turn stream of the ended turn
-    stopped after the first page (500) with no terminal event. Every page is read before the end."""
+    """A 1,200-word reply makes 907 events; a turn stream of the ended turn that read one page (500) would
+    stop there with no terminal event. Every page is read before the end."""
     writer = writer_for(claimed)
     words = [f"w{i} " for i in range(READ_PAGE + 20)]
     for word in words:
@@ -165,14 +168,14 @@ def test_the_hubs_one_statement_read_returns_the_rows_the_orm_read_returns(claim
     from psycopg.rows import dict_row
 
     from hermes_sessions.api.event_hub import _session_rows, session_rows_sql
-    from hermes_sessions.services.own_connections import own_connection_params
+    from hermes_sessions.listener import connection_params
 
     writer = writer_for(claimed)
     writer.add(events.DELTA, {"item_id": "m1", "text": "caf\u00e9 \u2603"})
     writer.flush()
     finish(claimed, "done")
     orm = _session_rows(claimed.session_id, 0)
-    with psycopg.connect(**own_connection_params("test"), row_factory=dict_row) as conn:
+    with psycopg.connect(**connection_params("test"), row_factory=dict_row) as conn:
         raw = conn.execute(session_rows_sql(), (claimed.session_id, 0, 500)).fetchall()
         after_first = conn.execute(session_rows_sql(), (claimed.session_id, orm[0]["id"], 2)).fetchall()
     assert [e["kind"] for e in orm] == ["queued", "running", "delta", "completed"]
@@ -209,6 +212,76 @@ def test_a_lost_hub_reader_loses_no_event_and_is_opened_again(server, token, cla
     stream.close()
 
 
+@pytest.fixture(scope="module")
+def slow_heartbeat_server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[ApiServer]:
+    """A server whose heartbeat (30 s) is far beyond the 2 s an event may take after a lost LISTEN."""
+    with django_db_blocker.unblock():
+        api = ApiServer(tmp_path_factory.mktemp("sse-slow") / "server.log", heartbeat=30.0).start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def _hub_listeners() -> set[int]:
+    """The pids of the API process's LISTEN backends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s "
+                       "AND application_name = 'hermes-sse-listener'", [connection.settings_dict["NAME"]])
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def _kill_hub_listener() -> int:
+    """``pg_terminate_backend`` on the API process's LISTEN backend, as an operator would (once the
+    stream's subscription has it open); its pid."""
+    _wait_for(lambda: len(_hub_listeners()) == 1, timeout=5)
+    (pid,) = _hub_listeners()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    return pid
+
+
+def test_after_the_listen_backend_is_killed_the_next_event_reaches_an_open_stream_within_two_seconds(
+        slow_heartbeat_server, token, claimed):
+    """Operators' finding: after ``pg_terminate_backend`` on ``hermes-sse-listener`` the hub listened
+    again only on the next heartbeat tick, so a turn's events posted 3 s later waited for it (10-13.5 s
+    late). The listener reconnects within a second (``hermes_sessions/listener.py``): an event written
+    1.5 s after the kill reaches the open stream in under 2 s, with the heartbeat 30 s away."""
+    stream = open_stream(slow_heartbeat_server.port, f"/api/sessions/{claimed.session_id}/events/", token)
+    killed = _kill_hub_listener()
+    time.sleep(1.5)
+    assert len(_hub_listeners() - {killed}) == 1, "listening again within 1.5 s of the kill"
+    writer = writer_for(claimed)
+    for text in ("after the kill", "and the next"):
+        started = time.monotonic()
+        writer.add(events.DELTA, {"item_id": "m1", "text": text})
+        writer.flush()
+        event = stream.read()
+        elapsed = time.monotonic() - started
+        assert event is not None and event.data["text"] == text
+        assert elapsed < 2.0, f"{elapsed:.2f} s after the event was written"
+    stream.close()
+
+
+def test_an_event_committed_while_the_listen_connection_was_down_is_read_at_the_reconnect(
+        slow_heartbeat_server, token, claimed):
+    """Its NOTIFY went to nobody: the listener connected for this stream well under a second before the
+    kill, so its next attempt waits for the rest of ``RECONNECT_SECONDS`` and the event commits before it.
+    The hub's re-read after every (re)connect hands it to the open stream, heartbeat 30 s away."""
+    stream = open_stream(slow_heartbeat_server.port, f"/api/sessions/{claimed.session_id}/events/", token)
+    writer = writer_for(claimed)
+    writer.add(events.DELTA, {"item_id": "m1", "text": "while down"})
+    started = time.monotonic()
+    killed = _kill_hub_listener()
+    writer.flush()
+    assert not _hub_listeners() - {killed}, "committed while no LISTEN was in place"
+    event = stream.read()
+    elapsed = time.monotonic() - started
+    assert event is not None and event.data["text"] == "while down"
+    assert elapsed < 2.0, f"{elapsed:.2f} s after the kill"
+    stream.close()
+
+
 def test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap(server, token, claimed):
     """Pitfall: 'heartbeats carried an id:, so a reconnect skipped real events'."""
     path = f"/api/turns/{claimed.turn_id}/events/"
@@ -219,15 +292,33 @@ def test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap(serv
     seen = stream.read_until(lambda e: e.event == "delta")
     assert stream.read() is None  # the heartbeat
     assert sum(line.startswith("id:") for line in stream.raw) == len(stream.events)  # none on heartbeats
+    assert stream.heartbeat_frames == [HEARTBEAT_FRAME]
     stream.close()  # gone right after the heartbeat
     writer.add(events.DELTA, {"item_id": "m1", "text": "two "})
     time.sleep(events.DELTA_FLUSH_SECONDS)
     writer.add(events.DELTA, {"item_id": "m1", "text": "three"})
     writer.flush()
     finish(claimed, "one two three")
-    rest = open_stream(server.port, path, token, last_event_id=seen[-1].id).read_to_end()
+    # A client reconnects with the last id it kept, whatever block carried it (a heartbeat's too).
+    rest = open_stream(server.port, path, token, last_event_id=stream.last_event_id).read_to_end()
     assert [e.event for e in rest] == ["delta", "delta", "completed"]
     assert "".join(e.data["text"] for e in seen + rest if e.event == "delta") == "one two three"
+
+
+def test_heartbeats_are_comment_frames_byte_for_byte_and_move_no_id(server, token, claimed):
+    """Pitfall: 'heartbeats carried an id:, so a reconnect skipped real events'. Each tick's heartbeat is
+    exactly ``HEARTBEAT_FRAME``, and the id a client keeps across heartbeats is its last event's."""
+    stream = open_stream(server.port, f"/api/sessions/{claimed.session_id}/events/", token, last_event_id=0)
+    seen = stream.read_until(lambda e: e.event == "running")
+    assert stream.last_event_id == str(seen[-1].id)
+    for _ in range(2):  # two ticks with nothing new
+        assert stream.read() is None
+    assert stream.heartbeat_frames == [HEARTBEAT_FRAME, HEARTBEAT_FRAME]
+    retry, *event_frames, first, second = stream.frames  # every byte the stream sent, block by block
+    assert (retry, first, second) == (b"retry: 1000\n\n", HEARTBEAT_FRAME, HEARTBEAT_FRAME)
+    assert [f.split(b"\ndata: ")[0] for f in event_frames] == [f"id: {e.id}\nevent: {e.event}".encode() for e in seen]
+    assert stream.last_event_id == str(seen[-1].id)
+    stream.close()
 
 
 def _stat_connections(dbname: str) -> tuple[int, int]:
@@ -292,7 +383,7 @@ def test_sigterm_with_a_stream_open_then_resume_with_no_gap_or_duplicate(tmp_pat
     writer.flush()
     second = ApiServer(tmp_path / "second.log", heartbeat=HEARTBEAT).start()
     try:
-        resumed = open_stream(second.port, path, token, last_event_id=seen[-1].id)
+        resumed = open_stream(second.port, path, token, last_event_id=stream.last_event_id)
         writer.add(events.DELTA, {"item_id": "m1", "text": "after"})
         writer.flush()
         finish(claimed, "before while down after")
@@ -317,10 +408,12 @@ def test_an_imported_finished_turn_streams_its_terminal_event(server, token, cla
     assert session_import_line(line=line).imported
     assert list(TurnEvent.objects.filter(turn_id=claimed.turn_id).values_list("kind", flat=True)) == ["completed"]
 
-    got = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    stream = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token)
+    got = stream.read_to_end()
     assert [(e.event, e.data["final_text"], e.data["status"]) for e in got] == [("completed", "all done", "succeeded")]
+    assert stream.last_event_id == str(got[0].id)
     assert open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token,
-                       last_event_id=got[0].id).read_to_end() == []
+                       last_event_id=stream.last_event_id).read_to_end() == []
 
 
 def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(server, token, claimed):
@@ -331,11 +424,13 @@ def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(serv
     finish(claimed, "old turn")
     TurnEvent.objects.filter(turn_id=claimed.turn_id).delete()
 
-    got = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
+    stream = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token)
+    got = stream.read_to_end()
     assert [(e.event, e.data["final_text"]) for e in got] == [("completed", "old turn")]
     assert got[0].id == TurnEvent.objects.get(turn_id=claimed.turn_id).pk
+    assert stream.last_event_id == str(got[0].id)
     assert open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token,
-                       last_event_id=got[0].id).read_to_end() == []
+                       last_event_id=stream.last_event_id).read_to_end() == []
     again = open_stream(server.port, f"/api/turns/{claimed.turn_id}/events/", token).read_to_end()
     assert [e.id for e in again] == [got[0].id]
     assert TurnEvent.objects.filter(turn_id=claimed.turn_id).count() == 1
@@ -343,7 +438,7 @@ def test_a_finished_turn_without_event_rows_streams_its_terminal_event_once(serv
 
 @pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
 def test_another_method_on_a_stream_is_a_json_405_not_the_csrf_page(claimed, token, method):
-    """The adversary's input: POST with a token on /events/ answered Django's HTML CSRF 403."""
+    """POST with a token on /events/ is a JSON 405, not Django's HTML CSRF 403."""
     client = APIClient(enforce_csrf_checks=True)
     for path in (f"/api/turns/{claimed.turn_id}/events/", f"/api/sessions/{claimed.session_id}/events/"):
         response = getattr(client, method)(path, HTTP_AUTHORIZATION=f"Token {token}")
@@ -353,8 +448,8 @@ def test_another_method_on_a_stream_is_a_json_405_not_the_csrf_page(claimed, tok
 
 
 def test_a_chunked_body_is_a_json_411_not_an_empty_request(server, token):
-    """The adversary's input, on the real ASGI server: a chunked ``POST /api/sessions/`` was created
-    with none of its fields (DRF sizes bodies by Content-Length) and escaped the 413 check."""
+    """On the real ASGI server: a chunked ``POST /api/sessions/`` would otherwise be created with none of
+    its fields (DRF sizes bodies by Content-Length) and escape the 413 check."""
     body = b'{"id":"chunky","title":"t"}'
     request = (b"POST /api/sessions/ HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token " + token.encode()
                + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -389,15 +484,16 @@ def test_prune_sessions_ends_an_open_session_stream_with_gone(server, token, cla
     assert rest[0].data == {"detail": "The session was deleted; this stream has ended.", "code": "not_found",
                             "session": claimed.session_id}
     assert stream.ended and seen[-1].id is not None
+    assert stream.last_event_id == str(seen[-1].id)  # heartbeats and ``gone`` carry none: the last real one is kept
     status, _, body = server.get(path, token)
     assert status == 404 and b'"code":"not_found"' in body
 
 
 @pytest.mark.parametrize("revoke", ["token deleted", "user deactivated"])
 def test_a_stream_whose_credentials_were_revoked_ends_with_gone_within_a_heartbeat(server, user, token, claimed, revoke):
-    """Adversary, session 10: a session stream opened with a token that was deleted since (or whose user was
-    deactivated) went on sending the session's new turns, their input included; only new requests got 401.
-    Now every read of the stream's own — one per heartbeat tick — authenticates its request again: the stream
+    """A session stream opened with a token that was deleted since (or whose user was deactivated) must not
+    go on sending the session's new turns, their input included, while only new requests get 401.
+    Every read of the stream's own — one per heartbeat tick — authenticates its request again: the stream
     ends with ``event: gone`` carrying the 401 a reconnect gets, and a later turn's events never reach it."""
     path = f"/api/sessions/{claimed.session_id}/events/"
     stream = open_stream(server.port, path, token, last_event_id=0)
@@ -470,9 +566,9 @@ def test_deleting_the_session_of_a_running_turn_ends_its_turn_stream_with_gone(s
 
 
 def test_a_stream_whose_own_read_fails_stays_open_and_reads_again(claimed, settings, monkeypatch):
-    """The adversary's input (session 6): PostgreSQL restarted under 12 open streams; one stream's own
-    read got psycopg_pool's PoolTimeout and the stream was cut with an ASGI error. Now it stays open:
-    a heartbeat, then the same read again, which finds the events."""
+    """PostgreSQL restarted under 12 open streams: a stream whose own read gets psycopg_pool's PoolTimeout
+    is not cut with an ASGI error. It stays open: a heartbeat, then the same read again, which finds the
+    events."""
     from asgiref.sync import async_to_sync
     from psycopg_pool import PoolTimeout
 
@@ -525,7 +621,7 @@ def test_a_stream_that_cannot_be_opened_for_the_database_is_503_not_500(monkeypa
     assert status == 503 and b'"code":"database_unavailable"' in body
 
 
-# HEAD and OPTIONS (adversary, session 7: both answered 405 on the stream URLs). A client expects what
+# HEAD and OPTIONS on the stream URLs are not 405. A client expects what
 # DRF's views answer: HEAD is GET without a body — and here without a stream held open —, OPTIONS is 200
 # with Allow; both refuse as GET does (401, 404).
 

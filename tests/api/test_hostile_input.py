@@ -4,7 +4,7 @@ import json
 import pytest
 from kombu.exceptions import OperationalError
 
-from hermes_sessions import services, tasks
+from hermes_sessions import tasks, worker
 from hermes_sessions.models import Turn
 from tests.factories import SessionFactory
 
@@ -61,13 +61,13 @@ def test_broker_down_still_accepts_the_turn_and_the_sweep_resends_it(client, use
     monkeypatch.setattr(tasks.run_turn, "apply_async", lambda *a, **k: sent.append(k["args"][0]))
     settings.HERMES_REDISPATCH_SECONDS = 0
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.turns_sweep().redispatched == 1
+        assert worker.turns_sweep().redispatched == 1
     assert sent == [str(turn.id)]
 
 
 @pytest.mark.parametrize("failure", [
-    # The adversary's input (session 6): 60 POSTs waiting on a held session lock took every pooled
-    # connection; the rest of the process's requests got psycopg_pool's timeout as a 500.
+    # 60 POSTs waiting on a held session lock can take every pooled connection; the rest of the
+    # process's requests then get psycopg_pool's timeout, which must not be a 500.
     lambda: __import__("psycopg_pool").PoolTimeout("couldn't get a connection after 10.00 sec"),
     lambda: __import__("django.db", fromlist=["OperationalError"]).OperationalError(
         "terminating connection due to administrator command"),
@@ -113,8 +113,8 @@ def test_an_integrity_bug_is_still_a_500_not_hidden_as_503(client, user, monkeyp
     ("/api/sessions/", '{"\\ud800": 1, "title": "\\ud800"}'),
 ])
 def test_a_lone_surrogate_quoted_back_in_a_400_is_u_fffd_not_a_500(client, user, path, body):
-    """Adversary, session 7: a 400 whose message quotes a lone surrogate the client sent was a 500
-    (UnicodeEncodeError in DRF's JSON renderer); api/renderers.py renders it as U+FFFD."""
+    """A 400 whose message quotes a lone surrogate the client sent would be a 500 (UnicodeEncodeError
+    in DRF's JSON renderer); api/renderers.py renders it as U+FFFD."""
     SessionFactory(owner=user, id="s1")
     resp = client.post(path, data=body.encode(), content_type="application/json")
     assert resp.status_code in (201, 400), resp.content

@@ -14,7 +14,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from hermes_sessions.models import Turn, TurnWorker, WarmThread
-from hermes_sessions.services import affinity, fallback_copies
+from hermes_sessions.services import fallback_copies, routing
 from project.celery import app as celery_app
 from tests.factories import SessionFactory
 from tests.support.round_trips import counting, round_trips_counted
@@ -71,7 +71,7 @@ def test_a_turn_post_costs_two_round_trips_with_its_routing(token_client, user, 
     monkeypatch.setattr(tasks.run_turn, "apply_async",
                         lambda args, **kw: (sent_at_query.append(len(connection.queries) - base), record(args, **kw)))
     session = SessionFactory(owner=user)
-    queue = affinity.own_queue_name("round-trips@host")  # a worker keeps the session's thread loaded
+    queue = routing.own_queue_name("round-trips@host")  # a worker keeps the session's thread loaded
     TurnWorker.objects.create(queue=queue, node="round-trips@host", heartbeat_at=timezone.now())
     WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
                               until=timezone.now() + timedelta(seconds=60))
@@ -95,12 +95,12 @@ def test_a_turn_post_costs_two_round_trips_with_its_routing(token_client, user, 
 
 def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_client, user, sends, settings,
                                                                     django_assert_max_num_queries):
-    """The wake's ``pg_notify`` is sent by the enqueue's last statement, in its one round trip (``services/wake.py``,
+    """The wake's ``pg_notify`` is sent by the enqueue's last statement, in its one round trip (``worker/wake.py``,
     ``turns._enqueue_in_one_trip``); the holder
     gets no Celery message, and the shared queue's fallback copy is held until due (``fallback_copies``): no
     Celery send during the request."""
     session = SessionFactory(owner=user)
-    queue = affinity.own_queue_name("round-trips-wake@host")
+    queue = routing.own_queue_name("round-trips-wake@host")
     TurnWorker.objects.create(queue=queue, node="round-trips-wake@host", heartbeat_at=timezone.now(), wakeable=True)
     WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
                               until=timezone.now() + timedelta(seconds=60))
@@ -125,7 +125,7 @@ def test_a_woken_turns_fallback_copy_is_not_sent_once_the_turn_is_claimed(token_
     (it cost the API's CPU and a worker's pool hop in the middle of a later turn, ``make bench-warm``)."""
     from hermes_sessions.models import Turn
 
-    queue = affinity.own_queue_name("copies-wake@host")
+    queue = routing.own_queue_name("copies-wake@host")
     TurnWorker.objects.create(queue=queue, node="copies-wake@host", heartbeat_at=timezone.now(), wakeable=True)
     posted = []
     for _ in range(2):

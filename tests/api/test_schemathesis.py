@@ -9,7 +9,7 @@ fuzzing and the stateful phase — finding 0 failures.
 * Operations whose path ends in ``/events/`` (server-sent events) are excluded: their bodies never
   end while a turn can still run, so a checker that reads the body to its end waits forever; they
   have tests of their own.
-* ``EXAMPLES_PER_OPERATION`` and ``SEED`` keep the run reproducible and time-boxed (README "Tests").
+* ``EXAMPLES_PER_OPERATION`` and ``SEED`` keep the run reproducible and time-boxed (docs/development.md).
   One worker: with two, the generators run in threads, and hypothesis reading a filter's lambda
   source in both at once failed a run here with CPython 3.11.7's "AST constructor recursion depth
   mismatch" (a tool error, not an API failure, but a red run all the same).

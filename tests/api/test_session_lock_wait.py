@@ -1,7 +1,7 @@
 """A turn's POST behind a long-held session lock (an operator's ``prune_sessions`` of a long session, a
 delete): it waits at most ``HERMES_POST_LOCK_TIMEOUT_MS`` and answers 503 ``session_locked`` with
-``Retry-After``, writing nothing — instead of holding a pooled connection until the pool gave up and
-answering 503 ``database_unavailable`` after 10 s (adversary, session 6). With an Idempotency-Key too."""
+``Retry-After``, writing nothing — instead of holding a pooled connection until the pool gives up and
+answering 503 ``database_unavailable`` after 10 s. With an Idempotency-Key too."""
 from __future__ import annotations
 
 import json
@@ -67,8 +67,8 @@ def test_the_same_post_goes_through_once_the_lock_is_released(client, user, disp
 
 def test_posts_with_one_idempotency_key_behind_a_held_session_lock_each_answer_within_the_bound(
         user, dispatched, settings, held_session_lock):
-    """Adversary, session 7: such POSTs waited for each other on the key's lock before any lock timeout was
-    set, so the n-th answered after n × 3 s, each holding a pooled connection. Now every wait is bounded:
+    """Such POSTs wait for each other on the key's lock; were that wait unbounded (before any lock timeout
+    is set), the n-th would answer after n × 3 s, each holding a pooled connection. Every wait is bounded:
     the one holding the key answers 503 session_locked, the others 409 idempotency_key_in_use (Retry-After)
     or, had it let go already, 503 session_locked themselves."""
     from concurrent.futures import ThreadPoolExecutor

@@ -72,7 +72,7 @@ def _answer(response, session_id: str) -> tuple[int, dict[str, str], str]:
 
 @pytest.mark.parametrize("key", [None, "fresh-key"])
 def test_a_taken_id_gets_the_same_409_whether_it_is_yours_or_anothers(client, user, key):
-    """Nothing beyond "taken": not whose, not that it exists among yours (the adversary's question)."""
+    """Nothing beyond "taken": not whose, not that it exists among yours."""
     SessionFactory(id="taken-mine", owner=user)
     SessionFactory(id="taken-them", title="secret")
     extra = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}

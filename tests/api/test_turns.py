@@ -106,7 +106,7 @@ def test_nul_byte_and_lone_surrogate_in_input_are_stored_safely(client, session)
 
 
 def test_post_turn_to_another_users_session_is_404_and_changes_nothing(client, dispatched):
-    """The POST does not read the session first: the enqueue's locking UPDATE checks the owner (session 8).
+    """The POST does not read the session first: the enqueue's locking UPDATE checks the owner.
     Someone else's session is neither locked nor counted up, and nothing is sent."""
     other = SessionFactory()
     before = Session.objects.filter(pk=other.pk).values("last_turn_seq", "updated_at").get()

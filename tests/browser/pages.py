@@ -3,7 +3,7 @@ takes (open a page, read what it shows, click an action), run on the browser thr
 data for the test to assert on; ``shot(name)`` keeps a screenshot of the page as it is.
 
 The session page is read whole by ``_session_page`` (banner, binding history, timeline, turns,
-transcript) after each step that lands on it, by the page's stable ids (README "The admin"); a new
+transcript) after each step that lands on it, by the page's stable ids (docs/operating.md "The admin"); a new
 step is a method here that finds its element by id or label and returns what the page then shows.
 The fixtures in ``conftest.py`` stay as they are.
 """

@@ -1,4 +1,4 @@
-"""The per-process keeper of loaded threads (``codex/kept.py``): its bounds (LRU, turns, resident size),
+"""The per-process keeper of loaded threads (``worker/warm/kept.py``): its bounds (LRU, turns, resident size),
 expiry, release and shutdown, the per-process singleton, and ``KeptThread.usable_for``'s reasons.
 
 No codex runs here: a kept copy's client is a ``FakeClient`` (``alive()``, ``pid``, ``close``), which is
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hermes_sessions.codex import kept as kept_mod
-from hermes_sessions.codex.kept import Keeper, KeptThread, keeper, resident_mb, rollout_stamp
 from hermes_sessions.codex.rollout_files import RolloutBase
+from hermes_sessions.worker.warm import kept as kept_mod
+from hermes_sessions.worker.warm.kept import Keeper, KeptThread, keeper, resident_mb, rollout_stamp
 
 THREAD = "019a0000-0000-7000-8000-000000000001"
 CONFIG = {"sandbox": "workspace-write", "approval_policy": "never"}
@@ -257,7 +257,7 @@ def test_not_usable_for_another_thread(on_disk):
 def test_not_usable_when_the_generation_moved(on_disk):
     copy, _ = on_disk
     assert "generation 5" in copy.usable_for(thread_id=THREAD, generation=5, config=dict(CONFIG))
-    # The newcomer's report (session 8): "generation None" read like a bug after forget_rollout.
+    # Not "generation None", which reads like a bug after forget_rollout.
     assert copy.usable_for(thread_id=THREAD, generation=None, config=dict(CONFIG)) == (
         "the session has no stored rollout (this copy holds generation 4)")
 

@@ -1,5 +1,5 @@
 """A turn's capture of a rollout this process wrote or read last reads only both ends of it
-(``rollout_files.KNOWN``, session 14): the same delta as a full read, and anything that is not that
+(``rollout_files.KNOWN``): the same delta as a full read, and anything that is not that
 file any more — replaced, truncated, rewritten in place, re-made on a reused inode, its first or last
 bytes of the stored prefix changed — is read in full and, if it diverged, refused."""
 from __future__ import annotations
@@ -110,9 +110,9 @@ def test_the_known_files_are_bounded_least_recently_used_first(tmp_path):
 
 
 def test_a_file_rewritten_in_place_with_another_start_is_refused(restored):
-    """Adversary, session 14: the same inode (``open(…, 'r+b')``, ``Path.write_bytes``), another first byte or
-    100 bytes, the same last bytes before the stored length — the checks on the tail and the inode alone let
-    these through."""
+    """The same inode (``open(…, 'r+b')``, ``Path.write_bytes``), another first byte or
+    100 bytes, the same last bytes before the stored length — the checks on the tail and the inode alone would
+    let these through."""
     home, stored = restored
     base, path = _base(stored), home / RELPATH
     with open(path, "r+b") as fh:
@@ -129,7 +129,7 @@ def test_a_file_rewritten_in_place_with_another_start_is_refused(restored):
 
 
 def test_a_home_remade_by_another_writer_on_a_reused_inode_is_refused(restored):
-    """Adversary, session 14: the home wiped and its file written again by something other than this process's
+    """The home wiped and its file written again by something other than this process's
     ``write_rollout`` — ext4 hands the freed inode number straight back, so the identity check passes."""
     home, stored = restored
     base = _base(stored)

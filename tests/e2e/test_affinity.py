@@ -1,7 +1,7 @@
 """Session affinity with real workers and the real codex binary (issue 9 §2, §4).
 
 Each worker is a real ``celery worker -c 1`` process (so it consumes its own queue and keeps threads
-loaded, ``services/affinity.py``), all on one host (one ``CODEX_HOMES_ROOT``), against the model
+loaded, ``worker/affinity.py``), all on one host (one ``CODEX_HOMES_ROOT``), against the model
 stand-in. What is checked is what a user and an operator see: turns succeed, the thread is resumed (no
 rotation, no notice), the model gets the whole conversation, consecutive turns run on the loaded thread
 (``timings.warm``), woken by NOTIFY (``timings.woken``), and no codex process outlives its worker or a thread another worker took.
@@ -20,7 +20,7 @@ import redis
 from django.conf import settings
 
 from devtools.processes import ancestors, codex_processes
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.models import CodexRollout, Notice, Turn, TurnWorker, WarmThread
 from project.celery import app as celery_app
 from tests.support.broker_keys import keys_naming
@@ -143,7 +143,7 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
         turn = _turn(session, user, f"warm {n}")
         assert (turn.status, turn.thread_action) == ("succeeded", "resumed"), turn.error
         assert turn.timings.get("warm") == 1 and turn.timings.get("restore_ms") == 0.0, turn.timings
-        assert turn.timings.get("woken") == 1, turn.timings  # by NOTIFY, not a Celery message (services/wake.py)
+        assert turn.timings.get("woken") == 1, turn.timings  # by NOTIFY, not a Celery message (worker/wake.py)
         assert turn.timings.get("early_start") == 1, turn.timings  # turn/start sent beside the claim
         assert turn.codex_thread_id == first.codex_thread_id
         assert workers.codex_of("a") == app_server  # the same process ran it
@@ -206,7 +206,7 @@ def test_killed_holder_another_worker_resumes(user, workers, stand_in, settings)
 
     # The sweep removes the dead worker once its heartbeat is stale: row and queue.
     settings.HERMES_WORKER_STALE_SECONDS = 1.0
-    _wait(lambda: TurnWorker.objects.filter(queue=queue_a).exists() and services.turns_sweep().workers_removed >= 1
+    _wait(lambda: TurnWorker.objects.filter(queue=queue_a).exists() and worker.turns_sweep().workers_removed >= 1
           or not TurnWorker.objects.filter(queue=queue_a).exists(), 15, "dead worker not swept")
     assert not TurnWorker.objects.filter(queue=queue_a).exists()
     assert TurnWorker.objects.filter(queue=workers.queue("b")).exists()

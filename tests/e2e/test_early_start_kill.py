@@ -1,8 +1,8 @@
 """A woken worker whose claim is late — codex stopped by the early turn/start's watchdog
-(``services/early_start.py``) — killed with SIGKILL: no process of codex's may be left behind, stopped or
-not. Adversary, session 13: the watchdog stopped codex's whole process group, sandbox helpers included
-(``bwrap … --die-with-parent`` being started then); a helper stopped before it registered to die with its
-parent stayed, stopped, under init for ever (4 of 4 runs). ``pause`` now stops the app-server process only."""
+(``worker/warm/early_start.py``) — killed with SIGKILL: no process of codex's may be left behind, stopped or
+not. ``pause`` stops the app-server process only: stopping codex's whole process group would stop sandbox
+helpers too (``bwrap … --die-with-parent`` being started then), and a helper stopped before it registered to
+die with its parent stays, stopped, under init for ever (4 of 4 runs)."""
 from __future__ import annotations
 
 import os
@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from hermes_sessions import services
+from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Session, TurnWorker
-from hermes_sessions.services import dispatch, wake
-from hermes_sessions.services.own_connections import own_connection_params
+from hermes_sessions.services import dispatch, routing
 
 from .test_affinity import _turn, _wait, stand_in, workers  # noqa: F401
 
@@ -50,15 +50,15 @@ def test_a_worker_killed_while_codex_is_paused_leaves_no_process_of_codex_behind
     _wait(lambda: TurnWorker.objects.filter(queue=queue, wakeable=True).exists(), 10, "not listening")
     # The test sends the wake itself, below, once another transaction holds the session's row lock (any writer
     # of the session): the claim waits, and the watchdog stops codex 20 ms after turn/start.
-    monkeypatch.setattr(wake, "wake_enabled", lambda: False)
+    monkeypatch.setattr(routing, "wake_enabled", lambda: False)
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
     turn = services.turn_enqueue(session=session, input_text="paused", user=user)
-    lock = psycopg.Connection.connect(**own_connection_params("paused-kill-lock"))
+    lock = psycopg.Connection.connect(**connection_params("paused-kill-lock"))
     try:
         lock.execute(f"SELECT 1 FROM {Session._meta.db_table} WHERE {Session._meta.pk.column} = %s FOR UPDATE",
                      [session.pk])
-        with psycopg.Connection.connect(**own_connection_params("paused-kill-notify"), autocommit=True) as notify:
-            notify.execute("SELECT pg_notify(%s, %s)", [wake.wake_channel(queue), wake.wake_payload(
+        with psycopg.Connection.connect(**connection_params("paused-kill-notify"), autocommit=True) as notify:
+            notify.execute("SELECT pg_notify(%s, %s)", [routing.wake_channel(queue), routing.wake_payload(
                 turn_id=turn.pk, session_id=session.pk, text="paused", sent_at=time.time())])
         _wait(lambda: (_stat(leader) or ["?"])[0] == "T", 10, "codex was not paused")
         before = _group(leader)

@@ -9,7 +9,7 @@ import pytest
 
 from devtools.model_stand_in import ModelStandIn
 from devtools.processes import codex_pids
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.models import CodexBinding, Notice, Turn
 from tests.support.real_codex import use_real_codex
 
@@ -91,7 +91,7 @@ def test_a_worker_whose_claim_was_taken_back_during_a_database_outage_leaves_the
     from django.utils import timezone
 
     from hermes_sessions.codex.runner import TurnAbandoned
-    from hermes_sessions.services import execution
+    from hermes_sessions.worker import execution
 
     settings.HERMES_RETRY_DELAYS = (0.05,)
     session = services.session_create(owner=user)
@@ -114,7 +114,7 @@ def test_a_worker_whose_claim_was_taken_back_during_a_database_outage_leaves_the
 
     # The outage outlasts A's lease: the sweep takes turn 2 back and worker B runs it (attempt 2).
     Turn.objects.filter(pk=t2.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    assert services.turns_sweep().requeued == 1
+    assert worker.turns_sweep().requeued == 1
     t2.refresh_from_db()
     assert (t2.status, t2.attempt, t2.thread_action) == (Turn.Status.SUCCEEDED, 2, "resumed"), t2.error
 

@@ -27,7 +27,7 @@ def test_real_codex_deltas_stream_in_order_and_a_reconnect_gets_the_rest_exactly
         stream = open_stream(server.port, path, token)
         first = stream.read_until(lambda e: sum(x.event == "delta" for x in stream.events) >= 3, timeout=60)
         stream.close()  # mid-turn: codex is still streaming
-        rest = open_stream(server.port, path, token, last_event_id=first[-1].id).read_to_end(timeout=90)
+        rest = open_stream(server.port, path, token, last_event_id=stream.last_event_id).read_to_end(timeout=90)
         status, _, body = server.get(f"/api/turns/{turn['id']}/", token)
     finally:
         server.stop()

@@ -1,4 +1,4 @@
-"""Spare app-servers (``HERMES_WARM_POOL``, ``hermes_sessions/codex/warm.py``) on the pinned codex binary
+"""Spare app-servers (``HERMES_WARM_POOL``, ``hermes_sessions/worker/warm/spares.py``) on the pinned codex binary
 with the model stand-in: turns run on them through the real task code with the session's history and
 permission profile; none outlives its pool or its worker process (close, kill -9); a dead or stale
 spare is never handed out."""
@@ -16,8 +16,8 @@ import pytest
 from devtools.model_stand_in import ModelStandIn
 from hermes_sessions import services
 from hermes_sessions.codex import sandbox_check
-from hermes_sessions.codex.warm import SparePool, close_spare_pool, spare_pool
 from hermes_sessions.models import Message, Turn
+from hermes_sessions.worker.warm.spares import SparePool, close_spare_pool, spare_pool
 from tests.support.real_codex import use_real_codex
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -160,7 +160,7 @@ def test_kill_9_of_the_worker_process_takes_its_spares(settings, real_codex, tmp
         settings.CODEX_APP_SERVER_COMMAND = ""
         settings.CODEX_MODEL_PROVIDER = "stand-in"
         settings.CODEX_STAND_IN_URL = {settings.CODEX_STAND_IN_URL!r}
-        from hermes_sessions.codex.warm import SparePool
+        from hermes_sessions.worker.warm.spares import SparePool
         pool = SparePool(2, max_age=600)
         assert pool.wait_ready(2, timeout=60)
         print(" ".join(map(str, pool.pids())), flush=True)

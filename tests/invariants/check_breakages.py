@@ -5,12 +5,16 @@ that the fast tests named for it fail. See BREAKAGES.md (beside this file) for h
 Each breakage is a textual ``(path, old, new)`` replacement; ``old`` must occur exactly once in
 ``path`` or the breakage is reported STALE (the code moved: update the entry) rather than skipped.
 Before the breakages, the named tests run once on an unbroken copy (the baseline) and must pass —
-otherwise a "caught" would prove nothing. Exit status 1 if the baseline fails, or any breakage
-survived, timed out or is stale.
+otherwise a "caught" would prove nothing. Each breakage's run records, in every process it starts
+(``line_probe.py``), whether the edited lines ran: a row whose edited lines no test executed (code
+that runs only on another database, say) is N/A — the breakage changed nothing the tests ran, so a
+failure there is not its catch. Exit status 1 if the baseline fails, or any breakage survived, timed
+out, is stale or not applicable.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -61,14 +65,13 @@ BREAKAGES: list[Breakage] = [
     Breakage(
         "bind-in-its-own-transaction", "I1", "hermes_sessions/services/turns.py",
         "        session, turn = locked\n"
-        "        _append_messages(session, turn, result.messages)\n",
+        "        if result.rollout is not None:\n",
         "        session, turn = locked\n"
-        "        if bind:  # publish (and commit) the binding first; the second publish below finds it done\n"
-        "            bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id,\n"
-        "                                     resumed=result.thread_action == Turn.ThreadAction.RESUMED)\n"
-        "    with transaction.atomic(durable=True):\n"
+        "        if bind and result.thread_action != Turn.ThreadAction.RESUMED:  # publish (and commit) the binding\n"
+        "            bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id, resumed=False)\n"
+        "    with pipelined_atomic(durable=True) as batch:  # the rest: the second publish below finds it done\n"
         "        session, turn = _lock_claimed(turn_id, token)\n"
-        "        _append_messages(session, turn, result.messages)\n",
+        "        if result.rollout is not None:\n",
         (T + "test_i1_durable_before_bound.py::test_rows_binding_notice_and_state_commit_together_or_not_at_all",),
     ),
     Breakage(
@@ -97,15 +100,15 @@ BREAKAGES: list[Breakage] = [
         ("tests/services/test_turn_events.py::test_a_fenced_out_worker_appends_no_event",),
     ),
     Breakage(
-        "claim-a-running-turn", "I2", "hermes_sessions/services/turns.py",
-        "        if turn.status != Turn.Status.QUEUED:\n            return None\n        reads = _runnable(",
-        "        if turn.status not in (Turn.Status.QUEUED, Turn.Status.RUNNING):\n            return None\n        reads = _runnable(",
+        "claim-a-running-turn", "I2", "hermes_sessions/services/claim_statement.py",
+        "ok AS (SELECT me.* FROM me CROSS JOIN blk WHERE me.{tstatus} = %(queued)s \"",
+        "ok AS (SELECT me.* FROM me CROSS JOIN blk WHERE me.{tstatus} IN (%(queued)s, %(running)s) \"",
         (T + "test_i2_exactly_once.py::test_a_second_claim_of_a_running_turn_is_refused",),
     ),
     Breakage(
-        "user-row-per-claim", "I2", "hermes_sessions/services/turns.py",
-        "    if turn.attempt == 1 or not reads.user_row:\n",
-        "    if True:\n",
+        "user-row-per-claim", "I2", "hermes_sessions/services/claim_statement.py",
+        "FROM ok WHERE ok.{tattempt} = 0 \"\n",
+        "FROM ok WHERE TRUE OR ok.{tattempt} = 0 \"\n",
         (T + "test_i2_exactly_once.py::test_a_reclaimed_turn_keeps_one_user_row",),
     ),
     Breakage(
@@ -131,30 +134,35 @@ BREAKAGES: list[Breakage] = [
     # --- I3 one turn at a time -------------------------------------------------------------------
     Breakage(
         "session-row-not-locked", "I3", "hermes_sessions/services/locks.py",
-        "WHERE {q('id')} = %(turn)s) FOR UPDATE) \"",
+        "WHERE {q('id')} = %(turn)s) FOR UPDATE{skip}) \"",
         "WHERE {q('id')} = %(turn)s)) \"",
         (T + "test_i3_one_turn_at_a_time.py::test_the_claim_lock_holds_the_session_row",),
     ),
     Breakage(
-        "claim-beside-a-running-turn", "I3", "hermes_sessions/services/turns.py",
-        "AND (o.{q('status')} = %(running)s \"",
-        "AND (o.{q('status')} = 'no such status' \"",
+        "claim-beside-a-running-turn", "I3", "hermes_sessions/services/claim_statement.py",
+        "AND (o.{tstatus} = %(running)s OR ",
+        "AND (o.{tstatus} = 'no such status' OR ",
         (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_second_turn_while_one_runs",),
     ),
     Breakage(
-        "claim-out-of-order", "I3", "hermes_sessions/services/turns.py",
-        "OR (o.{q('status')} = %(queued)s AND ",
-        "OR (false AND ",
+        "claim-out-of-order", "I3", "hermes_sessions/services/claim_statement.py",
+        "OR (o.{tstatus} = %(queued)s \"",
+        "OR (false \"",
         (T + "test_i3_one_turn_at_a_time.py::test_claim_refuses_a_later_turn_while_an_earlier_one_is_queued",),
     ),
     Breakage(
-        "session-locked-while-codex-works", "I3", "hermes_sessions/services/execution.py",
-        "        return _run_with_retries(claim, control, retry_policy(), stream)\n",
-        "        from django.db import transaction as _tx\n"
-        "        from ..models import Session as _Session\n"
-        "        with _tx.atomic():\n"
-        "            _Session.objects.select_for_update().get(pk=claim.session_id)\n"
-        "            return _run_with_retries(claim, control, retry_policy(), stream)\n",
+        "session-locked-while-codex-works", "I3", "hermes_sessions/worker/execution.py",
+        "        outcome = drive_turn(client, spec)\n",
+        # A connection of its own holds the session row in an open transaction while codex runs the turn
+        # (the worker's connection cannot: its durable writes while codex works refuse an open one).
+        "        from django.db import connections\n"
+        "        locker = connections.create_connection(\"default\")\n"
+        "        locker.set_autocommit(False)\n"
+        "        locker.cursor().execute(\"SELECT 1 FROM hermes_sessions_session WHERE id = %s FOR UPDATE\", [claim.session_id])\n"
+        "        try:\n"
+        "            outcome = drive_turn(client, spec)\n"
+        "        finally:\n"
+        "            locker.close()\n",
         (T + "test_i3_one_turn_at_a_time.py::test_no_row_lock_is_held_while_codex_works",),
     ),
     # --- I4 every wait ends ----------------------------------------------------------------------
@@ -179,7 +187,7 @@ BREAKAGES: list[Breakage] = [
         (T + "test_i4_every_wait_ends.py::test_a_turn_whose_completion_never_comes_ends_failed_with_a_reason",),
     ),
     Breakage(
-        "retry-deadline-ignored", "I4", "hermes_sessions/services/retry_policy.py",
+        "retry-deadline-ignored", "I4", "hermes_sessions/worker/retry_policy.py",
         "        if elapsed + delay > self.deadline:\n            return None\n",
         "",
         ("tests/services/test_retry_policy.py::test_the_deadline_ends_a_claims_retries_early",),
@@ -187,11 +195,11 @@ BREAKAGES: list[Breakage] = [
     # --- I5 our transcript is the source of truth --------------------------------------------------
     Breakage(
         "resume-rewrites-transcript", "I5", "hermes_sessions/services/turns.py",
-        "        _append_messages(session, turn, result.messages)\n",
+        "        _append_messages(session, turn, result.messages, batch=batch)\n",
         "        if result.thread_action == Turn.ThreadAction.RESUMED:  # take codex's word for the earlier turns\n"
         "            Message.objects.filter(session=session, role=Message.Role.ASSISTANT).exclude(turn=turn)"
         ".update(content=result.final_text)\n"
-        "        _append_messages(session, turn, result.messages)\n",
+        "        _append_messages(session, turn, result.messages, batch=batch)\n",
         (T + "test_i5_transcript_source_of_truth.py::test_resume_and_adoption_never_rewrite_earlier_rows",),
     ),
     # --- design §3.3 rotation only on a thread codex cannot hand back -----------------------------
@@ -206,7 +214,8 @@ BREAKAGES: list[Breakage] = [
         "no-input-length-limit", "I6", "hermes_sessions/services/turns.py",
         "    if len(text) > MAX_INPUT_CHARS:\n",
         "    if False:\n",
-        (T + "test_i6_bad_input.py::test_bad_turn_input_is_400_and_writes_nothing",),
+        (T + "test_i6_bad_input.py::test_bad_turn_input_is_400_and_writes_nothing",
+         T + "test_i6_bad_input.py::test_the_service_refuses_input_over_the_limit_and_writes_nothing"),
     ),
     Breakage(
         "nul-in-query-string-passes", "I6", "hermes_sessions/middleware.py",
@@ -282,9 +291,24 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "rollout-generation-not-fenced", "I8", "hermes_sessions/services/rollouts.py",
-        "        thread_id=delta.thread_id, generation=base.generation, length=base.length, sha256=base.sha256\n",
-        "        thread_id=delta.thread_id\n",
+        "%(thread)s AND {q('generation')} = %(generation)s \"\n"
+        "              f\"AND {q('length')} = %(base_length)s AND {q('sha256')} = %(base_sha256)s RETURNING",
+        "%(thread)s \"\n              f\"RETURNING",
         ("tests/services/test_rollouts.py::test_a_stale_generation_commits_nothing",),
+    ),
+    Breakage(
+        "rollout-fence-bytes-only", "I8", "hermes_sessions/services/rollouts.py",
+        "WHERE {q('thread_id')} = %(thread)s AND {q('generation')} = %(generation)s \"",
+        "WHERE {q('thread_id')} = %(thread)s \"",
+        ("tests/services/test_rollouts.py::test_a_stale_generation_commits_nothing_when_the_other_writer_appended_nothing",),
+    ),
+    # --- the event streams (docs/contract.md §8) ---------------------------------------------------
+    Breakage(
+        "heartbeat-carries-an-id", "§8", "hermes_sessions/api/streams.py",
+        '                yield b": heartbeat\\n\\n"\n                await events_hub.ensure_listening()',
+        '                yield f": heartbeat\\nid: {after + 1}\\n\\n".encode()\n                await events_hub.ensure_listening()',
+        ("tests/api/test_event_streams.py::test_heartbeats_are_comment_frames_byte_for_byte_and_move_no_id",
+         "tests/api/test_event_streams.py::test_a_client_that_leaves_right_after_a_heartbeat_resumes_without_a_gap"),
     ),
 ]
 
@@ -310,6 +334,40 @@ def apply(tree: Path, b: Breakage) -> str | None:
     return None
 
 
+def edited_lines(original: str, b: Breakage) -> list[int]:
+    """The 1-based lines of the broken file that ``b`` edits: from the line where ``new`` starts to the
+    line where it ends. A deletion (``new`` empty) is the one line at its place — what is left of a line
+    cut short, or the line that now follows the lines taken out."""
+    start = original.index(b.old)
+    first = original.count("\n", 0, start) + 1
+    return list(range(first, first + max(b.new.rstrip("\n").count("\n"), 0) + 1))
+
+
+def lines_run(out: Path) -> set[tuple[str, int]]:
+    """The ``(path, line)`` pairs that any process of a probed run recorded under ``out``."""
+    hits: set[tuple[str, int]] = set()
+    for record in out.glob("*") if out.is_dir() else ():
+        for row in record.read_text().splitlines():
+            path, _, line = row.rpartition(":")
+            if path:
+                hits.add((path, int(line)))
+    return hits
+
+
+def probe_env(tree: Path, probe: dict[str, list[int]], out: Path) -> dict[str, str]:
+    """``test_env()`` plus ``line_probe.py`` as the ``sitecustomize`` of every interpreter of the run,
+    watching ``probe`` (``{absolute path: [line, ...]}``) and recording hits under ``out``."""
+    site = out.parent / "probe-site"
+    site.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tree / T / "line_probe.py", site / "sitecustomize.py")
+    out.mkdir(parents=True, exist_ok=True)
+    env = test_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    env["HERMES_LINE_PROBE"] = json.dumps(probe)
+    env["HERMES_LINE_PROBE_OUT"] = str(out)
+    return env
+
+
 def test_env() -> dict[str, str]:
     """``make test``'s environment, on a database and broker of this script's own."""
     env = dict(os.environ)
@@ -321,12 +379,13 @@ def test_env() -> dict[str, str]:
     return env
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, float, str]:
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: float,
+              env: dict[str, str] | None = None) -> tuple[str, float, str]:
     """('passed' | 'failed' | 'timeout', seconds, output tail)."""
     cmd = [str(tree / ".venv/bin/pytest"), "-x", "-q", "-p", "no:cacheprovider", *tests]
     started = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=tree, env=test_env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=tree, env=env or test_env(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return "timeout", time.monotonic() - started, out[-2000:]
@@ -340,6 +399,35 @@ def failing_test(output: str) -> str:
         if line.startswith(("FAILED ", "ERROR ")):
             return line.split(" ", 1)[1].split(" - ")[0]
     return ""
+
+
+def run_breakage(work: Path, b: Breakage, *, timeout: float, verbose: bool) -> bool:
+    """Run ``b``'s tests on a broken copy under ``work`` and print its row; whether it was caught."""
+    tree = copy_tree(work / "tree")
+    original = (tree / b.path).read_text() if (tree / b.path).exists() else ""
+    try:
+        stale = apply(tree, b)
+        if stale:
+            print(f"{b.invariant:9} {b.id:38} {'STALE':9} {'-':>7}  {stale}", flush=True)
+            return False
+        target, lines = str((tree / b.path).resolve()), edited_lines(original, b)
+        hits = work / "hits"
+        outcome, seconds, out = run_tests(tree, b.tests, timeout, env=probe_env(tree, {target: lines}, hits))
+        ran = {line for path, line in lines_run(hits) if path == target}
+        where = f"{b.path}:{lines[0]}" + (f"-{lines[-1]}" if len(lines) > 1 else "")
+        if ran:
+            result = {"failed": "caught", "passed": "SURVIVED", "timeout": "TIMEOUT"}[outcome]
+            detail = failing_test(out)
+        else:
+            # Never "caught": the tests did not run the edited code, so whatever they did, the breakage
+            # changed nothing they ran (a line only another database runs, a branch no test takes).
+            result, detail = "N/A", f"no test ran the edited line(s) {where} (the tests {outcome})"
+        print(f"{b.invariant:9} {b.id:38} {result:9} {seconds:7.1f}  {detail}", flush=True)
+        if verbose or result in ("SURVIVED", "TIMEOUT"):
+            print("    " + "\n    ".join(out.splitlines()[-15:]))
+        return result == "caught"
+    finally:
+        shutil.rmtree(work)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,21 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tree)
         print(f"{'invariant':9} {'breakage':38} {'result':9} {'seconds':>7}  failing test", flush=True)
         for b in chosen:
-            tree = copy_tree(Path(tmp) / b.id)
-            stale = apply(tree, b)
-            if stale:
-                bad += 1
-                print(f"{b.invariant:9} {b.id:38} {'STALE':9} {'-':>7}  {stale}", flush=True)
-                shutil.rmtree(tree)
-                continue
-            outcome, seconds, out = run_tests(tree, b.tests, args.timeout)
-            result = {"failed": "caught", "passed": "SURVIVED", "timeout": "TIMEOUT"}[outcome]
-            if outcome != "failed":
-                bad += 1
-            print(f"{b.invariant:9} {b.id:38} {result:9} {seconds:7.1f}  {failing_test(out)}", flush=True)
-            if args.verbose or outcome != "failed":
-                print("    " + "\n    ".join(out.splitlines()[-15:]))
-            shutil.rmtree(tree)
+            bad += not run_breakage(Path(tmp) / b.id, b, timeout=args.timeout, verbose=args.verbose)
     print(f"{len(chosen) - bad} of {len(chosen)} breakages caught" + ("" if not bad else f"; {bad} not"))
     return 1 if bad else 0
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.models import CodexBinding, Message, Notice, Turn
 from tests.factories import CodexBindingFactory
 
@@ -36,7 +36,7 @@ def stolen(user):
     claim_a = services.turn_claim(turn_id=turn.id)
     assert claim_a is not None and claim_a.thread_id == OLD_THREAD
     expire_lease(turn)
-    assert services.turns_sweep().requeued == 1
+    assert worker.turns_sweep().requeued == 1
     claim_b = services.turn_claim(turn_id=turn.id)
     assert claim_b is not None and claim_b.token != claim_a.token and claim_b.attempt == 2
     # A fixed lease, so a stale heartbeat that renewed it would show.

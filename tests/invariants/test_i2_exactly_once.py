@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import IntegrityError, transaction
 
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.models import CodexBinding, Message, Notice, Turn
 from tests.factories import CodexBindingFactory, MessageFactory, NoticeFactory, TurnFactory
 
@@ -57,7 +57,7 @@ def test_a_reclaimed_turn_keeps_one_user_row(user):
     for _ in range(2):  # two workers in turn die holding it
         assert services.turn_claim(turn_id=turn.id) is not None
         expire_lease(turn)
-        services.turns_sweep()
+        worker.turns_sweep()
     assert services.turn_claim(turn_id=turn.id) is not None
     assert rows(session) == [(1, "user", "hello")]
 

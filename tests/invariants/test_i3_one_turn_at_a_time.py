@@ -10,6 +10,7 @@ from django.db import connection, transaction
 
 from hermes_sessions import services
 from hermes_sessions.models import Message, Session, Turn
+from tests.support.dispatch import hold_dispatches
 
 from .conftest import queue_turn
 
@@ -92,11 +93,12 @@ def test_no_row_lock_is_held_while_codex_works(user, scripted_codex, run_turn_no
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(20)
-def test_the_claim_lock_holds_the_session_row(user):
+def test_the_claim_lock_holds_the_session_row(user, monkeypatch):
     """Claims, ends and enqueues of one session serialize on the session row: while a worker's
     transaction holds ``lock_session_and_turn``, nobody else can lock that session row."""
     from hermes_sessions.services.locks import lock_session_and_turn
 
+    hold_dispatches(monkeypatch)  # the enqueue commits here: its task would run the turn at once (eager Celery)
     session = services.session_create(owner=user)
     turn = queue_turn(session=session, text="one", user=user)
     locked, release = threading.Event(), threading.Event()

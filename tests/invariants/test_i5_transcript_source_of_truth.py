@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.codex.client import AppServerClient
 from hermes_sessions.codex.launch import session_home
 from hermes_sessions.codex.rollout_files import find_rollout
@@ -87,7 +87,7 @@ def test_resume_and_adoption_never_rewrite_earlier_rows(user, scripted_codex, ru
         codex_runs_turn(scripted_codex, session, t1.codex_thread_id, "hello three", client_turn_id=str(claim.turn_id))
         rewrite_codex_history(session, t1.codex_thread_id)
         expire_lease(t3)
-        services.turns_sweep()
+        worker.turns_sweep()
         assert sent == [str(t3.id), str(t3.id)]  # accepted, then taken back from the dead worker
     assert deliver(t3.id)["turn_status"] == Turn.Status.SUCCEEDED
     t3.refresh_from_db()

@@ -45,6 +45,17 @@ def test_bad_turn_input_is_400_and_writes_nothing(api, body, expected):
     assert nothing_written()
 
 
+def test_the_service_refuses_input_over_the_limit_and_writes_nothing(api):
+    """``turn_enqueue`` itself refuses an input over ``MAX_INPUT_CHARS``, whatever its caller checked
+    before (the API's serializer refuses it first: the test above); one at the limit is queued."""
+    client, session = api
+    with pytest.raises(services.InvalidInput, match="limit"):
+        services.turn_enqueue(session=session, input_text="x" * (services.MAX_INPUT_CHARS + 1), user=session.owner)
+    assert nothing_written()
+    turn = services.turn_enqueue(session=session, input_text="x" * services.MAX_INPUT_CHARS, user=session.owner)
+    assert len(turn.input) == services.MAX_INPUT_CHARS
+
+
 def test_an_oversized_body_is_413_and_writes_nothing(api, settings):
     client, session = api
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000

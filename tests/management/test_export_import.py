@@ -251,7 +251,7 @@ def test_a_line_without_a_column_added_later_gets_its_default_and_an_unknown_key
 
 
 def test_import_keeps_notice_ids_and_later_notices_get_new_ones(tmp_path, handmade, user):
-    """README: import keeps every value, ids included — a notice ``id: 1`` comes back as ``id: 1``."""
+    """docs/operating.md: import keeps every value, ids included — a notice ``id: 1`` comes back as ``id: 1``."""
     notice = Notice.objects.get(session_id=handmade.id)
     path = export(tmp_path)
     assert json.loads(path.read_text(encoding="utf-8"))["notices"][0]["id"] == notice.pk

@@ -1,4 +1,4 @@
-"""Session affinity's database and broker side (``services/affinity.py``, ``dispatch._route``, the
+"""Session affinity's database and broker side (``worker/affinity.py``, ``dispatch._route``, the
 ``warm_queue`` of ``turn_finalize``, the sweep of dead workers) and the execution steps that hand a
 loaded app-server to the keeper and back (``execution._take_kept``, ``execution._Held``).
 
@@ -26,13 +26,15 @@ from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
-from hermes_sessions import services
-from hermes_sessions.codex import kept as kept_mod
+from hermes_sessions import services, worker
 from hermes_sessions.codex.rollout_files import RolloutBase, RolloutDelta
 from hermes_sessions.codex.runner import TurnControl, TurnOutcome, TurnRunError
 from hermes_sessions.models import CodexRollout, Turn, TurnWorker, WarmThread
-from hermes_sessions.services import affinity, dispatch, execution, rollouts, worker_queues
+from hermes_sessions.services import dispatch, rollouts, routing
 from hermes_sessions.services.turns import TurnClaim
+from hermes_sessions.worker import affinity, execution
+from hermes_sessions.worker import own_queues as worker_queues
+from hermes_sessions.worker.warm import kept as kept_mod
 from project.celery import app as celery_app
 from tests.codex.test_kept import CONFIG, FakeClient, make_kept, write_rollout_file
 from tests.factories import SessionFactory, TurnFactory
@@ -44,7 +46,7 @@ THREAD = "019a0000-0000-7000-8000-00000000aaaa"
 
 def own(name: str) -> str:
     """A worker's own queue, unique per test run (the broker is shared with other runs)."""
-    return affinity.own_queue_name(f"{name}-{uuid.uuid4().hex[:8]}@host")
+    return routing.own_queue_name(f"{name}-{uuid.uuid4().hex[:8]}@host")
 
 
 def worker_row(queue: str, *, age: float = 0.0, **fields) -> TurnWorker:
@@ -122,8 +124,8 @@ def test_a_turn_is_routed_while_the_window_is_open_and_the_holder_is_alive(setti
     queue = own("a")
     warm_row(turn.session, queue)
     worker_row(queue, age=1)
-    assert affinity.turn_route(turn.pk) == queue
-    assert affinity.turn_route(TurnFactory().pk) == ""  # another session: no row
+    assert routing.turn_route(turn.pk) == queue
+    assert routing.turn_route(TurnFactory().pk) == ""  # another session: no row
 
 
 def test_no_route_once_the_window_closed(settings):
@@ -131,7 +133,7 @@ def test_no_route_once_the_window_closed(settings):
     queue = own("a")
     warm_row(turn.session, queue, until_in=-1)
     worker_row(queue)
-    assert affinity.turn_route(turn.pk) == ""
+    assert routing.turn_route(turn.pk) == ""
 
 
 def test_no_route_to_a_worker_whose_heartbeat_is_stale_or_gone(settings):
@@ -139,9 +141,9 @@ def test_no_route_to_a_worker_whose_heartbeat_is_stale_or_gone(settings):
     turn = TurnFactory()
     queue = own("a")
     warm_row(turn.session, queue)
-    assert affinity.turn_route(turn.pk) == ""  # no TurnWorker row at all
+    assert routing.turn_route(turn.pk) == ""  # no TurnWorker row at all
     worker_row(queue, age=11)
-    assert affinity.turn_route(turn.pk) == ""
+    assert routing.turn_route(turn.pk) == ""
 
 
 def test_route_is_empty_when_tasks_run_in_process():
@@ -202,7 +204,7 @@ def test_route_is_empty_when_it_cannot_be_read(monkeypatch, caplog):
     def broken(turn_id):
         raise RuntimeError("connection lost")
 
-    monkeypatch.setattr(affinity, "turn_route", broken)
+    monkeypatch.setattr(routing, "turn_route", broken)
     celery_app.conf.task_always_eager = False
     try:
         assert dispatch._route(uuid.uuid4()) == ""
@@ -338,7 +340,7 @@ def test_turn_requeue_leaves_the_holder_a_turn_not_ended_changes_nothing_about_i
 def test_warm_thread_record_refuses_to_run_outside_the_turns_transaction():
     session = SessionFactory()
     with pytest.raises(transaction.TransactionManagementError):
-        affinity.warm_thread_record(session=session, queue="q", thread_id=THREAD, generation=1)
+        routing.warm_thread_record(session=session, queue="q", thread_id=THREAD, generation=1)
     assert not WarmThread.objects.exists()
 
 
@@ -358,13 +360,13 @@ def test_taken_elsewhere_names_each_reason():
     threads[forgotten.pk] = "019a0000-0000-7000-8000-000000000099"
     warm_row(forgotten, queue, generation=3, thread_id=threads[forgotten.pk])
     held = [(s.pk, threads[s.pk], 3) for s in (mine, moved, gone, renamed, forgotten)]
-    why = affinity.taken_elsewhere(queue=queue, held=held)
+    why = routing.taken_elsewhere(queue=queue, held=held)
     assert set(why) == {moved.pk, gone.pk, renamed.pk, forgotten.pk}
     assert why[moved.pk] == "its rollout moved on to generation 4"
     assert why[forgotten.pk] == "its stored rollout is gone"
     assert why[gone.pk] == "its last turn ended on a worker that keeps nothing"
     assert why[renamed.pk] == f"its last turn ended on {other}"
-    assert affinity.taken_elsewhere(queue=queue, held=[]) == {}
+    assert routing.taken_elsewhere(queue=queue, held=[]) == {}
 
 
 # --- the sweep --------------------------------------------------------------------------------------
@@ -387,14 +389,14 @@ def test_the_sweep_removes_a_dead_worker_and_sends_its_sessions_queued_turns_aga
     dispatch._run_turn_task().apply_async(args=(str(head.pk),), queue=dead)  # routed there before it died
     assert len(messages_for(broker, dead, head.pk)) == 1
     try:
-        report = services.turns_sweep()
+        report = worker.turns_sweep()
         assert report.workers_removed == 1
         assert sent == [str(head.pk)]
         assert not broker.exists(dead)
         assert not broker.exists(f"_kombu.binding.{dead}", f"_kombu.binding_permanent.{dead}")  # no binding left
         assert list(TurnWorker.objects.values_list("queue", flat=True)) == [alive]
         assert list(WarmThread.objects.values_list("session_id", flat=True)) == [elsewhere.pk]
-        assert services.turns_sweep().workers_removed == 0
+        assert worker.turns_sweep().workers_removed == 0
     finally:
         forget_queue(broker, dead)
 
@@ -411,9 +413,9 @@ def test_the_sweep_passes_over_a_worker_row_another_transaction_holds(settings):
     with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]) as other:
         other.execute("SELECT 1 FROM hermes_sessions_turnworker WHERE queue = %s FOR UPDATE", (frozen,))
         started = time.monotonic()
-        assert services.turns_sweep().workers_removed == 0
+        assert worker.turns_sweep().workers_removed == 0
         assert time.monotonic() - started < 5
-    assert services.turns_sweep().workers_removed == 1  # released: the next round removes it
+    assert worker.turns_sweep().workers_removed == 1  # released: the next round removes it
     assert not TurnWorker.objects.filter(queue=frozen).exists()
 
 
@@ -438,7 +440,7 @@ def _kept_sessions(keeper, sessions, *, generation: int):
 
 
 def test_a_tick_beats_releases_taken_copies_and_forgets_expired_ones(fresh_keeper, settings):
-    queue = affinity.own_queue_name("w1@host")
+    queue = routing.own_queue_name("w1@host")
     keeps, taken, idle = SessionFactory(), SessionFactory(), SessionFactory()
     threads, copies = _kept_sessions(fresh_keeper, (keeps, taken, idle), generation=2)
     other = own("other")
@@ -462,7 +464,7 @@ def test_a_busy_holder_hands_off_a_turn_it_has_not_claimed_within_the_deadline(f
     """Found by an adversary: with the holder busy, the deadline's countdown copy had been reserved by an idle
     worker that then started a long turn before it was due, and the turn waited behind it. The holder's loop
     now hands the overdue turn off: copy closed, routing row deleted, the turn sent again (shared queue)."""
-    queue = affinity.own_queue_name("w1@host")
+    queue = routing.own_queue_name("w1@host")
     late, fresh_one, claimed = SessionFactory(), SessionFactory(), SessionFactory()
     threads, copies = _kept_sessions(fresh_keeper, (late, fresh_one, claimed), generation=1)
     for s in (late, fresh_one, claimed):
@@ -489,7 +491,7 @@ def test_a_clean_stop_forgets_the_workers_rows():
     worker_row(queue, host=socket.gethostname(), pid=os.getpid())
     warm_row(SessionFactory(), queue)
     keeps = warm_row(SessionFactory(), own("b"))
-    affinity.worker_gone(queue=queue)
+    routing.worker_gone(queue=queue)
     assert not TurnWorker.objects.filter(queue=queue).exists()
     assert list(WarmThread.objects.values_list("session_id", flat=True)) == [keeps.session_id]
 
@@ -546,7 +548,7 @@ def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_
     started = []
     monkeypatch.setattr(affinity, "affinity_start", lambda k, **_: started.append(k))
     queue = own("a")
-    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
     session = SessionFactory(owner=user)
     held, client = _held_running(tmp_path)
     claim = _claimed(session, user, sent)
@@ -581,9 +583,9 @@ def test_settle_closes_the_app_server_otherwise(user, sent, fresh_keeper, tmp_pa
 
 
 def test_a_held_app_server_may_not_be_kept_without_an_own_queue(fresh_keeper, monkeypatch):
-    monkeypatch.delenv(affinity.OWN_QUEUE_ENV, raising=False)
+    monkeypatch.delenv(routing.OWN_QUEUE_ENV, raising=False)
     assert execution._Held().may_keep is False
-    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, own("a"))
+    monkeypatch.setenv(routing.OWN_QUEUE_ENV, own("a"))
     assert execution._Held().may_keep is True
 
 
@@ -644,10 +646,10 @@ def test_the_heartbeat_runs_from_start_to_a_clean_stop(fresh_keeper, settings, m
     """``affinity_start`` (pool process start, or the first kept thread) beats on its own connection
     at once; ``affinity_stop`` (worker shutdown) stops it and forgets the worker's rows."""
     settings.HERMES_WORKER_HEARTBEAT_SECONDS = 0.05
-    monkeypatch.delenv(affinity.OWN_QUEUE_ENV, raising=False)
+    monkeypatch.delenv(routing.OWN_QUEUE_ENV, raising=False)
     assert affinity.affinity_start(fresh_keeper) is None  # no own queue: nothing to route to this process
     queue = own("a")
-    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
     warm_row(SessionFactory(), queue)
     loop = affinity.affinity_start(fresh_keeper)
     try:
@@ -688,26 +690,26 @@ def test_the_heartbeat_refuses_a_row_a_live_namesake_holds_and_takes_over_a_dead
     holder keeps it now; the other is told why."""
     queue = own("same")
     worker_row(queue, host=socket.gethostname(), pid=live_namesake)
-    why = affinity.worker_heartbeat(queue=queue, kept=3)
+    why = routing.worker_heartbeat(queue=queue, kept=3)
     assert f"live process {live_namesake}" in why
     assert TurnWorker.objects.get(queue=queue).pid == live_namesake
 
     TurnWorker.objects.filter(queue=queue).update(pid=_dead_pid())  # it died with its heartbeat still fresh
-    assert affinity.worker_heartbeat(queue=queue, kept=1) == ""
+    assert routing.worker_heartbeat(queue=queue, kept=1) == ""
     row = TurnWorker.objects.get(queue=queue)
     assert (row.pid, row.kept, row.host) == (os.getpid(), 1, socket.gethostname())
 
     other_host = own("elsewhere")
     worker_row(other_host, host="another-host", pid=os.getpid())
-    assert "on host another-host" in affinity.worker_heartbeat(queue=other_host, kept=0)
+    assert "on host another-host" in routing.worker_heartbeat(queue=other_host, kept=0)
     TurnWorker.objects.filter(queue=other_host).update(heartbeat_at=timezone.now() - timedelta(hours=1))
-    assert affinity.worker_heartbeat(queue=other_host, kept=0) == ""  # a stale row is nobody's
+    assert routing.worker_heartbeat(queue=other_host, kept=0) == ""  # a stale row is nobody's
 
 
 def test_a_loop_that_finds_a_live_namesake_closes_its_copies_and_stops_keeping(
         fresh_keeper, live_namesake, monkeypatch, caplog):
-    queue = affinity.own_queue_name("frozen@host")
-    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    queue = routing.own_queue_name("frozen@host")
+    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
     s = SessionFactory()
     _, copies = _kept_sessions(fresh_keeper, [s], generation=1)
     worker_row(queue, host=socket.gethostname(), pid=live_namesake)
@@ -717,10 +719,10 @@ def test_a_loop_that_finds_a_live_namesake_closes_its_copies_and_stops_keeping(
     loop.tick()
 
     assert fresh_keeper.held() == [] and copies[s.pk].client.closes == 1
-    assert affinity.own_queue() == ""  # no more keeping in this process: _Held.may_keep is False
+    assert routing.own_queue() == ""  # no more keeping in this process: _Held.may_keep is False
     assert loop._stop.is_set()
     assert TurnWorker.objects.get(queue=queue).pid == live_namesake
-    affinity.worker_gone(queue=queue)  # this process's clean stop leaves the namesake's rows alone
+    routing.worker_gone(queue=queue)  # this process's clean stop leaves the namesake's rows alone
     assert TurnWorker.objects.filter(queue=queue).exists() and WarmThread.objects.filter(pk=theirs.pk).exists()
     assert any("keeps no thread loaded from now on" in r.getMessage() for r in caplog.records)
 
@@ -729,7 +731,7 @@ def test_the_main_process_does_not_delete_a_queue_a_live_namesake_consumes(live_
     from project import celery as celery_module
 
     queue = own("main")
-    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, queue)
+    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
     deleted: list[str] = []
     monkeypatch.setattr(worker_queues, "queue_delete", deleted.append)
     monkeypatch.setattr(celery_module, "_close_spares", lambda **_: None)
@@ -748,7 +750,7 @@ def test_any_loop_hands_off_the_overdue_turns_of_a_holder_whose_heartbeat_stoppe
     countdown copy held by a busy peer or the sweep. Another worker's loop now hands it off within a few
     seconds: the routing row goes and the turn is sent again (to the shared queue) — once, however many
     loops see it. A busy holder (its heartbeat still fresh) is left to hand off its own turns."""
-    frozen, busy, mine = own("frozen"), own("busy"), affinity.own_queue_name("me@host")
+    frozen, busy, mine = own("frozen"), own("busy"), routing.own_queue_name("me@host")
     stale = 2 * settings.HERMES_WORKER_HEARTBEAT_SECONDS + 1
     worker_row(frozen, age=stale)
     worker_row(busy)
@@ -764,7 +766,7 @@ def test_any_loop_hands_off_the_overdue_turns_of_a_holder_whose_heartbeat_stoppe
     sent: list = []
 
     affinity.AffinityLoop(fresh_keeper, mine, redispatch=sent.append).tick()
-    affinity.AffinityLoop(fresh_keeper, affinity.own_queue_name("peer@host"), redispatch=sent.append).tick()
+    affinity.AffinityLoop(fresh_keeper, routing.own_queue_name("peer@host"), redispatch=sent.append).tick()
 
     assert sorted(sent) == sorted([sessions["frozen"][1].pk, sessions["rowless"][1].pk])
     assert set(WarmThread.objects.values_list("session_id", flat=True)) == {sessions["busy"][0].pk, just_sent.pk}
@@ -792,7 +794,7 @@ def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monk
     unawaited broadcasts arrive add-first, and the worker stop consuming its queue for good)."""
     from celery import current_app
 
-    queue = affinity.own_queue_name("revived@host")
+    queue = routing.own_queue_name("revived@host")
     calls: list = []
     monkeypatch.setattr(worker_queues, "queue_declare", lambda q: calls.append(("declare", q)))
     monkeypatch.setattr(worker_queues, "queue_is_redis", lambda: redis_broker_in_use)
@@ -823,7 +825,7 @@ def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monk
 def test_a_cancel_nobody_answered_is_not_followed_by_an_add(fresh_keeper, monkeypatch, caplog):
     from celery import current_app
 
-    queue = affinity.own_queue_name("silent@host")
+    queue = routing.own_queue_name("silent@host")
     sent: list = []
     monkeypatch.setattr(worker_queues, "queue_declare", lambda q: None)
     monkeypatch.setattr(worker_queues, "queue_is_redis", lambda: False)
@@ -877,7 +879,7 @@ def test_the_deadlines_fallback_copy_of_a_turn_already_run_costs_one_read(user, 
     from hermes_sessions import tasks
 
     ran: list = []
-    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
     session = SessionFactory(owner=user)
     done = TurnFactory(session=session, seq=1, status=Turn.Status.SUCCEEDED)
     queued = TurnFactory(session=session, seq=2, status=Turn.Status.QUEUED)
@@ -899,7 +901,7 @@ def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
                               claim_token=uuid.uuid4(), lease_expires_at=timezone.now() + timedelta(seconds=s))
                   for s in (-1, 30))
 
-    from hermes_sessions.services import execution
+    from hermes_sessions.worker import execution
 
     # As the worker wires it (execution.start_affinity).
     affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None,
@@ -912,7 +914,7 @@ def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
 
 
 def test_a_tick_calls_the_shared_take_back_after_its_heartbeat(fresh_keeper, monkeypatch):
-    from hermes_sessions.services import execution, recovery
+    from hermes_sessions.worker import execution, recovery
 
     queue = own("live")
     calls: list = []
@@ -933,8 +935,10 @@ def test_the_worker_starts_its_loop_with_hand_offs_and_lease_recovery(monkeypatc
     process's start (``project/celery.py``, which runs first) and a kept turn (``_Held.settle``). The
     first start wins, so a start without the take-back left the worker with no lease recovery (this
     session's own regression, caught by ``make faults`` kill-beat-with-worker)."""
-    from hermes_sessions.codex import kept, warm
-    from hermes_sessions.services import dispatch, execution, recovery
+    from hermes_sessions.services import dispatch
+    from hermes_sessions.worker import execution, recovery
+    from hermes_sessions.worker.warm import kept
+    from hermes_sessions.worker.warm import spares as warm
     from project import celery as celery_module
 
     started: list = []

@@ -90,21 +90,13 @@ def _calls(tree, name):
 def test_the_session_event_lock_is_taken_in_one_place_before_the_turn_row():
     """docs/contract.md §8 and I3: ``pg_advisory_xact_lock`` appears in locks.py only; no turn event
     takes an advisory lock (that one, taken after the turn row's share lock, deadlocked with posts and
-    cancels holding the session row); the event lock is ``lock_session_for_events``, called from
-    ``events._session_lock`` only, and the worker's batch takes it before its claim check."""
+    cancels holding the session row); the event lock is the session row (``lock_session_for_events``'s
+    mode), taken by the event statement before its claim check."""
     sql_users = {path.relative_to(REPO).as_posix() for path, _ in modules() if "pg_advisory" in path.read_text()}
     assert sql_users == {"hermes_sessions/services/locks.py"}
-    callers = {path.relative_to(REPO).as_posix(): len(_calls(tree, "lock_session_for_events")) for path, tree in modules()}
-    assert {path: n for path, n in callers.items() if n} == {"hermes_sessions/services/events.py": 1}
     events_tree = ast.parse((PACKAGE / "services" / "events.py").read_text())
     assert _calls(events_tree, "advisory_xact_lock") == []
-    session_lock = next(node for node in ast.walk(events_tree) if isinstance(node, ast.FunctionDef) and node.name == "_session_lock")
-    assert len(_calls(session_lock, "lock_session_for_events")) == 1
-    insert = next(node for node in ast.walk(events_tree) if isinstance(node, ast.FunctionDef) and node.name == "_insert_events")
-    first_lock = min(call.col_offset + 1000 * call.lineno for call in _calls(insert, "_session_lock"))
-    first_check = min(call.col_offset + 1000 * call.lineno for call in _calls(insert, "_claim_held"))
-    assert first_lock < first_check
-    # PostgreSQL's one statement: CTE l locks the session row; the claim check's share lock of the turn
+    # The one statement: CTE l locks the session row; the claim check's share lock of the turn
     # row (CTE c) reads through l, so its LockRows runs after l has locked (tests/services/test_event_lock_order.py).
     sql = events._events_sql(claimed=True)
     assert sql.index("FOR NO KEY UPDATE") < sql.index("FOR SHARE OF t") and "JOIN l ON" in sql

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.models import CodexBinding, Message, Notice, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,7 +60,7 @@ def test_turn_of_a_dead_worker_is_taken_back_and_run_once(user, scripted_codex, 
     assert claim is not None
     expire_lease(lost)
 
-    report = services.turns_sweep()  # re-queues and dispatches (eager: runs it now)
+    report = worker.turns_sweep()  # re-queues and dispatches (eager: runs it now)
     assert report.requeued == 1
     lost.refresh_from_db()
     assert (lost.status, lost.attempt, lost.thread_action) == (Turn.Status.SUCCEEDED, 2, "resumed"), lost.error
@@ -83,7 +83,7 @@ def test_rerun_adopts_the_turn_codex_completed_before_the_worker_died(user, scri
     def die(**kwargs):
         raise WorkerKilled  # kill -9 between codex's turn/completed and our commit
 
-    monkeypatch.setattr("hermes_sessions.services.execution.turn_finalize", die)
+    monkeypatch.setattr("hermes_sessions.worker.execution.turn_finalize", die)
     with pytest.raises(WorkerKilled):
         run_turn_now(session=session, text="hello two", user=user)
     monkeypatch.undo()
@@ -91,7 +91,7 @@ def test_rerun_adopts_the_turn_codex_completed_before_the_worker_died(user, scri
     assert t2.status == Turn.Status.RUNNING
     expire_lease(t2)
 
-    services.turns_sweep()
+    worker.turns_sweep()
     t2.refresh_from_db()
     assert (t2.status, t2.attempt, t2.codex_thread_id) == (Turn.Status.SUCCEEDED, 2, t1.codex_thread_id), t2.error
     assert t2.final_text == "echo: hello two"
@@ -108,7 +108,7 @@ def test_a_turn_whose_workers_keep_dying_fails_after_max_attempts(user, scripted
     for _ in range(2):
         assert services.turn_claim(turn_id=turn.id) is not None
         expire_lease(turn)
-        services.turns_sweep()
+        worker.turns_sweep()
     turn.refresh_from_db()
     assert turn.status == Turn.Status.FAILED
     assert "lost 2 time(s)" in turn.error
@@ -123,7 +123,7 @@ def test_sweep_redispatches_a_queued_turn_whose_task_was_lost(user, scripted_cod
     services.turn_enqueue(session=session, input_text="two", user=user)  # not the head: not re-sent
     monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", sent.append)
     time.sleep(0.01)
-    assert services.turns_sweep().redispatched == 1
+    assert worker.turns_sweep().redispatched == 1
     assert sent == [first.id]
 
 
@@ -261,7 +261,7 @@ def test_binding_ended_by_an_operator_during_a_turn_stays_ended(user, scripted_c
         services.binding_end(session=session, reason="ended by operator admin")
         return real_finalize(**kwargs)
 
-    monkeypatch.setattr("hermes_sessions.services.execution.turn_finalize", operator_acts_first)
+    monkeypatch.setattr("hermes_sessions.worker.execution.turn_finalize", operator_acts_first)
     t2 = run_turn_now(session=session, text="hello two", user=user)
     monkeypatch.undo()
     assert (t2.status, t2.thread_action) == (Turn.Status.SUCCEEDED, "resumed")
@@ -278,7 +278,7 @@ def test_a_turn_cancelled_while_its_worker_was_lost_is_not_run_again(user, scrip
     services.turn_cancel(turn=turn)  # running: only marked
     expire_lease(turn)
     monkeypatch.undo()
-    services.turns_sweep()  # queued again and dispatched (eager)
+    worker.turns_sweep()  # queued again and dispatched (eager)
     turn.refresh_from_db()
     assert turn.status == Turn.Status.CANCELLED and "not run again" in turn.error
     assert scripted_codex.calls() == []
@@ -294,7 +294,7 @@ def test_first_turn_rerun_resumes_the_thread_the_lost_worker_started_and_runs_on
     def die(**kwargs):
         raise WorkerKilled
 
-    monkeypatch.setattr("hermes_sessions.services.execution.turn_finalize", die)
+    monkeypatch.setattr("hermes_sessions.worker.execution.turn_finalize", die)
     with pytest.raises(WorkerKilled):
         run_turn_now(session=session, text="RUNCMD charge the card", user=user)
     monkeypatch.undo()
@@ -304,7 +304,7 @@ def test_first_turn_rerun_resumes_the_thread_the_lost_worker_started_and_runs_on
     assert not CodexBinding.objects.exists()
     expire_lease(turn)
 
-    services.turns_sweep()
+    worker.turns_sweep()
     turn.refresh_from_db()
     assert (turn.status, turn.thread_action, turn.codex_thread_id) == (Turn.Status.SUCCEEDED, "started", provisional)
     assert scripted_codex.turn_inputs() == ["RUNCMD charge the card"]  # once, not twice
@@ -321,14 +321,14 @@ def test_rerun_starts_afresh_when_the_lost_worker_died_before_turn_start(user, s
         turn_ops.turn_note_thread(**kwargs)
         raise WorkerKilled
 
-    monkeypatch.setattr("hermes_sessions.services.execution.turn_note_thread", note_then_die)
+    monkeypatch.setattr("hermes_sessions.worker.execution.turn_note_thread", note_then_die)
     with pytest.raises(WorkerKilled):
         run_turn_now(session=session, text="hello", user=user)
     monkeypatch.undo()
     turn = Turn.objects.get(session=session)
     expire_lease(turn)
 
-    services.turns_sweep()
+    worker.turns_sweep()
     turn.refresh_from_db()
     assert (turn.status, turn.thread_action) == (Turn.Status.SUCCEEDED, "started"), turn.error
     assert scripted_codex.processes()[-1] == ["initialize", "thread/resume", "thread/start", "turn/start"]
@@ -369,7 +369,7 @@ def test_a_turn_cut_off_after_codex_ran_a_command_is_not_run_again(user, scripte
     scripted_codex.script({"turn/start": [{"turn_items": [command], "no_completion": True}]})
     t2 = _crash_mid_turn(run_turn_now, monkeypatch, session=session, text="RUNCMD date >> ran.txt", user=user)
 
-    services.turns_sweep()
+    worker.turns_sweep()
     t2.refresh_from_db()
     assert t2.status == Turn.Status.FAILED and "not run again" in t2.error and "commandExecution" in t2.error
     assert scripted_codex.turn_inputs().count("RUNCMD date >> ran.txt") == 1  # the command ran once
@@ -384,7 +384,7 @@ def test_a_turn_cut_off_before_doing_anything_is_run_again(user, scripted_codex,
     scripted_codex.script({"turn/start": [{"no_completion": True}]})
     t2 = _crash_mid_turn(run_turn_now, monkeypatch, session=session, text="just talk", user=user)
 
-    services.turns_sweep()
+    worker.turns_sweep()
     t2.refresh_from_db()
     assert (t2.status, t2.final_text) == (Turn.Status.SUCCEEDED, "echo: just talk"), t2.error
     assert scripted_codex.turn_inputs().count("just talk") == 2  # nothing had happened; safe to repeat

@@ -1,4 +1,4 @@
-"""The early ``turn/start`` (``services/early_start.py``): a woken worker sends the turn to the session's
+"""The early ``turn/start`` (``worker/warm/early_start.py``): a woken worker sends the turn to the session's
 kept thread while it claims it — and kills that app-server when the claim does not let it stand.
 
 Real PostgreSQL, the pinned codex binary and the model stand-in, in this process: the session's first turn
@@ -16,10 +16,12 @@ import pytest
 
 from devtools.model_stand_in import ModelStandIn
 from hermes_sessions import services
-from hermes_sessions.codex import kept as kept_mod
 from hermes_sessions.models import Message, Turn
-from hermes_sessions.services import affinity, dispatch, early_start, execution
-from hermes_sessions.services.wake import WakeHint
+from hermes_sessions.services import dispatch, routing
+from hermes_sessions.services.routing import WakeHint
+from hermes_sessions.worker import execution
+from hermes_sessions.worker.warm import early_start
+from hermes_sessions.worker.warm import kept as kept_mod
 from tests.factories import SessionFactory
 
 from ..support.real_codex import use_real_codex
@@ -40,7 +42,7 @@ def keeping(settings, codex_dirs, real_codex_bin, stand_in, monkeypatch):
     use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 60.0, 4
     settings.HERMES_EARLY_START, settings.HERMES_AFFINITY_DEADLINE = True, 2.0
-    monkeypatch.setenv(affinity.OWN_QUEUE_ENV, f"turns-test.early-{os.getpid()}")
+    monkeypatch.setenv(routing.OWN_QUEUE_ENV, f"turns-test.early-{os.getpid()}")
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
     monkeypatch.setattr(execution, "start_affinity", lambda k: None)  # no loop, no listener threads
     kept_mod.close_keeper()

@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from hermes_sessions import services
+from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Session, Turn
-from hermes_sessions.services import affinity, events, pipelining, wake
-from hermes_sessions.services.own_connections import own_connection_params
+from hermes_sessions.services import events, pipelining, routing
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory, UserFactory
 
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 
 @pytest.fixture
-def routing():
+def celery_sends():
     """Celery's app not eager: the enqueue routes and wakes as an API process does (nothing is sent: the
     woken path sends no Celery message, and ``sent`` records the others)."""
     celery_app.conf.task_always_eager = False
@@ -74,11 +74,11 @@ def trips(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("queue", ["turns.a@host", "turns.ünïcödé-'quoted\"@h", "turns." + "n" * 300 + "@host"])
 def test_postgresql_names_the_wake_channel_as_python_does(queue):
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {wake.wake_channel_sql('%s')}", [queue])
-        assert cursor.fetchone()[0] == wake.wake_channel(queue)
+        cursor.execute(f"SELECT {routing.wake_channel_sql('%s')}", [queue])
+        assert cursor.fetchone()[0] == routing.wake_channel(queue)
 
 
-def test_a_turn_is_queued_in_one_round_trip_with_its_seq_and_its_queued_event(user, monkeypatch, sent, routing):
+def test_a_turn_is_queued_in_one_round_trip_with_its_seq_and_its_queued_event(user, monkeypatch, sent, celery_sends):
     session = SessionFactory(owner=user)
     counted = trips(monkeypatch)
     first = services.turn_enqueue(owned_session_id=session.id, input_text="one", user=user)
@@ -95,7 +95,7 @@ def test_a_turn_is_queued_in_one_round_trip_with_its_seq_and_its_queued_event(us
 
 
 def test_the_queued_events_stream_wake_up_is_sent_by_the_enqueue_itself_and_only_for_a_written_event(
-        user, monkeypatch, sent, routing):
+        user, monkeypatch, sent, celery_sends):
     """The event streams' ``NOTIFY`` (``<session> <turn> <event id>``) goes with the enqueue's COMMIT — no
     round trip of its own after it (session 14) — and a refused enqueue (another user's session) sends none."""
     streams = Listening(events.CHANNEL)
@@ -117,7 +117,7 @@ def test_the_queued_events_stream_wake_up_is_sent_by_the_enqueue_itself_and_only
         streams.close()
 
 
-def test_another_users_session_gets_nothing_no_turn_no_interrupt_no_wake(user, listening, routing, sent):  # noqa: F811
+def test_another_users_session_gets_nothing_no_turn_no_interrupt_no_wake(user, listening, celery_sends, sent):  # noqa: F811
     """The enqueue's statements run whatever the lock found; each of them must match nothing for a session
     that is not the caller's: its running turn is not interrupted, its holder not woken (a wake would hand its
     input to that session's codex), its seq not drawn."""
@@ -140,27 +140,27 @@ def test_another_users_session_gets_nothing_no_turn_no_interrupt_no_wake(user, l
 
 
 def test_the_holder_is_woken_with_the_input_only_when_nothing_else_of_the_session_is_running_or_queued(
-        user, listening, routing, sent, settings):  # noqa: F811
+        user, listening, celery_sends, sent, settings):  # noqa: F811
     settings.HERMES_EARLY_START = True
     session, queue, heard = held_session(user, listening, "one-trip", wakeable=True)
     first = services.turn_enqueue(owned_session_id=session.id, input_text="wake me", user=user)
     (payload,) = heard.payloads()
-    assert wake.parse_payload(payload)[:2] == (first.pk, session.id)
-    assert wake.parse_payload(payload)[2].text == "wake me"
+    assert routing.parse_payload(payload)[:2] == (first.pk, session.id)
+    assert routing.parse_payload(payload)[2].text == "wake me"
     # Queued behind the first (still queued): its holder claims it once the first ends; no wake now.
     second = services.turn_enqueue(owned_session_id=session.id, input_text="behind", user=user)
     assert second.seq == 2 and heard.payloads() == []
     assert sent == [(str(second.pk), queue), (str(second.pk), None)]  # not woken: its queue, then the shared one
 
 
-def test_a_holder_that_does_not_listen_is_sent_the_task_instead(user, listening, routing, sent):  # noqa: F811
+def test_a_holder_that_does_not_listen_is_sent_the_task_instead(user, listening, celery_sends, sent):  # noqa: F811
     session, queue, heard = held_session(user, listening, "deaf", wakeable=False)
     turn = services.turn_enqueue(owned_session_id=session.id, input_text="hi", user=user)
     assert heard.payloads() == []
     assert sent == [(str(turn.pk), queue), (str(turn.pk), None)]
 
 
-def test_on_busy_interrupt_asks_the_running_turn_to_stop_in_the_same_round_trip(user, monkeypatch, routing, sent):
+def test_on_busy_interrupt_asks_the_running_turn_to_stop_in_the_same_round_trip(user, monkeypatch, celery_sends, sent):
     session = SessionFactory(owner=user)
     running = TurnFactory(session=session, status=Turn.Status.RUNNING, seq=1)
     Session.objects.filter(pk=session.pk).update(last_turn_seq=1)
@@ -171,7 +171,7 @@ def test_on_busy_interrupt_asks_the_running_turn_to_stop_in_the_same_round_trip(
     assert running.cancel_requested_at is not None and turn.seq == 2
 
 
-def test_concurrent_posts_to_one_session_get_consecutive_seqs_and_matching_events(user, routing, sent):
+def test_concurrent_posts_to_one_session_get_consecutive_seqs_and_matching_events(user, celery_sends, sent):
     session = SessionFactory(owner=user)
     made: list[Turn] = []
     errors: list[BaseException] = []
@@ -200,7 +200,7 @@ def test_concurrent_posts_to_one_session_get_consecutive_seqs_and_matching_event
         assert list(stored.events.values_list("kind", "data")) == [("queued", {"seq": turn.seq})]
 
 
-def test_a_nul_byte_in_the_input_is_stored_cleaned_not_a_500(user, routing, sent):
+def test_a_nul_byte_in_the_input_is_stored_cleaned_not_a_500(user, celery_sends, sent):
     """The input travels as a parameter of the INSERT … SELECT (PostgreSQL refuses NUL in text)."""
     session = SessionFactory(owner=user)
     turn = services.turn_enqueue(owned_session_id=session.id, input_text="a\x00b", user=user)
@@ -209,7 +209,7 @@ def test_a_nul_byte_in_the_input_is_stored_cleaned_not_a_500(user, routing, sent
 
 
 @pytest.mark.parametrize("on_busy", ["enqueue", "interrupt", "reject"])
-def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, routing, sent, settings, on_busy):
+def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, celery_sends, sent, settings, on_busy):
     """``dispatched_at`` is when ``run_turn`` goes out — the sweep and the affinity hand-off count from it —: the
     commit, not the moment the POST began to wait for the session's lock. Adversary, session 13: the one-trip
     enqueue stamped it before the wait, so a POST that waited longer than HERMES_AFFINITY_DEADLINE made a turn
@@ -220,13 +220,13 @@ def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, routi
     queue = own("late")
     worker_row(queue, wakeable=True)
     warm_row(session, queue)
-    holder = psycopg.Connection.connect(**own_connection_params("test-lock-holder"))
+    holder = psycopg.Connection.connect(**connection_params("test-lock-holder"))
     try:
         holder.execute(f'SELECT 1 FROM {Session._meta.db_table} WHERE id = %s FOR NO KEY UPDATE', [session.pk])
         threading.Timer(0.8, holder.commit).start()  # a finalize or an operator's command holding it 0.8 s
         began = timezone.now()
         turn = services.turn_enqueue(owned_session_id=session.id, input_text="hi", user=user, on_busy=on_busy)
-        overdue = affinity.overdue_turns(queue=queue)  # right after the 202
+        overdue = routing.overdue_turns(queue=queue)  # right after the 202
     finally:
         time.sleep(0.9)
         holder.close()
@@ -242,7 +242,7 @@ def test_a_claim_that_waited_for_the_session_lock_starts_its_turn_after_the_wait
     finished (``make faults`` broker-restart, session 13: "turns #8 and #9 overlapped or ran out of order")."""
     session = SessionFactory(owner=user, last_turn_seq=1)
     turn = TurnFactory(session=session, seq=1, status=Turn.Status.QUEUED, input="hi")
-    holder = psycopg.Connection.connect(**own_connection_params("test-lock-holder"))
+    holder = psycopg.Connection.connect(**connection_params("test-lock-holder"))
     try:
         holder.execute(f'SELECT 1 FROM {Session._meta.db_table} WHERE id = %s FOR UPDATE', [session.pk])
         released: list = []

@@ -1,4 +1,4 @@
-"""``manage.py forget_rollout``: the README's way to provoke a rotation on the production shape."""
+"""``manage.py forget_rollout``: the way to provoke a rotation on the production shape (docs/operating.md)."""
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -35,8 +35,8 @@ def test_it_refuses_what_it_cannot_do(user, scripted_codex, run_turn_now):
 
 
 def test_it_refuses_while_a_turn_runs(user, scripted_codex, run_turn_now):
-    """Found by an adversary: forgetting the rollout under a running turn fenced that turn's finalize (it
-    committed nothing, waited for its lease and ran its input a second time). Now refused, nothing deleted."""
+    """Forgetting the rollout under a running turn would fence that turn's finalize (it would commit nothing,
+    wait for its lease and run its input a second time). So it is refused, nothing deleted."""
     session = services.session_create(owner=user, session_id="sess-busy")
     t1 = run_turn_now(session=session, text="hello", user=user)
     running = Turn.objects.create(session=session, seq=2, input="still running", status=Turn.Status.RUNNING)

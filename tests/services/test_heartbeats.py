@@ -1,4 +1,4 @@
-"""services/heartbeats.py: the leases of a process's running turns, renewed by one thread per process."""
+"""worker/heartbeats.py: the leases of a process's running turns, renewed by one thread per process."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import time
 import uuid
 
 from hermes_sessions.codex.runner import TurnControl
-from hermes_sessions.services import heartbeats, recovery
 from hermes_sessions.services.turns import Heartbeat, TurnClaim
+from hermes_sessions.worker import heartbeats, recovery
 
 
 def _claim() -> TurnClaim:

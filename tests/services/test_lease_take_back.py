@@ -19,9 +19,10 @@ from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from hermes_sessions import services
+from hermes_sessions import worker
 from hermes_sessions.models import Session, Turn, TurnEvent
-from hermes_sessions.services import dispatch, events, recovery
+from hermes_sessions.services import dispatch, events
+from hermes_sessions.worker import recovery
 from tests.factories import SessionFactory, TurnFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -190,7 +191,7 @@ def test_a_process_never_takes_back_a_turn_whose_lease_it_renews(sent):
 def test_the_sweep_uses_the_same_take_back(sent, monkeypatch):
     calls = []
     monkeypatch.setattr(recovery, "leases_take_back", lambda **kw: calls.append(kw) or (2, 1))
-    report = services.turns_sweep()
+    report = worker.turns_sweep()
     assert (report.requeued, report.failed) == (2, 1)
     assert calls == [{"limit": recovery.SWEEP_TAKE_BACK_LIMIT, "by": "sweep"}]
 
@@ -235,8 +236,9 @@ def test_a_lease_loop_takes_back_an_expired_turn_on_its_own_thread(sent, setting
 def test_a_pool_process_without_an_own_queue_runs_the_lease_loop(monkeypatch):
     """``project/celery.py``: a pool process that starts no affinity loop (no keeper, or no own queue)
     starts a lease loop; one with an affinity loop does not (that loop takes leases back itself)."""
-    from hermes_sessions.codex import kept, warm
-    from hermes_sessions.services import execution
+    from hermes_sessions.worker import execution
+    from hermes_sessions.worker.warm import kept
+    from hermes_sessions.worker.warm import spares as warm
     from project import celery as celery_module
 
     started: list[str] = []

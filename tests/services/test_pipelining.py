@@ -112,8 +112,8 @@ def test_a_finalize_whose_claim_is_gone_leaves_the_rollout_store_sent_with_its_l
 
 @pytest.mark.parametrize("reached", [True, False], ids=["commit-answer-lost", "commit-lost-on-its-way"])
 def test_a_claim_whose_connection_is_lost_with_its_commit_runs_once_not_after_the_lease(user, monkeypatch, reached):
-    """Adversary, session 7: a claim's COMMIT answer lost left the turn running under a claim nobody held
-    until its lease expired (30 s); a COMMIT lost on its way left it queued until the sweep (64 s). A proxy
+    """A claim's COMMIT answer lost must not leave the turn running under a claim nobody holds until its
+    lease expires (30 s), nor a COMMIT lost on its way leave it queued until the sweep (64 s). A proxy
     cuts the worker off at its claim's last write — after PostgreSQL got it (the COMMIT ran, its answer
     never came back) or before. ``turn_claim`` asks on a new connection: its own claim committed is returned,
     one that did not is made again. Either way one claim, attempt 1, one user row, one running event."""
@@ -131,10 +131,10 @@ def test_a_claim_whose_connection_is_lost_with_its_commit_runs_once_not_after_th
 
 
 def test_a_lost_claim_commit_still_running_when_asked_about_is_found_after_the_reclaims_locks(user, monkeypatch):
-    """Found by the test above, once in ~20 runs after the claim became one round trip: the COMMIT whose answer
-    was lost was still being executed when ``turn_claim`` asked about it on a new connection, so it saw the turn
-    queued, claimed again, found the turn running (its own lost claim, committed meanwhile) and gave up — the
-    turn would have waited for its lease. The re-claim's locks wait for that transaction: asked again after
+    """The claim is one round trip, so the COMMIT whose answer was lost can still be executing when
+    ``turn_claim`` asks about it on a new connection (about once in ~20 runs of the test above): asked then, it
+    sees the turn queued, claims again, finds the turn running (its own lost claim, committed meanwhile) and
+    gives up — the turn would wait for its lease. The re-claim's locks wait for that transaction: asked again after
     them, the claim is found. Here the first question is made to come too early."""
     from hermes_sessions.services import turns as turns_module
 

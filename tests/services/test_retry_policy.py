@@ -1,12 +1,12 @@
-"""The one retry budget (services/retry_policy.py): its arithmetic, the number the README quotes, and
+"""The one retry budget (worker/retry_policy.py): its arithmetic, the number the docs quote, and
 that each layer spends it — the run retries, the requeue, the commit retry."""
 import pytest
 from django.db import OperationalError
 
 from hermes_sessions import services
 from hermes_sessions.models import CodexBinding, Notice, Turn
-from hermes_sessions.services import execution
-from hermes_sessions.services.retry_policy import RetryPolicy, retry_policy
+from hermes_sessions.worker import execution
+from hermes_sessions.worker.retry_policy import RetryPolicy, retry_policy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,7 +23,7 @@ def test_next_delay_walks_the_delays_and_stops_at_the_deadline():
 
 
 def test_worst_case_with_the_defaults_is_the_readme_number():
-    # README "Durability": 3 × (60 + 7 × 30 + 2) + 15.5 = 831.5 s
+    # docs/architecture.md "Durability": 3 × (60 + 7 × 30 + 2) + 15.5 = 831.5 s
     assert RetryPolicy().worst_case_seconds(request_timeout=30.0) == 831.5
 
 

@@ -14,10 +14,18 @@ from django.test.utils import CaptureQueriesContext
 
 from hermes_sessions import services
 from hermes_sessions.codex.launch import session_home
-from hermes_sessions.codex.rollout_files import RolloutBase, RolloutDiverged, find_rollout, read_delta, write_rollout
+from hermes_sessions.codex.rollout_files import (
+    RolloutBase,
+    RolloutDelta,
+    RolloutDiverged,
+    find_rollout,
+    read_delta,
+    write_rollout,
+)
 from hermes_sessions.models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Turn
-from hermes_sessions.services import execution, rollouts
+from hermes_sessions.services import rollouts
 from hermes_sessions.services.turns import history_seed
+from hermes_sessions.worker import execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -82,6 +90,35 @@ def test_a_stale_generation_commits_nothing(user, scripted_codex, run_turn_now, 
     assert t2.status == Turn.Status.RUNNING  # nothing committed: the lease and the sweep take it from here
     assert (Message.objects.count(), RolloutChunk.objects.count()) == (rows_before, chunks_before)
     assert CodexRollout.objects.get(thread_id=t1.codex_thread_id).generation == 2
+
+
+def test_a_stale_generation_commits_nothing_when_the_other_writer_appended_nothing(
+        user, scripted_codex, run_turn_now, monkeypatch):
+    """The fence is the generation, not only the bytes: a writer that committed a turn appending nothing
+    (a plain resume writes no line) moved the generation on and left length and sha256 as they were;
+    the finalize that restored the older generation still commits nothing."""
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    t2 = _queued(session, "hello two", user, monkeypatch)
+    claim = services.turn_claim(turn_id=t2.id)
+    outcome = execution._run_once(claim, execution.TurnControl())
+    base = outcome.rollout.base
+    assert base is not None and base.generation == 1 and outcome.rollout.data  # this writer appended bytes
+    # The other writer (read the same generation 1) commits first, with nothing appended.
+    nothing = RolloutDelta(thread_id=base.thread_id, relpath=base.relpath, offset=base.length, data=b"",
+                           length=base.length, sha256=base.sha256, base=base)
+    with transaction.atomic():
+        rollouts.rollout_store(session=session, delta=nothing)
+    row = CodexRollout.objects.get(thread_id=t1.codex_thread_id)
+    assert (row.generation, row.length, row.sha256) == (2, base.length, base.sha256)
+    rows_before, chunks_before = Message.objects.count(), RolloutChunk.objects.count()
+
+    assert services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome) is None
+    t2.refresh_from_db()
+    assert t2.status == Turn.Status.RUNNING
+    assert (Message.objects.count(), RolloutChunk.objects.count()) == (rows_before, chunks_before)
+    row.refresh_from_db()
+    assert (row.generation, row.length, row.sha256) == (2, base.length, base.sha256)
 
 
 def test_a_generation_moved_on_since_the_claim_runs_nothing(user, scripted_codex, run_turn_now, monkeypatch):

@@ -5,7 +5,7 @@ import time
 import pytest
 from django.db import connection
 
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.codex.runner import TurnOutcome
 from hermes_sessions.models import Turn, TurnEvent
 from hermes_sessions.services import events
@@ -85,7 +85,7 @@ def test_a_fenced_out_worker_appends_no_event(user, monkeypatch):
     assert writer.written == 1
     # The sweep takes the turn back (lease expired) and another worker claims it.
     Turn.objects.filter(pk=turn.pk).update(lease_expires_at="2000-01-01T00:00:00Z")
-    services.turns_sweep()
+    worker.turns_sweep()
     new = services.turn_claim(turn_id=turn.id)
     assert new is not None and new.token != old.token
     time.sleep(events.DELTA_FLUSH_SECONDS)

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from hermes_sessions import services
+from hermes_sessions import services, worker
 from hermes_sessions.models import IdempotencyKey, Turn
 from hermes_sessions.services.turn_log import REASON_CHARS
 
@@ -91,7 +91,7 @@ def test_the_sweep_logs_nothing_when_it_finds_nothing_to_do(user, scripted_codex
     run_turn_now(session=session, text="hello", user=user)
     log.clear()
     for _ in range(3):
-        assert services.turns_sweep() == services.SweepReport()
+        assert worker.turns_sweep() == worker.SweepReport()
     assert [r.getMessage() for r in log.records] == []
 
 
@@ -110,7 +110,7 @@ def test_the_sweep_logs_one_line_per_action(user, scripted_codex, log, monkeypat
     IdempotencyKey.objects.filter(pk=key.pk).update(created_at=timezone.now() - timedelta(days=2))
     log.clear()
 
-    report = services.turns_sweep()
+    report = worker.turns_sweep()
     assert (report.failed, report.redispatched, report.keys_deleted) == (2, 1, 1)
     messages = sorted(r.getMessage() for r in log.records)
     assert len(messages) == 4, messages

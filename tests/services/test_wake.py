@@ -1,4 +1,4 @@
-"""Waking a session's holder by PostgreSQL ``NOTIFY`` (``services/wake.py``): what the enqueue sends and
+"""Waking a session's holder by PostgreSQL ``NOTIFY`` (``worker/wake.py``): what the enqueue sends and
 when, the listener thread, the process's one turn slot, and the deliveries that find a woken turn run.
 
 Real PostgreSQL (the notifications are PostgreSQL's own, received on a connection of the test's) and the
@@ -16,10 +16,11 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from hermes_sessions import services, tasks
+from hermes_sessions import services, tasks, worker
+from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Turn, TurnWorker
-from hermes_sessions.services import affinity, execution, fallback_copies, pipelining, wake
-from hermes_sessions.services.own_connections import own_connection_params
+from hermes_sessions.services import fallback_copies, pipelining, routing
+from hermes_sessions.worker import execution, wake
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory
 
@@ -32,7 +33,7 @@ class Listening:
     """A ``LISTEN`` on one channel on a connection of the test's own (autocommit)."""
 
     def __init__(self, channel: str) -> None:
-        self.conn = psycopg.Connection.connect(**own_connection_params("test-wake"), autocommit=True)
+        self.conn = psycopg.Connection.connect(**connection_params("test-wake"), autocommit=True)
         self.conn.execute(f"LISTEN {channel}")
 
     def payloads(self, wait: float = 0.5) -> list[str]:
@@ -47,7 +48,7 @@ def listening():
     opened: list[Listening] = []
 
     def listen(queue: str) -> Listening:
-        opened.append(Listening(wake.wake_channel(queue)))
+        opened.append(Listening(routing.wake_channel(queue)))
         return opened[-1]
 
     yield listen
@@ -58,26 +59,26 @@ def listening():
 # --- the route and the channel ------------------------------------------------------------------------
 
 def test_parse_route_reads_the_route_subquerys_value():
-    assert affinity.parse_route(None) is None and affinity.parse_route("") is None
-    assert affinity.parse_route("wake:turns.a@h") == affinity.Route("turns.a@h", wakeable=True)
-    assert affinity.parse_route("queue:turns.a@h") == affinity.Route("turns.a@h", wakeable=False)
-    assert affinity.parse_route("queue:") is None
+    assert routing.parse_route(None) is None and routing.parse_route("") is None
+    assert routing.parse_route("wake:turns.a@h") == routing.Route("turns.a@h", wakeable=True)
+    assert routing.parse_route("queue:turns.a@h") == routing.Route("turns.a@h", wakeable=False)
+    assert routing.parse_route("queue:") is None
 
 
 def test_a_wakes_payload_carries_the_input_when_it_fits_and_a_bad_hint_is_dropped_not_the_wake():
     turn = uuid.uuid4()
     text = "line one\nline two — ünïcode\n"
-    payload = wake.wake_payload(turn_id=turn, session_id="sess-1", text=text, sent_at=1700000000.25)
-    assert wake.parse_payload(payload) == (turn, "sess-1", wake.WakeHint(text=text, sent_at=1700000000.25))
-    assert wake.wake_payload(turn_id=turn, session_id="sess-1") == f"{turn} sess-1"
-    assert wake.parse_payload(f"{turn} sess-1") == (turn, "sess-1", None)
+    payload = routing.wake_payload(turn_id=turn, session_id="sess-1", text=text, sent_at=1700000000.25)
+    assert routing.parse_payload(payload) == (turn, "sess-1", routing.WakeHint(text=text, sent_at=1700000000.25))
+    assert routing.wake_payload(turn_id=turn, session_id="sess-1") == f"{turn} sess-1"
+    assert routing.parse_payload(f"{turn} sess-1") == (turn, "sess-1", None)
     # PostgreSQL refuses a payload of 8000 bytes or more: a longer input goes without the hint.
     big = "é" * 4000  # 8000 bytes in UTF-8
-    assert wake.wake_payload(turn_id=turn, session_id="sess-1", text=big) == f"{turn} sess-1"
-    fits = "x" * (wake.NOTIFY_PAYLOAD_MAX_BYTES - 100)
-    assert wake.parse_payload(wake.wake_payload(turn_id=turn, session_id="s", text=fits))[2].text == fits
+    assert routing.wake_payload(turn_id=turn, session_id="sess-1", text=big) == f"{turn} sess-1"
+    fits = "x" * (routing.NOTIFY_PAYLOAD_MAX_BYTES - 100)
+    assert routing.parse_payload(routing.wake_payload(turn_id=turn, session_id="s", text=fits))[2].text == fits
     for bad in (f"{turn} s\nnot a time\nhi", f"{turn} s\n1700000000.0", f"{turn} s\n1700000000.0\n"):
-        assert wake.parse_payload(bad) == (turn, "s", None)
+        assert routing.parse_payload(bad) == (turn, "s", None)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -105,17 +106,17 @@ def test_a_big_input_still_wakes_its_holder_and_early_start_off_sends_no_input(
 
 def test_a_channel_name_fits_postgresqls_identifier_limit_for_any_queue():
     long = own("n" * 300)
-    assert len(wake.wake_channel(long)) <= 63 and wake.wake_channel(long).startswith("hermes_wake_")
-    assert wake.wake_channel(long) != wake.wake_channel(own("n" * 300))
+    assert len(routing.wake_channel(long)) <= 63 and routing.wake_channel(long).startswith("hermes_wake_")
+    assert routing.wake_channel(long) != routing.wake_channel(own("n" * 300))
 
 
 @pytest.mark.parametrize("wakeable", [True, False])
 def test_the_heartbeat_records_whether_the_listener_listens(wakeable):
     queue = own("beat")
-    assert affinity.worker_heartbeat(queue=queue, kept=2, wakeable=wakeable) == ""
+    assert routing.worker_heartbeat(queue=queue, kept=2, wakeable=wakeable) == ""
     row = TurnWorker.objects.get(queue=queue)
     assert (row.kept, row.wakeable) == (2, wakeable)
-    assert affinity.worker_heartbeat(queue=queue, kept=1, wakeable=not wakeable) == ""
+    assert routing.worker_heartbeat(queue=queue, kept=1, wakeable=not wakeable) == ""
     assert TurnWorker.objects.get(queue=queue).wakeable is (not wakeable)
 
 
@@ -144,7 +145,7 @@ def test_a_turn_for_a_wakeable_holder_wakes_it_at_the_commit_and_sends_only_the_
         assert turn.pk in fallback_copies.SENDER.pending()
         assert messages_for(broker, shared, turn.pk) == []  # not yet in the shared queue: held until due
         [payload] = heard.payloads()
-        woken_turn, woken_session, hint = wake.parse_payload(payload)
+        woken_turn, woken_session, hint = routing.parse_payload(payload)
         assert (woken_turn, woken_session, hint.text) == (turn.pk, session.pk, "hi")  # the input: early_start.py
         assert 0 <= time.time() - hint.sent_at < 5
         assert messages_for(broker, queue, turn.pk) == []  # no message to the holder's queue
@@ -227,7 +228,7 @@ def test_a_rolled_back_enqueue_wakes_nobody(listening, monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_tasks_run_in_process_wake_nobody(listening, django_capture_on_commit_callbacks, monkeypatch):
     ran: list = []
-    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
     queue = own("eager")
     session = SessionFactory()
     warm_row(session, queue)
@@ -241,8 +242,8 @@ def test_tasks_run_in_process_wake_nobody(listening, django_capture_on_commit_ca
 # --- the listener ---------------------------------------------------------------------------------------
 
 def _notify(queue: str, payload: str) -> None:
-    with psycopg.Connection.connect(**own_connection_params("test-wake-sender"), autocommit=True) as conn:
-        conn.execute("SELECT pg_notify(%s, %s)", [wake.wake_channel(queue), payload])
+    with psycopg.Connection.connect(**connection_params("test-wake-sender"), autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, %s)", [routing.wake_channel(queue), payload])
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> None:
@@ -257,7 +258,7 @@ def test_the_listener_runs_each_wake_skips_malformed_ones_and_survives_a_failing
     queue = own("listen")
     ran: list[tuple[uuid.UUID, str]] = []
 
-    def run(turn_id: uuid.UUID, session_id: str, hint: wake.WakeHint | None) -> None:
+    def run(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHint | None) -> None:
         ran.append((turn_id, session_id))
         if session_id == "boom":
             raise RuntimeError("the run failed")
@@ -277,7 +278,7 @@ def test_the_listener_runs_each_wake_skips_malformed_ones_and_survives_a_failing
         assert len(ran) == 2
     finally:
         listener.stop()
-    assert not listener._thread.is_alive() and not listener.listening.is_set()
+    assert not listener.is_alive() and not listener.listening.is_set()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -287,7 +288,7 @@ def test_a_wake_that_arrived_while_the_listener_ran_another_loses_its_hint(caplo
     queue = own("behind")
     seen: list[tuple[uuid.UUID, bool]] = []
 
-    def run(turn_id: uuid.UUID, session_id: str, hint: wake.WakeHint | None) -> None:
+    def run(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHint | None) -> None:
         seen.append((turn_id, hint is not None))
         if len(seen) == 1:
             time.sleep(0.3)  # the second wake arrives meanwhile
@@ -297,21 +298,30 @@ def test_a_wake_that_arrived_while_the_listener_ran_another_loses_its_hint(caplo
     try:
         assert listener.listening.wait(10)
         first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-        _notify(queue, wake.wake_payload(turn_id=first, session_id="s", text="one"))
+        _notify(queue, routing.wake_payload(turn_id=first, session_id="s", text="one"))
         _wait_for(lambda: len(seen) == 1)
-        _notify(queue, wake.wake_payload(turn_id=second, session_id="s", text="two"))
+        _notify(queue, routing.wake_payload(turn_id=second, session_id="s", text="two"))
         _wait_for(lambda: len(seen) == 2)
         time.sleep(0.1)
-        _notify(queue, wake.wake_payload(turn_id=third, session_id="s", text="three"))
+        _notify(queue, routing.wake_payload(turn_id=third, session_id="s", text="three"))
         _wait_for(lambda: len(seen) == 3)
         assert seen == [(first, True), (second, False), (third, True)]
     finally:
         listener.stop()
 
 
+def _listeners_named(name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND application_name = %s", [name])
+        return cursor.fetchone()[0]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_listener_listens_again_after_its_connection_is_killed(monkeypatch):
-    monkeypatch.setattr(wake, "RECONNECT_SECONDS", 0.05)
+def test_a_wake_sent_1_5_s_after_the_listeners_backend_is_killed_is_received():
+    """The shared reconnect rule (``hermes_sessions/listener.py``): a broken LISTEN connection is opened
+    again at once (attempts at least a second apart), so a wake sent 1.5 s after ``pg_terminate_backend``
+    runs its turn; the listener's connection is closed when it stops."""
     queue = own("relisten")
     ran: list = []
     listener = wake.WakeListener(queue, lambda t, s, h: ran.append(t))
@@ -319,14 +329,19 @@ def test_the_listener_listens_again_after_its_connection_is_killed(monkeypatch):
     try:
         assert listener.listening.wait(10)
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'hermes-wake'")
-        _wait_for(lambda: not listener.listening.is_set(), 5)
-        assert listener.listening.wait(10)
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND application_name = 'hermes-wake'")
+            assert cursor.rowcount == 1
+        killed = time.monotonic()
+        _wait_for(lambda: listener.connects == 2, 1.5)  # within a second (its connection is under a second old)
+        time.sleep(max(0.0, 1.5 - (time.monotonic() - killed)))
         turn = uuid.uuid4()
         _notify(queue, f"{turn} s")
-        _wait_for(lambda: ran == [turn])
+        _wait_for(lambda: ran == [turn], 2)
     finally:
         listener.stop()
+    assert not listener.is_alive()
+    _wait_for(lambda: _listeners_named("hermes-wake") == 0, 2)  # closed by stop
 
 
 def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkeypatch):
@@ -334,9 +349,9 @@ def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkey
     monkeypatch.setattr(wake.WakeListener, "start", lambda self: started.append(self))
     monkeypatch.setattr(wake, "_listener", None)
     assert wake.wake_start("", run=lambda *_: None) is None  # no own queue
-    monkeypatch.setattr(wake, "wake_enabled", lambda: False)
+    monkeypatch.setattr(routing, "wake_enabled", lambda: False)
     assert wake.wake_start(own("off"), run=lambda *_: None) is None
-    monkeypatch.setattr(wake, "wake_enabled", lambda: True)
+    monkeypatch.setattr(routing, "wake_enabled", lambda: True)
     queue = own("once")
     one = wake.wake_start(queue, run=lambda *_: None)
     assert one is not None and wake.wake_start(queue, run=lambda *_: None) is one and started == [one]
@@ -347,7 +362,7 @@ def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkey
     assert not wake.wake_listening() and not wake.wake_listening_now()
     monkeypatch.setattr(wake, "_listener", (os.getpid(), one))
     wake.wake_stop(turn_timeout=1)
-    assert wake._listener is None and not wake.wake_listening() and one._stop.is_set()
+    assert wake._listener is None and not wake.wake_listening() and one.stopping
 
 
 # --- one turn at a time ---------------------------------------------------------------------------------
@@ -383,7 +398,7 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     # session 13: failed once in make test).
     with wake.turn_slot(timeout=5) as free:
         assert free
-    hint = wake.WakeHint(text="hi", sent_at=time.time())
+    hint = routing.WakeHint(text="hi", sent_at=time.time())
     execution.turn_execute_woken(turn_id, "s-1", hint)
     assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True, "session_id": "s-1", "hint": hint}]
 
@@ -394,7 +409,7 @@ def test_a_woken_turn_that_waited_for_the_slot_loses_its_hint(settings, monkeypa
     monkeypatch.setattr(execution, "turn_execute", lambda **kw: ran.append(kw))
     _, release = _held_slot()
     threading.Timer(0.2, release.set).start()
-    execution.turn_execute_woken(uuid.uuid4(), "s-1", wake.WakeHint(text="hi", sent_at=time.time()))
+    execution.turn_execute_woken(uuid.uuid4(), "s-1", routing.WakeHint(text="hi", sent_at=time.time()))
     assert [kw["hint"] for kw in ran] == [None]
 
 
@@ -427,7 +442,7 @@ def test_a_delivery_stuck_behind_a_woken_turn_passes_its_turn_on(user, settings,
     settings.HERMES_AFFINITY_DEADLINE = 0.2
     ran: list = []
     passed: list = []
-    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
     monkeypatch.setattr(tasks.run_turn, "apply_async", lambda args, **kw: passed.append((args, kw)))
     monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
     queued = TurnFactory(session=SessionFactory(owner=user), seq=1, status=Turn.Status.QUEUED)
@@ -468,7 +483,7 @@ def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
 
 def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypatch, django_assert_num_queries):
     ran: list = []
-    monkeypatch.setattr(services, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
     monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
     session = SessionFactory(owner=user)
     done = TurnFactory(session=session, seq=1, status=Turn.Status.SUCCEEDED)
@@ -487,7 +502,7 @@ def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypa
 def test_past_the_soft_limit_a_woken_turn_gets_soft_time_limit_exceeded_in_its_thread(monkeypatch):
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from hermes_sessions.services import time_limits
+    from hermes_sessions.worker import time_limits
 
     killed: list = []
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
@@ -500,7 +515,7 @@ def test_past_the_soft_limit_a_woken_turn_gets_soft_time_limit_exceeded_in_its_t
 
 
 def test_a_block_that_ends_in_time_gets_nothing_after_it(monkeypatch):
-    from hermes_sessions.services import time_limits
+    from hermes_sessions.worker import time_limits
 
     killed: list = []
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
@@ -515,7 +530,7 @@ def test_a_block_that_ends_in_time_gets_nothing_after_it(monkeypatch):
 def test_past_the_hard_limit_the_process_is_killed_as_celery_would(monkeypatch, caplog):
     import signal as signals
 
-    from hermes_sessions.services import time_limits
+    from hermes_sessions.worker import time_limits
 
     killed: list = []
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
@@ -547,7 +562,7 @@ def test_blocks_share_one_watcher_thread_per_process(monkeypatch):
     """No thread started per block (it was one per woken turn, on its way to codex): one watcher for all."""
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from hermes_sessions.services import time_limits
+    from hermes_sessions.worker import time_limits
 
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: None)
     results: list[bool] = []

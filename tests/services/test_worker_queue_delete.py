@@ -7,7 +7,7 @@ import uuid
 
 from kombu import Exchange, Queue
 
-from hermes_sessions.services import worker_queues
+from hermes_sessions.worker import own_queues as worker_queues
 from project.celery import app
 from tests.support.broker_keys import keys_naming
 

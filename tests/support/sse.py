@@ -1,5 +1,5 @@
 """A real ASGI server process for the event-stream tests (gunicorn + ``uvicorn_worker.UvicornWorker``,
-as ``make run``) and a small server-sent-events client on ``http.client``."""
+as ``make run``) and a server-sent-events client: ``http.client`` for the bytes, httpx-sse's decoder for the parsing."""
 from __future__ import annotations
 
 import http.client
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from httpx_sse._decoders import SSEDecoder  # the parser of httpx-sse (pinned) that its EventSource runs
 
 from devtools.processes import free_port
 
@@ -101,6 +102,9 @@ class ApiServer:
 
 @dataclass
 class Event:
+    """One dispatched event: ``id`` is the id field of its own frame (``None``: the frame had none, as
+    ``event: gone``), not the last id the client keeps (``Stream.last_event_id``)."""
+
     id: int | None
     event: str
     data: dict[str, Any]
@@ -108,41 +112,64 @@ class Event:
 
 @dataclass
 class Stream:
-    """One open event stream. ``read()`` returns the next event, or ``None`` for a heartbeat (a comment
-    line); ``events`` and ``heartbeats`` collect what was read; ``ended`` once the server closed it."""
+    """One open event stream, parsed as the SSE specification says a client does (httpx-sse's
+    ``SSEDecoder``, fed the raw lines). ``read()`` returns the next event, or ``None`` for a heartbeat (a
+    block with a ``:`` comment and no data); ``events`` and ``heartbeats`` count what was read;
+    ``last_event_id`` is the id a reconnect sends (the last ``id:`` field seen, on any block, an event with
+    no data included); ``frames`` holds each block's raw bytes, the blank line that ends it included;
+    ``ended`` once the server closed it."""
 
     conn: http.client.HTTPConnection
     resp: http.client.HTTPResponse
     events: list[Event] = field(default_factory=list)
     heartbeats: int = 0
+    heartbeat_frames: list[bytes] = field(default_factory=list)
+    frames: list[bytes] = field(default_factory=list)
     ended: bool = False
     raw: list[str] = field(default_factory=list)
+    # Every block goes through this one decoder: it keeps the last id across blocks, as the spec's
+    # "last event ID buffer" (a block without an ``id:`` leaves it; ``id:`` with no value empties it).
+    decoder: SSEDecoder = field(default_factory=SSEDecoder)
+    last_event_id: str | None = None
 
     def read(self) -> Event | None:
         """Block (up to the socket timeout) for the next event or heartbeat; ``ended`` at EOF."""
-        fields: dict[str, str] = {}
+        block: list[bytes] = []
         while True:
             line = self.resp.readline()
             if not line:
                 self.ended = True
                 raise EOFError("stream ended")
-            text = line.decode("utf-8").rstrip("\n")
-            self.raw.append(text)
-            if text.startswith(":"):
-                self.heartbeats += 1
-                assert not fields, "a comment inside an event"
-                self.resp.readline()  # the blank line after it
-                return None
-            if text == "":
-                if not fields or set(fields) == {"retry"}:
-                    fields = {}
-                    continue
-                event = Event(id=int(fields["id"]) if "id" in fields else None, event=fields.get("event", "message"),
-                              data=json.loads(fields["data"]))
-                self.events.append(event)
+            block.append(line)
+            if line not in (b"\n", b"\r\n"):
+                continue
+            event = self._dispatch(block)
+            if event is not None or any(b.startswith(b":") for b in block):
                 return event
-            name, _, value = text.partition(":")
-            fields[name] = value[1:] if value.startswith(" ") else value
+            block = []  # neither data nor a comment (the opening ``retry:``): read on
+
+    def _dispatch(self, block: list[bytes]) -> Event | None:
+        """Feed one block (its lines, the blank one that ends it last) to the stream's decoder and to
+        one of its own; the event dispatched, or ``None`` when the block has no data (the spec
+        dispatches nothing then, but an ``id:`` in it still sets the id a reconnect sends)."""
+        own = SSEDecoder()  # this block's fields alone: the frame's own id
+        for line in block:
+            text = line.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            self.raw.append(text)
+            kept, mine = self.decoder.decode(text), own.decode(text)
+        frame = b"".join(block)
+        self.frames.append(frame)
+        # ``decode("")`` returns None only while no id was ever kept (and the block set nothing).
+        self.last_event_id = (kept.id if kept is not None else "") or None
+        if kept is None or kept.data == "":
+            if any(b.startswith(b":") for b in block):
+                self.heartbeats += 1
+                self.heartbeat_frames.append(frame)
+            return None
+        own_id = mine.id if mine is not None else ""
+        event = Event(id=int(own_id) if own_id else None, event=kept.event, data=kept.json())
+        self.events.append(event)
+        return event
 
     def read_until(self, predicate: Any, timeout: float = 30) -> list[Event]:
         """Events read until ``predicate(event)`` holds (inclusive)."""
@@ -178,8 +205,10 @@ class Stream:
         self.conn.close()
 
 
-def open_stream(port: int, path: str, token: str, *, last_event_id: int | None = None, timeout: float = 30) -> Stream:
-    """GET an event stream; asserts 200 and ``text/event-stream``."""
+def open_stream(port: int, path: str, token: str, *, last_event_id: int | str | None = None,
+                timeout: float = 30) -> Stream:
+    """GET an event stream (``Last-Event-ID``: ``last_event_id`` when given); asserts 200 and
+    ``text/event-stream``."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     headers = {"Authorization": f"Token {token}", "Accept": "text/event-stream"}
     if last_event_id is not None:

@@ -33,7 +33,7 @@ class Command(BaseCommand):
             Session.objects.select_for_update(no_key=True).filter(pk=session_id).first()
             if Turn.objects.filter(session=session, status=Turn.Status.RUNNING).exists():
                 # A running turn's finalize would be fenced (its rollout gone) and commit nothing: the turn
-                # would wait for its lease and run again (found by an adversary). Refuse instead.
+                # would wait for its lease and run again. Refuse instead.
                 raise CommandError(f"session {session_id!r} has a running turn; try again when it has ended")
             thread_id = active_thread_id(session=session)
             if thread_id is None:

@@ -83,7 +83,7 @@ def test_a_private_rabbitmq_node_restarts_with_its_messages_and_leaves_the_share
         assert _shared_rabbitmq_answers()
         broker.start(ENV)
         # Durable queue, persistent message, confirmed: kept across kill -9. A node restarted after a kill -9
-        # may answer before the queue's messages are recovered (CI, session 12: 0 right after the start).
+        # may answer before the queue's messages are recovered (on CI: 0 right after the start).
         deadline = time.monotonic() + 15
         while broker.queue_length(queue) != 2 and time.monotonic() < deadline:
             time.sleep(0.25)

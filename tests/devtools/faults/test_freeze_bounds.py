@@ -1,7 +1,7 @@
 """freeze-warm-holder's bound on when a frozen holder's sessions' next turns are claimed
 (``warm_scenarios._claim_bounds``), without the stack: the hand-off's bound after the post, or a turn slot
-coming free if that is later — and the old behaviour (a turn left behind the long turn whose worker reserved
-its countdown copy) is past it."""
+coming free if that is later — and the stall the bound is for (a turn left behind the long turn whose worker
+reserved its countdown copy) is past it."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -44,4 +44,4 @@ def test_a_turn_left_behind_the_long_turn_fails_and_one_never_claimed_is_left_to
     busy = [turn("short1", -1, 5.5), turn("short2", -1, 5.6), turn("long", -1, 16.0)]
     held = [turn("a", 16.3, 17.0), turn("b", None)]
     (only,) = _claim_bounds(scenario("a", "b"), held, busy)
-    assert only[0].pk == "a" and only[1] > only[2]  # 16.3 s > 8.5 s: the old behaviour (adversary F2) fails
+    assert only[0].pk == "a" and only[1] > only[2]  # 16.3 s > 8.5 s: the stall fails

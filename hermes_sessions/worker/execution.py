@@ -37,7 +37,6 @@ from django.db import (
 from .. import policy
 from ..codex.client import AppServerClient, PendingRequest
 from ..codex.errors import TransportError, retryable
-from ..codex.kept import Keeper, KeptThread, current_keeper, keeper, rollout_stamp
 from ..codex.launch import (
     app_server_argv,
     app_server_env,
@@ -50,21 +49,15 @@ from ..codex.rollout_files import RolloutBase, RolloutDiverged, read_delta, read
 from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, drive_turn
 from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
-from ..codex.warm import Spare, die_with_parent, spare_pool
 from ..history_seed import seeded_input
 from ..latency_marks import mark
 from ..models import Turn
-from . import affinity, wake
-from .dispatch import turn_dispatch_on_commit
-from .early_start import EarlyStart, early_start
-from .events import RETRYING, TurnEventWriter
-from .heartbeats import HEARTBEATS
-from .recovery import LOOP_TAKE_BACK_LIMIT, leases_take_back
-from .retry_policy import RetryPolicy, retry_policy
-from .rollouts import RolloutFenced, rollout_restore
-from .time_limits import thread_time_limits, turn_time_limits
-from .turn_log import delivery
-from .turns import (
+from ..services import routing
+from ..services.dispatch import turn_dispatch_on_commit
+from ..services.events import RETRYING, TurnEventWriter
+from ..services.rollouts import RolloutFenced, rollout_restore
+from ..services.turn_log import delivery
+from ..services.turns import (
     TurnClaim,
     history_seed,
     turn_claim,
@@ -74,6 +67,14 @@ from .turns import (
     turn_note_thread,
     turn_requeue,
 )
+from . import affinity, wake
+from .heartbeats import HEARTBEATS
+from .recovery import LOOP_TAKE_BACK_LIMIT, leases_take_back
+from .retry_policy import RetryPolicy, retry_policy
+from .time_limits import thread_time_limits, turn_time_limits
+from .warm.early_start import EarlyStart, early_start
+from .warm.kept import Keeper, KeptThread, current_keeper, keeper, rollout_stamp
+from .warm.spares import Spare, die_with_parent, spare_pool
 
 logger = logging.getLogger(__name__)
 
@@ -83,14 +84,14 @@ WOKEN_TASK_ID = "wake"  # the end line's task= of a turn run on its wake-up (tur
 
 
 def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False,
-                 session_id: str = "", hint: wake.WakeHint | None = None) -> Turn | None:
+                 session_id: str = "", hint: routing.WakeHint | None = None) -> Turn | None:
     """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
     this call's to run (not the session's next turn, already running or finished — a duplicate
     delivery changes nothing), when it went back to the queue, or when this worker lost its claim
     mid-run. Every codex failure ends the turn ``failed`` (or requeued) with a readable reason;
     none escapes. ``task_id``: the Celery task delivering it, named in the turn's end line
     (``turn_log.py``). ``woken``: run by the wake listener (``wake``), recorded as ``timings["woken"]``;
-    with the wake's ``session_id`` and ``hint`` (``wake.WakeHint``), ``turn/start`` may go to the kept
+    with the wake's ``session_id`` and ``hint`` (``routing.WakeHint``), ``turn/start`` may go to the kept
     thread while the turn is claimed (``early_start.py``; recorded as ``timings["early_start"]``)."""
     with delivery(task_id):
         t0 = time.monotonic()
@@ -296,7 +297,7 @@ def _restore(claim: TurnClaim, control: TurnControl | None = None,
     that moved on since the claim means another writer has the thread: this run commits nothing (as a
     lost claim). Stored bytes that do not verify fail the turn. With ``spare`` (first attempts only):
     the session's config and rollout go into the spare's already running home instead
-    (``codex/warm.py``)."""
+    (``worker/warm/spares.py``)."""
     try:
         _confirm_claim(claim, control or TurnControl())
         if spare is not None:
@@ -342,7 +343,7 @@ def _codex_version(init: object) -> str:
 
 def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | None = None,
               held: _Held | None = None, *, early: EarlyStart | None = None) -> TurnOutcome:
-    """One try: on this process's loaded copy of the thread when it is usable (``codex/kept.py``), else
+    """One try: on this process's loaded copy of the thread when it is usable (``worker/warm/kept.py``), else
     fresh home + restore, spawn (or a spare), drive the turn; then read what codex appended to the
     rollout (checked against the stored prefix) and close the app-server — or, when ``held`` may keep
     it (session affinity), leave it running in ``held``. ``stream`` receives what codex streams (a
@@ -591,13 +592,13 @@ class _Held:
     """The app-server one turn ran on, between ``turn/completed`` and the finalize commit.
 
     ``may_keep``: this process keeps threads loaded (an own queue — a one-turn-at-a-time worker,
-    ``services/affinity.py`` —, keeping on, and the main thread or the wake listener's:
+    ``worker/affinity.py`` —, keeping on, and the main thread or the wake listener's:
     ``PR_SET_PDEATHSIG`` follows the spawning thread, ``wake.in_long_lived_thread``). ``settle`` hands the process to the keeper after a commit that succeeded and
     stored the rollout; ``close`` closes whatever was not handed over."""
 
     def __init__(self, *, may_keep: bool | None = None) -> None:
         if may_keep is None:
-            may_keep = bool(affinity.own_queue()) and keeper() is not None and wake.in_long_lived_thread()
+            may_keep = bool(routing.own_queue()) and keeper() is not None and wake.in_long_lived_thread()
         self.may_keep = may_keep
         self.running: _Running | None = None
 
@@ -606,7 +607,7 @@ class _Held:
 
     def queue(self) -> str:
         """The own queue to record as holding the thread (``turn_finalize``), or ``""``."""
-        return affinity.own_queue() if self.running is not None else ""
+        return routing.own_queue() if self.running is not None else ""
 
     def settle(self, claim: TurnClaim, outcome: TurnOutcome, turn: Turn | None) -> None:
         running, k = self.running, keeper()
@@ -627,7 +628,7 @@ class _Held:
         try:
             start_affinity(k)
             if closed:
-                affinity.warm_thread_forget(queue=affinity.own_queue(), session_ids=[c.session_id for c in closed])
+                routing.warm_thread_forget(queue=routing.own_queue(), session_ids=[c.session_id for c in closed])
         except Exception:  # noqa: BLE001 — routing is a hint: a stale row only costs the affinity deadline
             logger.exception("turn %s: could not record the kept thread's routing", claim.turn_id)
 
@@ -637,7 +638,7 @@ class _Held:
             running.release()
 
 
-def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: wake.WakeHint | None = None) -> Turn | None:
+def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHint | None = None) -> Turn | None:
     """Run turn ``turn_id`` of ``session_id`` on its wake-up (``wake.WakeListener``, this process's
     listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn the main thread
     runs ends first), as a message in its own queue would have waited — on the kept thread, or cold when

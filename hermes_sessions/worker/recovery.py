@@ -37,10 +37,11 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
-from . import affinity, dispatch, events, turns, worker_queues
-from .locks import lock_session_and_turn
+from ..services import dispatch, events, routing, turns
+from ..services.locks import lock_session_and_turn
+from ..services.turn_log import turn_ended_on_commit
+from . import own_queues as worker_queues
 from .periodic import PeriodicLoop
-from .turn_log import turn_ended_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:
         return "requeued"
 
 
-# --- dead workers (session affinity, services/affinity.py) ---------------------------------------
+# --- dead workers (session affinity, worker/affinity.py) ---------------------------------------
 
 def workers_sweep() -> list[str]:
     """Remove workers whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``: delete their
@@ -247,7 +248,7 @@ def workers_sweep() -> list[str]:
                     queue=queue, heartbeat_at__lt=stale_before).exists():
                 continue
             sessions = list(WarmThread.objects.filter(queue=queue).values_list("session_id", flat=True))
-            affinity.warm_thread_forget(queue=queue)
+            routing.warm_thread_forget(queue=queue)
             heads = _queued_heads(sessions)
             for turn_id in heads:
                 dispatch.turn_dispatch_on_commit(turn_id)

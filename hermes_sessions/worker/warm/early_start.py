@@ -25,7 +25,7 @@ codex ask the model, and run a command, for a turn that ended cancelled.
 An early start is tried only when every one of these holds (``early_start``), else the worker claims
 first as before:
 
-* ``HERMES_EARLY_START`` is on, and the wake carried the turn's input (``wake.WakeHint``: an input
+* ``HERMES_EARLY_START`` is on, and the wake carried the turn's input (``routing.WakeHint``: an input
   that does not fit a ``NOTIFY`` payload goes without);
 * the wake is fresh: sent less than ``max_age()`` seconds ago by the enqueuing process's clock — far
   inside ``HERMES_AFFINITY_DEADLINE``, before which no other worker is given the turn (the shared
@@ -49,14 +49,14 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from ..codex.client import PendingRequest
-from ..codex.errors import CodexError
-from ..codex.kept import KeptThread, current_keeper, rollout_stamp
-from ..codex.runner import kept_turn_start_params
-from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
-from ..latency_marks import mark
-from .turns import TurnClaim
-from .wake import WakeHint
+from ...codex.client import PendingRequest
+from ...codex.errors import CodexError
+from ...codex.runner import kept_turn_start_params
+from ...codex.sandbox_check import SandboxUnavailable, check_sandbox
+from ...latency_marks import mark
+from ...services.routing import WakeHint
+from ...services.turns import TurnClaim
+from .kept import KeptThread, current_keeper, rollout_stamp
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A worker's own queue in the broker (session affinity, ``affinity.py``): deleted when the worker is gone,
 declared again when a swept worker comes back. Kept apart from ``dispatch.py`` (which routes turns with
-``affinity.turn_route``) so that ``affinity`` can use it without an import circle."""
+``routing.turn_route``) so that ``affinity`` can use it without an import circle."""
 from __future__ import annotations
 
 import logging

@@ -22,9 +22,9 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from ..codex.runner import TurnControl
-from .due_threads import DueThread
+from ..services.due_threads import DueThread
+from ..services.turns import TurnClaim, turn_heartbeat
 from .recovery import lease_renewed_here
-from .turns import TurnClaim, turn_heartbeat
 
 logger = logging.getLogger(__name__)
 

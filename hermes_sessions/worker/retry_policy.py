@@ -4,7 +4,7 @@ Every layer uses the same :class:`RetryPolicy` object, built from settings by :f
 
 * the codex runner (``codex/runner.py``) never retries: it raises ``ThreadBusy``, ``Overloaded`` or a
   ``TransportError`` and says whether ``turn/start`` had been sent;
-* the execution service (``services/execution.py``) runs the whole pre-``turn/start`` part again on a
+* the execution service (``worker/execution.py``) runs the whole pre-``turn/start`` part again on a
   new app-server after each delay in :attr:`RetryPolicy.delays`, while :meth:`RetryPolicy.next_delay`
   allows it (delays left and the claim's :attr:`RetryPolicy.deadline` not passed); then it gives the
   turn back to the queue, at most :attr:`RetryPolicy.max_claims` claims in all, and the last claim fails

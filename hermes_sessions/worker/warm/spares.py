@@ -39,8 +39,8 @@ from typing import Any
 
 from django.conf import settings
 
-from .client import AppServerClient, ServerRequestHandler
-from .launch import SessionHome, app_server_argv, app_server_env, write_home_config
+from ...codex.client import AppServerClient, ServerRequestHandler
+from ...codex.launch import SessionHome, app_server_argv, app_server_env, write_home_config
 
 logger = logging.getLogger(__name__)
 

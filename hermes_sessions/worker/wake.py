@@ -3,9 +3,9 @@
 A warm turn's way to its worker through Celery — the API's send to the broker, the worker's consumer, the
 prefork pool's hop to its child, the task's start — was the largest part of its ``queue`` phase (~6.7 of
 ~55 ms the stack added to codex's turn on this 2-core machine, traced per hop, ``make bench-warm``). So
-the enqueue of a turn routed to a worker's own queue (``affinity.session_route_sql``) whose wake listener
+the enqueue of a turn routed to a worker's own queue (``routing.session_route_sql``) whose wake listener
 listened at its last heartbeat (``TurnWorker.wakeable``) sends
-``pg_notify(wake_channel(queue), '<turn id> <session id>')`` in its transaction instead of a Celery message
+``pg_notify(routing.wake_channel(queue), '<turn id> <session id>')`` in its transaction instead of a Celery message
 to that queue: PostgreSQL delivers it at the commit. The worker process that consumes that queue listens
 (``WakeListener``, a thread of its own with a connection of its own) and runs the turn at once.
 
@@ -30,87 +30,28 @@ channel is named by a hash of its queue.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
-import psycopg
-from django.conf import settings
 from django.db import connection
 
 from ..latency_marks import mark
-from .own_connections import own_connection_params
-from .pipelining import Batch
+from ..listener import Listener
+from ..services import routing
+from ..services.routing import WakeHint
 
 logger = logging.getLogger(__name__)
 
-CHANNEL_PREFIX = "hermes_wake_"
-# PostgreSQL 15: a NOTIFY payload "must be shorter than 8000 bytes" in the default configuration (docs: NOTIFY).
-NOTIFY_PAYLOAD_MAX_BYTES = 7999
 # A wake the listener is handed less than this after its last wake's run ended waited behind that run.
 QUEUED_BEHIND_SECONDS = 0.005
-RECONNECT_SECONDS = 1.0  # a lost LISTEN connection is opened again after this pause
 
 # One turn at a time per worker process that keeps threads loaded: Celery's delivery (the main thread)
 # and the wake listener's both run a turn only while holding it.
 _slot = threading.Lock()
-
-
-def wake_channel(queue: str) -> str:
-    """The ``LISTEN`` channel of the worker consuming own queue ``queue``: ``hermes_wake_`` + 20 hex
-    digits of its SHA-256 (a node name can be longer than a channel name may be). SHA-256 because
-    PostgreSQL computes it too: the enqueue's one round trip names the channel in SQL from the route it
-    reads there (``wake_channel_sql``)."""
-    return CHANNEL_PREFIX + hashlib.sha256(queue.encode()).hexdigest()[:20]
-
-
-def wake_channel_sql(queue_expr: str) -> str:
-    """``wake_channel`` of the queue that the SQL expression ``queue_expr`` names, as a SQL expression
-    (PostgreSQL 11+: ``sha256(bytea)``)."""
-    return f"'{CHANNEL_PREFIX}' || left(encode(sha256(convert_to({queue_expr}, 'UTF8')), 'hex'), 20)"
-
-
-def wake_enabled() -> bool:
-    """``HERMES_WAKE`` (default on) and the database is PostgreSQL."""
-    return bool(settings.HERMES_WAKE) and connection.vendor == "postgresql"
-
-
-@dataclass(frozen=True)
-class WakeHint:
-    """What a wake carries besides its turn so that the woken worker may send ``turn/start`` to the kept
-    thread while it claims the turn (``early_start.py``): the turn's ``text`` (its stored input) and
-    ``sent_at``, the enqueuing process's ``time.time()`` just before its commit (epoch seconds)."""
-
-    text: str
-    sent_at: float
-
-
-def wake_payload(*, turn_id: uuid.UUID, session_id: str, text: str | None = None, sent_at: float | None = None) -> str:
-    """``'<turn id> <session id>'``, and with ``text`` (``HERMES_EARLY_START``) ``'\n<sent_at>\n<text>'``
-    after it (``WakeHint``) when the whole payload fits PostgreSQL's limit (``NOTIFY_PAYLOAD_MAX_BYTES``;
-    a longer input goes without: its worker claims before ``turn/start``, as without the hint)."""
-    head = f"{turn_id} {session_id}"
-    if text is None:
-        return head
-    full = f"{head}\n{time.time() if sent_at is None else sent_at:.6f}\n{text}"
-    return full if len(full.encode("utf-8")) <= NOTIFY_PAYLOAD_MAX_BYTES else head
-
-
-def wake_held(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str, text: str | None = None) -> None:
-    """Hold, in ``batch``'s transaction, the ``pg_notify`` that wakes the worker consuming ``queue`` for
-    turn ``turn_id`` of ``session_id`` — delivered by PostgreSQL at the commit, never if it rolls back —
-    with the turn's ``text`` as its hint (``wake_payload``) when ``HERMES_EARLY_START`` is on. A no-op
-    when ``wake_enabled()`` is false or ``queue`` is empty."""
-    if queue and wake_enabled():
-        hint = text if settings.HERMES_EARLY_START else None
-        batch.add("SELECT pg_notify(%s, %s)", [wake_channel(queue),
-                                               wake_payload(turn_id=turn_id, session_id=session_id, text=hint)])
 
 
 @contextlib.contextmanager
@@ -143,81 +84,57 @@ def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
         yield taken
 
 
-def parse_payload(payload: str) -> tuple[uuid.UUID, str, WakeHint | None] | None:
-    """``wake_payload``'s text → ``(turn id, session id, hint or None)``; ``None`` for anything else (a
-    malformed hint is dropped, the wake kept: the hint only saves time)."""
-    head, _, rest = payload.partition("\n")
-    turn, _, session = head.partition(" ")
-    try:
-        turn_id = uuid.UUID(turn)
-    except ValueError:
-        return None
-    hint = None
-    if rest:
-        stamp, sep, text = rest.partition("\n")
-        try:
-            hint = WakeHint(text=text, sent_at=float(stamp)) if sep and text else None
-        except ValueError:
-            hint = None
-    return turn_id, session, hint
-
-
 class WakeListener:
-    """A daemon thread that ``LISTEN``s on ``wake_channel(queue)`` on a connection of its own (autocommit,
-    not Django's) and calls ``run(turn_id, session_id, hint)`` for each wake (``parse_payload``), on this thread. A lost connection
-    is logged and opened again after ``RECONNECT_SECONDS``; wakes sent meanwhile are lost, which costs
-    only time (the Celery messages run those turns). ``run`` must not raise; if it does, it is logged."""
+    """A daemon thread that ``LISTEN``s on ``wake_channel(queue)`` (``listener.Listener``: a connection of
+    its own, the shared reconnect rule) and calls ``run(turn_id, session_id, hint)`` for each wake
+    (``parse_payload``), on this thread. A lost connection is logged and opened again within a second;
+    wakes sent meanwhile are lost, which costs only time (the Celery messages run those turns), so a
+    reconnect re-reads nothing: it only sets ``listening`` again (the heartbeat's ``wakeable``).
+    ``run`` must not raise; if it does, it is logged."""
 
     def __init__(self, queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> None:
-        self.queue, self.channel, self.run = queue, wake_channel(queue), run
-        self.listening = threading.Event()  # set while the LISTEN is in place (tests wait for it)
-        self._stop = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
-        self._thread = threading.Thread(target=self._loop, name="hermes-wake", daemon=True)
-        self._thread.hermes_long_lived = True  # type: ignore[attr-defined]  # may spawn kept app-servers
+        self.queue, self.channel, self.run = queue, routing.wake_channel(queue), run
+        self._ran_until = float("-inf")
+        self._listener = Listener(self.channel, name="hermes-wake", on_notify=self._notified,
+                                  on_connect=self._connected)
+        #: Set while the LISTEN is in place (tests wait for it).
+        self.listening = self._listener.listening
 
     def start(self) -> None:
-        self._thread.start()
+        # long_lived: it may spawn kept app-servers; at its end it closes the Django connection its turns
+        # used (looked up on that thread: Django's connections are per thread).
+        self._listener.start(long_lived=True, at_exit=lambda: connection.close())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop listening and wait for the thread (``timeout`` seconds at most; a turn it is running
         has its own deadline). A no-op from the listener's own thread."""
-        self._stop.set()
-        if self._thread.ident is not None and self._thread is not threading.current_thread():  # started
-            self._thread.join(timeout=timeout)
+        self._listener.stop(timeout)
 
-    def _loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._listen()
-                except psycopg.Error:
-                    logger.warning("wake: LISTEN %s lost; listening again in %.0f s (turns still arrive by Celery)",
-                                   self.channel, RECONNECT_SECONDS, exc_info=True)
-                finally:
-                    self.listening.clear()
-                self._stop.wait(RECONNECT_SECONDS)
-        finally:
-            connection.close()  # the Django connection the turns of this thread used
+    @property
+    def stopping(self) -> bool:
+        return self._listener.stopping
 
-    def _listen(self) -> None:
-        with psycopg.Connection.connect(**own_connection_params("hermes-wake"), autocommit=True) as conn:
-            conn.execute(f"LISTEN {self.channel}")
-            self.listening.set()
-            ran_until = float("-inf")
-            while not self._stop.is_set():
-                for note in conn.notifies(timeout=1.0):  # returns each second to look at the stop flag
-                    if self._stop.is_set():
-                        return
-                    # Handed over at once after the last wake's run: it arrived while that ran, so it is
-                    # not fresh whatever its clock says (another host's clock may be off): no hint.
-                    behind = time.monotonic() - ran_until < QUEUED_BEHIND_SECONDS
-                    self._woken(note.payload, queued_behind=behind)
-                    ran_until = time.monotonic()
+    def is_alive(self) -> bool:
+        return self._listener.is_alive()
+
+    @property
+    def connects(self) -> int:
+        """Connects of its LISTEN so far (1 once listening, one more per reconnect)."""
+        return self._listener.connects
+
+    def _connected(self) -> None:
+        self._ran_until = float("-inf")
+
+    def _notified(self, payload: str) -> None:
+        # Handed over at once after the last wake's run: it arrived while that ran, so it is not fresh
+        # whatever its clock says (another host's clock may be off): no hint.
+        behind = time.monotonic() - self._ran_until < QUEUED_BEHIND_SECONDS
+        self._woken(payload, queued_behind=behind)
+        self._ran_until = time.monotonic()
 
     def _woken(self, payload: str, *, queued_behind: bool = False) -> None:
         mark("wake.received", payload.partition(" ")[0])
-        parsed = parse_payload(payload)
+        parsed = routing.parse_payload(payload)
         if parsed is None:
             logger.warning("wake: ignoring payload %r on %s", payload[:100], self.channel)
             return
@@ -243,9 +160,9 @@ _listener_lock = threading.Lock()
 
 def wake_start(queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> WakeListener | None:
     """Start this process's ``WakeListener`` for own queue ``queue`` once (after any fork); ``None`` when
-    ``wake_enabled()`` is false or ``queue`` is empty."""
+    ``routing.wake_enabled()`` is false or ``queue`` is empty."""
     global _listener
-    if not queue or not wake_enabled():
+    if not queue or not routing.wake_enabled():
         return None
     with _listener_lock:
         if _listener is None or _listener[0] != os.getpid():

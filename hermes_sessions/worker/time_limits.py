@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from .due_threads import DueThread
+from ..services.due_threads import DueThread
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ After a turn that completed and whose rollout was stored, the worker process kee
 ran it, with the thread still loaded, for an idle window: the session's next turn on this process skips
 spawn, ``initialize``, the rollout restore and ``thread/resume`` (``turn/start`` goes to the loaded
 thread, ``TurnSpec.thread_loaded``; a resume under the session's permission profile costs ~150–1,000 ms
-cold, ``docs/codex.md`` §11). Nothing here touches the database; ``services/affinity.py`` does (routing, heartbeat, release).
+cold, ``docs/codex.md`` §11). Nothing here touches the database; ``worker/affinity.py`` does (routing, heartbeat, release).
 
 Facts this rests on (``docs/codex.md`` §7, §11): the rollout file is complete when ``turn/completed``
 arrives, so a turn's delta is read with the process still running; a plain ``thread/resume`` of a
@@ -36,8 +36,8 @@ from typing import Any
 
 from django.conf import settings
 
-from .client import AppServerClient
-from .rollout_files import RolloutBase, find_rollout
+from ...codex.client import AppServerClient
+from ...codex.rollout_files import RolloutBase, find_rollout
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class KeptThread:
         """Why this copy may not run the claimed turn (``""``: it may). ``thread_id``/``generation``: the
         claim's bound thread and its stored rollout generation; ``config``: the session's effective config.
         ``check_file=False``: not the rollout file's stamp (checked before an early ``turn/start``, after
-        which codex appends to it, ``services/early_start.py``)."""
+        which codex appends to it, ``worker/warm/early_start.py``)."""
         if thread_id != self.thread_id:
             return f"the session is bound to thread {thread_id}, not {self.thread_id}"
         if generation is None:  # forgotten (``forget_rollout``) or never stored
