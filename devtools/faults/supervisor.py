@@ -192,7 +192,7 @@ class Stack:
             "PYTHONPATH": str(self.code),
             "CODEX_NODE_MODULES": str(BASE / "node_modules"),
         }
-        for name in ("CODEX_APP_SERVER_COMMAND", "CODEX_BIN", "CODEX_MODEL", "CODEX_CONFIG_TOML", "HERMES_OWN_QUEUE",
+        for name in ("CODEX_APP_SERVER_COMMAND", "CODEX_BIN", "CODEX_MODEL", "CODEX_CONFIG_TOML", "HERMES_OWN_ROUTE",
                      "HERMES_WARM_IDLE_SECONDS", "HERMES_WARM_MAX_THREADS", "HERMES_AFFINITY_DEADLINE"):
             env.pop(name, None)
         return env

@@ -496,8 +496,8 @@ def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[st
     sweeper = stack.procs[2]
     out: dict[str, Any] = {"short": [], "long": [], "posted": [], "frozen_for": 0.0, "in_queue": -1, "woken": 0,
                            "t_cont": 0.0}
-    own_queue = stack.worker_queue(worker)
-    wakes = _WakeWatch(own_queue) if own_queue else None
+    own_route = stack.worker_queue(worker)
+    wakes = _WakeWatch(own_route) if own_route else None
     try:
         # The sweep (here every 1 s, stale after 4 s; by default 10 + 10 s) would free the held turns ≈ 5 s
         # after the freeze and hide the wait: paused, as if it had not come yet.
@@ -516,7 +516,7 @@ def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[st
         out["long"] = [sc.post(sc.new_session(), sc.text(first + 90, slow_for=a.freeze_slow_seconds))]
         if not _wait_claimed(_turn_ids(out["long"]), 10):
             sc.rec.notes.append(f"round {rnd}: the long SLOW turn was not claimed within 10 s")
-        out["in_queue"] = stack.broker.queue_length(own_queue) if own_queue else -1
+        out["in_queue"] = stack.broker.queue_length(own_route) if own_route else -1
         out["woken"] = wakes.count(_turn_ids(out["posted"])) if wakes is not None else 0
         claimed = _wait_claimed(_turn_ids(out["posted"]), a.freeze_slow_seconds + 20)
         _settled(sc, held, 30 if claimed else 1)
