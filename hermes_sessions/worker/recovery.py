@@ -133,18 +133,18 @@ def _dispatch_unclaimed(turn_id: uuid.UUID, *, by: str) -> int:
                 .values_list("queue", flat=True).first())
         sent_at = turn["dispatched_at"]
         if sent_at is None:
-            why = "no dispatch was on its way (a failed send, or a worker process busy with a woken turn)"
+            why = "had no dispatch on its way (a failed send, or a worker process busy with a woken turn)"
         elif sent_at < now - timedelta(seconds=settings.HERMES_REDISPATCH_SECONDS):
             why = f"queued at its session's head since {sent_at} with no worker"
         elif warm is not None and sent_at < now - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE):
-            why = f"{HANDED_TO_SHARED_QUEUE} ({warm})"
+            why = f"was {HANDED_TO_SHARED_QUEUE} ({warm})"
         else:
             return 0  # dispatched meanwhile, or its WarmThread row is being written
         if warm is not None:
             WarmThread.objects.filter(session_id=turn["session_id"]).delete()  # it goes cold
         dispatch.turn_dispatch_on_commit(turn_id, wake=False)
-    logger.warning("%s: turn %s of session %s: %s; dispatched to the shared queue", by, turn_id,
-                   turn["session_id"], why)
+    logger.warning("%s: turn %s %s; dispatched to the shared queue (session %s)", by, turn_id, why,
+                   turn["session_id"])
     return 1
 
 

@@ -67,7 +67,12 @@ def rollout_row(session, *, thread_id: str = THREAD, generation: int = 1) -> Cod
 def sent(monkeypatch) -> list[str]:
     """Turn ids passed to ``dispatch.turn_dispatch_on_commit`` (nothing is sent)."""
     calls: list[str] = []
-    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id, **_: calls.append(str(turn_id)))
+
+    def record(turn_id, **_) -> None:  # the stamp the real one writes (the sweep counts from it)
+        Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())
+        calls.append(str(turn_id))
+
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", record)
     return calls
 
 
@@ -734,6 +739,10 @@ def test_a_loop_that_finds_a_live_namesake_closes_its_copies_and_stops_keeping(
     assert fresh_keeper.held() == [] and copies[s.pk].client.closes == 1
     assert routing.own_route() == ""  # no more keeping in this process: _Held.may_keep is False
     assert loop._stop.is_set()
+    from hermes_sessions.worker import recovery
+
+    assert recovery._sweep_loop is not None  # it still sweeps, as a process without a route does
+    recovery.sweep_loop_stop()
     assert TurnWorker.objects.get(queue=queue).pid == live_namesake
     routing.worker_gone(queue=queue)  # this process's clean stop leaves the namesake's rows alone
     assert TurnWorker.objects.filter(queue=queue).exists() and WarmThread.objects.filter(pk=theirs.pk).exists()

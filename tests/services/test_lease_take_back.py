@@ -32,7 +32,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 def sent(monkeypatch) -> list[uuid.UUID]:
     """Turn ids passed to ``dispatch.turn_dispatch_on_commit`` (nothing is sent)."""
     calls: list[uuid.UUID] = []
-    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id, **_: calls.append(turn_id))
+    def record(turn_id, **_) -> None:  # the stamp the real one writes (the sweep counts from it)
+        Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())
+        calls.append(turn_id)
+
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", record)
     return calls
 
 
