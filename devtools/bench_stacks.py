@@ -10,7 +10,7 @@ Two kinds of stack run side by side in one bench (same database, broker, model s
   worker keeps a spare app-server ready and keeps a session's thread loaded between its turns.
 
 Each worker is one process, ``celery -A project worker -Q <queue>,celery -c 1 -n <unique>@%h``, as
-session affinity needs (it adds the worker's own queue ``<queue>.<node name>`` itself)."""
+session affinity needs (its route is ``<queue>.<node name>``)."""
 from __future__ import annotations
 
 import http.client

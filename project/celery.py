@@ -52,7 +52,7 @@ def _bound_idle_transactions(**_: object) -> None:
     ``HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS`` (``idle_in_transaction_session_timeout``, set in the
     connection's startup options: no round trip). Found by an adversary: a worker frozen (SIGSTOP, a paused
     VM) between a claim's two round trips held the session and turn row locks — TCP keepalives cannot see a
-    stopped process — and every writer of that session, the other workers' hand-offs and the sweep waited
+    stopped process — and every writer of that session, and the sweep waited
     behind it for as long as it stayed frozen. Now PostgreSQL ends that transaction and the locks go; the
     frozen worker finds its connection gone when it wakes. Worker processes only: their transactions are
     short, the API's and the tests' are not theirs to bound. Sent before the pool forks: its processes
@@ -73,8 +73,8 @@ def _bound_idle_transactions(**_: object) -> None:
 @worker_process_init.connect
 def _fill_spares(**_: object) -> None:
     """With ``HERMES_WARM_POOL`` > 0, each pool process starts filling its spare app-servers as soon as
-    it is forked, not at its first turn (``hermes_sessions/worker/warm/spares.py``); a process with an own queue
-    with a route starts its affinity heartbeat (``hermes_sessions/worker/affinity.py``), which also runs
+    it is forked, not at its first turn (``hermes_sessions/worker/warm/spares.py``); a process with a route
+    starts its affinity heartbeat (``hermes_sessions/worker/affinity.py``), which also runs
     the sweep's round; any other pool process (a worker with more turn slots, or keeping off) runs the
     sweep's round on a loop of its own (``recovery.SweepLoop``): recovery never depends on beat alone."""
     from hermes_sessions.worker.execution import start_affinity

@@ -690,7 +690,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, 
     final state, usage and timings. Returns the turn, or ``None`` when the claim is no longer
     held (a duplicate delivery or a lost claim) — then nothing is written.
 
-    ``warm_queue``: the own queue of the worker that will keep the thread loaded (session affinity,
+    ``warm_queue``: the route of the worker that will keep the thread loaded (session affinity,
     ``routing.warm_thread_record``), recorded only for a succeeded turn whose rollout was stored here;
     every other end of a turn records that no worker holds it.
     """
