@@ -143,8 +143,10 @@ def _dispatch_unclaimed(turn_id: uuid.UUID, *, by: str) -> int:
         if warm is not None:
             WarmThread.objects.filter(session_id=turn["session_id"]).delete()  # it goes cold
         dispatch.turn_dispatch_on_commit(turn_id, wake=False)
-    logger.warning("%s: turn %s %s; dispatched to the shared queue (session %s)", by, turn_id, why,
-                   turn["session_id"])
+    # A delivery refused by a busy process is routine under load (INFO); the others mean a message or a
+    # holder was lost (WARNING).
+    logger.log(logging.INFO if sent_at is None else logging.WARNING,
+               "%s: turn %s %s; dispatched to the shared queue (session %s)", by, turn_id, why, turn["session_id"])
     return 1
 
 
