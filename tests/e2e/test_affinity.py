@@ -274,7 +274,7 @@ def test_a_worker_busy_with_a_woken_turn_leaves_other_turns_to_the_sweep_and_the
         user, workers, stand_in):
     """A woken turn runs on the listener's thread, which Celery cannot see, so it hands that pool process
     the shared queue's next message — here the first turns of new sessions. The delivery waits at most
-    ``tasks.DELIVERY_SLOT_WAIT_SECONDS`` for the slot, then leaves its turn undispatched; the sweep's next
+    ``HERMES_AFFINITY_DEADLINE`` for the slot, then leaves its turn undispatched; the sweep's next
     round dispatches it again, until the idle worker takes it: each runs within seconds, not after the
     woken turn's 30 s or the sweep's ``HERMES_REDISPATCH_SECONDS``."""
     workers.start("a")
