@@ -53,6 +53,7 @@ from ..history_seed import seeded_input
 from ..latency_marks import mark
 from ..models import Turn
 from ..services import routing
+from ..services.dispatch import turn_undispatched
 from ..services.events import RETRYING, TurnEventWriter
 from ..services.rollouts import RolloutFenced, rollout_restore
 from ..services.turn_log import delivery
@@ -640,8 +641,9 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHi
     """Run turn ``turn_id`` of ``session_id`` on its wake-up (``wake.WakeListener``, this process's
     listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn the main thread
     runs ends first) — on the kept thread, or cold when this process let the thread go meanwhile.
-    ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: by then the
-    sweep dispatches the turn to the shared queue (``recovery.turns_dispatch_unclaimed``), for any worker.
+    ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the turn is
+    left undispatched (``dispatch.turn_undispatched``) and the sweep's next round dispatches it to the
+    shared queue (``recovery.turns_dispatch_unclaimed``), for any worker.
     The thread's database connection is checked as a task's is (``close_old_connections``), and the turn
     has a task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only
     in its tasks). ``session_id``: from the wake's payload, for the log.
@@ -653,6 +655,9 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHi
         if not taken:
             logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
                         "the sweep dispatches it to the shared queue", turn_id, session_id)
+            # Its wake is spent: left undispatched, the next round dispatches it even if the session's
+            # WarmThread row went meanwhile (an evicted or expired copy), which the deadline rule needs.
+            turn_undispatched(turn_id)
             return None
         close_old_connections()
         soft, hard = turn_time_limits()

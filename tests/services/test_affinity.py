@@ -863,3 +863,25 @@ def test_a_sweep_round_with_nothing_to_do_is_one_query_per_kind(django_assert_nu
     with django_assert_num_queries(3):
         report = recovery.sweep_round(by="worker test")
     assert (report.requeued, report.failed, report.redispatched, report.workers_removed) == (0, 0, 0, 0)
+
+
+def test_a_send_the_broker_refused_is_dispatched_again_at_the_next_round(monkeypatch, caplog,
+                                                                         django_capture_on_commit_callbacks):
+    """The broker is down at the send: the turn's ``dispatched_at`` is cleared, and the next sweep round
+    dispatches it (not after ``HERMES_REDISPATCH_SECONDS``)."""
+    from hermes_sessions.worker import recovery
+
+    class Down:
+        def apply_async(self, **_):
+            raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(dispatch, "_run_turn_task", lambda: Down())
+    turn = TurnFactory(status=Turn.Status.QUEUED)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch.turn_dispatch_on_commit(turn.pk)
+    assert Turn.objects.get(pk=turn.pk).dispatched_at is None
+    assert "could not be dispatched; the sweep will dispatch it" in caplog.text
+    sent: list = []
+    monkeypatch.setattr(recovery.dispatch, "turn_dispatch_on_commit", lambda turn_id, **kw: sent.append((turn_id, kw)))
+    assert recovery.turns_dispatch_unclaimed(limit=20, by="worker test") == 1
+    assert sent == [(turn.pk, {"wake": False})]

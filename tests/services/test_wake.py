@@ -359,12 +359,15 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     settings.HERMES_AFFINITY_DEADLINE = 0.2
     ran: list = []
     monkeypatch.setattr(execution, "turn_execute", lambda **kw: ran.append(kw))
+    undispatched: list = []
+    monkeypatch.setattr(execution, "turn_undispatched", undispatched.append)
     turn_id = uuid.uuid4()
     _, release = _held_slot()
     t0 = time.monotonic()
     assert execution.turn_execute_woken(turn_id, "s-1") is None
     assert 0.15 < time.monotonic() - t0 < 2 and ran == []
     assert "the sweep dispatches it to the shared queue" in caplog.text
+    assert undispatched == [turn_id]  # its wake spent: the sweep's next round dispatches it
     release.set()
     # Once the holder has let go: a run that still had to wait for the slot would lose its hint (by design) —
     # on a busy host the holder's thread may take longer than QUEUED_BEHIND_SECONDS to get there (newcomer,
