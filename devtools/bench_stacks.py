@@ -10,7 +10,7 @@ Two kinds of stack run side by side in one bench (same database, broker, model s
   worker keeps a spare app-server ready and keeps a session's thread loaded between its turns.
 
 Each worker is one process, ``celery -A project worker -Q <queue>,celery -c 1 -n <unique>@%h``, as
-session affinity needs (it adds the worker's own queue ``<queue>.<node name>`` itself)."""
+session affinity needs (its route is ``<queue>.<node name>``)."""
 from __future__ import annotations
 
 import http.client
@@ -105,14 +105,19 @@ class Stack:
         self.forget_queue()
 
     def forget_queue(self) -> None:
-        """Delete the stack's turn queue from the broker: the deadline's fallback copies of routed turns,
-        sent 2 s after each, are left in it when the workers stop (no-ops, but a leftover queue). Needs
-        Django set up (the bench's ``_setup_django``); without it there is nothing to forget."""
+        """Delete the stack's turn queue from the broker: a turn the sweep dispatched again after its worker
+        had run it leaves a no-op message behind when the workers stop. Needs Django set up (the bench's
+        ``_setup_django``); without it there is nothing to forget."""
         try:
-            from hermes_sessions.worker.own_queues import queue_delete
+            from celery import current_app
+            from kombu import Queue
         except Exception:  # noqa: BLE001 — Django was never set up: the stack never ran a turn
             return
-        queue_delete(self.env["HERMES_TURN_QUEUE"])
+        try:
+            with current_app.connection_for_write() as conn:
+                Queue(self.env["HERMES_TURN_QUEUE"])(conn.default_channel).delete()
+        except Exception:  # noqa: BLE001 — the broker is away: a leftover queue, nothing more
+            pass
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -1,5 +1,5 @@
 """Our ``LISTEN`` connections, and their one reconnect rule: one implementation for the API's event hub
-(``api/event_hub.py``) and the worker's wake listener (``services/wake.py``).
+(``api/event_hub.py``) and the worker's wake listener (``worker/wake.py``).
 
 A ``Listener`` holds a psycopg connection of its own (``connection_params``: not Django's, so no pool
 recycles it and nothing else runs on it), in autocommit, that ``LISTEN``s on one channel and hands each
@@ -147,7 +147,7 @@ class Listener:
               at_exit: Callable[[], object] | None = None) -> None:
         """Listen on a daemon thread of its own (named ``thread_name``, default ``name``);
         ``long_lived`` marks it ``hermes_long_lived`` (it may spawn processes that outlive a turn:
-        ``services/wake.in_long_lived_thread``); ``at_exit()`` runs on that thread as it ends."""
+        ``worker/wake.in_long_lived_thread``); ``at_exit()`` runs on that thread as it ends."""
         self._wakeup = socket.socketpair()
         self._thread = threading.Thread(target=self._run_thread, args=(at_exit,), name=thread_name or self.name,
                                         daemon=True)

@@ -361,11 +361,11 @@ class TurnEvent(models.Model):
 
 class TurnWorker(models.Model):
     """A worker process that keeps codex threads loaded between turns (session affinity,
-    ``worker/affinity.py``): its own Celery queue (``<HERMES_TURN_QUEUE>.<node name>``, the primary
-    key), where it runs (``node``, ``host``, ``pid``) and its last ``heartbeat_at`` (renewed every
-    ``HERMES_WORKER_HEARTBEAT_SECONDS`` by the process itself). Turns are routed to ``queue`` only while
-    the heartbeat is younger than ``HERMES_WORKER_STALE_SECONDS``; the sweep empties the queue of a
-    worker whose heartbeat is older and deletes the row."""
+    ``worker/affinity.py``): its route (``queue``: ``<HERMES_TURN_QUEUE>.<node name>``, the primary key,
+    which names its wake channel; no broker queue has that name), where it runs (``node``, ``host``,
+    ``pid``) and its last ``heartbeat_at`` (renewed every ``HERMES_WORKER_HEARTBEAT_SECONDS`` by the
+    process itself). Turns are routed to it only while the heartbeat is younger than
+    ``HERMES_WORKER_STALE_SECONDS``; the sweep deletes the row of a worker whose heartbeat is older."""
 
     queue = models.CharField(primary_key=True, max_length=255)
     node = models.CharField(max_length=255)
@@ -375,7 +375,7 @@ class TurnWorker(models.Model):
     heartbeat_at = models.DateTimeField()
     kept = models.PositiveIntegerField(default=0)  # threads it holds loaded at its last heartbeat
     # Its wake listener was listening at its last heartbeat (``worker/wake.py``): a turn routed to it
-    # is announced by NOTIFY, and only the shared queue's countdown copy goes through Celery.
+    # is announced by NOTIFY, with no Celery message.
     wakeable = models.BooleanField(default=False)
 
     def __str__(self) -> str:
@@ -383,7 +383,7 @@ class TurnWorker(models.Model):
 
 
 class WarmThread(models.Model):
-    """Where a session's codex thread is kept loaded after its last turn: the worker queue that holds
+    """Where a session's codex thread is kept loaded after its last turn: the worker route that holds
     it, the thread and the rollout ``generation`` it holds (what its finalize stored), and ``until``
     (end of the idle window). Written in the turn's finalize transaction under the session lock,
     deleted by every other end of a turn and when the worker lets the thread go. Only a hint for

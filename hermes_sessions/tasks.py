@@ -20,35 +20,37 @@ logger = logging.getLogger(__name__)
     soft_time_limit=SOFT_TIME_LIMIT,
     time_limit=TIME_LIMIT,
 )
-def run_turn(self: Task, turn_id: str, fallback: bool = False) -> dict[str, str]:
+def run_turn(self: Task, turn_id: str) -> dict[str, str]:
     """Run turn ``turn_id`` if it is its session's next turn (see ``worker.turn_execute``).
 
-    ``fallback``: the shared queue's copy sent ``HERMES_AFFINITY_DEADLINE`` after a turn routed to the
-    worker holding its thread (``services/dispatch.py``). Almost always that worker ran the turn long
-    before; one unlocked read then says so, instead of the claim's locks and commit. The same read goes
-    first in a process whose wake listener may have run the turn already; there the delivery holds the
-    process's turn slot while it runs (``worker.delivery_slot``), or — the slot still taken by a woken
-    turn after ``HERMES_AFFINITY_DEADLINE`` — passes the turn on to the shared queue (``"passed_on"``).
+    In a process whose wake listener runs turns too (``worker/wake.py``), one unlocked read goes first (the
+    listener may have run the turn already), and the delivery holds the process's turn slot while it runs
+    (``worker.delivery_slot``). Should a woken turn hold the slot for longer than
+    ``HERMES_AFFINITY_DEADLINE`` — Celery cannot see it and counted this process idle — the turn is left
+    queued with no dispatch recorded (``services.turn_undispatched``): the sweep's next round, on any
+    worker, dispatches it to the shared queue again (``"turn_status": "busy"``).
 
     Returns ``{"turn": <turn id>, "turn_status": <status>}`` — ``"skipped"`` when this delivery had
-    nothing to do, ``"passed_on"`` when it sent the turn to the shared queue again — which Celery logs as ``Task …run_turn[<task id>] succeeded in …: {'turn': …,
+    nothing to do — which Celery logs as ``Task …run_turn[<task id>] succeeded in …: {'turn': …,
     'turn_status': 'failed'}``: the task ran, the turn failed. The turn's own end line
     (``hermes_sessions.turns``) names this task id."""
-    # A process with a wake listener (worker/wake.py) has usually run the turn by the time its message
-    # arrives: the same read, instead of waiting for the slot and then the claim's locks.
-    if (fallback or worker.wake_listening()) and not selectors.turn_is_queued(turn_id=turn_id):
+    if worker.wake_listening() and not selectors.turn_is_queued(turn_id=turn_id):
         return {"turn": str(turn_id), "turn_status": "skipped"}
+    # Waiting up to the deadline lets a short woken turn (most are < 1 s) end first: refusing after 0.5 s cost
+    # a third of one worker's throughput (make bench, 50 sessions on 1 worker), each refused turn waiting for
+    # the sweep's next round while the slot sat idle.
     with worker.delivery_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as free:
         if not free:  # busy with a woken turn that Celery cannot see: any idle worker takes this one
-            logger.info("turn %s: this worker is busy with a woken turn past HERMES_AFFINITY_DEADLINE; passed on "
-                        "to the shared queue", turn_id)
-            services.turn_pass_on(turn_id)
-            return {"turn": str(turn_id), "turn_status": "passed_on"}
+            logger.info("turn %s: this worker is busy with a woken turn; left to the sweep, which dispatches it "
+                        "to the shared queue again", turn_id)
+            services.turn_undispatched(turn_id)
+            return {"turn": str(turn_id), "turn_status": "busy"}
         turn = worker.turn_execute(turn_id=turn_id, task_id=self.request.id)
     return {"turn": str(turn_id), "turn_status": turn.status if turn is not None else "skipped"}
 
 
 @shared_task(name="hermes_sessions.tasks.sweep_turns", ignore_result=True)
 def sweep_turns() -> dict[str, int]:
-    """Periodic (Celery beat): recover turns of dead workers, re-send lost tasks, purge old keys."""
+    """Periodic (Celery beat): the sweep (``worker.turns_sweep``): expired leases, unclaimed turns, dead
+    workers, old idempotency keys."""
     return vars(worker.turns_sweep())

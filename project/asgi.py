@@ -15,9 +15,3 @@ from project.asgi_handler import HermesASGIHandler  # noqa: E402 — needs the a
 warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume synchronous iterators", category=Warning)
 
 application = HermesASGIHandler()
-
-# A woken turn's fallback copy waits in this process until due; gunicorn's graceful stop of a uvicorn worker
-# ends with SIGTERM's default action, which skips atexit: send them on SIGTERM (services/fallback_copies.py).
-from hermes_sessions.services.fallback_copies import flush_on_sigterm  # noqa: E402
-
-flush_on_sigterm()

@@ -52,7 +52,7 @@ def _bound_idle_transactions(**_: object) -> None:
     ``HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS`` (``idle_in_transaction_session_timeout``, set in the
     connection's startup options: no round trip). Found by an adversary: a worker frozen (SIGSTOP, a paused
     VM) between a claim's two round trips held the session and turn row locks — TCP keepalives cannot see a
-    stopped process — and every writer of that session, the other workers' hand-offs and the sweep waited
+    stopped process — and every writer of that session and the sweep waited
     behind it for as long as it stayed frozen. Now PostgreSQL ends that transaction and the locks go; the
     frozen worker finds its connection gone when it wakes. Worker processes only: their transactions are
     short, the API's and the tests' are not theirs to bound. Sent before the pool forks: its processes
@@ -73,34 +73,34 @@ def _bound_idle_transactions(**_: object) -> None:
 @worker_process_init.connect
 def _fill_spares(**_: object) -> None:
     """With ``HERMES_WARM_POOL`` > 0, each pool process starts filling its spare app-servers as soon as
-    it is forked, not at its first turn (``hermes_sessions/worker/warm/spares.py``); a process with an own queue
-    starts its affinity heartbeat (``hermes_sessions/worker/affinity.py``), which also takes back
-    expired leases; any other pool process (a worker with more turn slots, or keeping off) runs a lease
-    loop of its own (``recovery.LeaseLoop``): lease recovery never depends on beat alone."""
+    it is forked, not at its first turn (``hermes_sessions/worker/warm/spares.py``); a process with a route
+    starts its affinity heartbeat (``hermes_sessions/worker/affinity.py``), which also runs
+    the sweep's round; any other pool process (a worker with more turn slots, or keeping off) runs the
+    sweep's round on a loop of its own (``recovery.SweepLoop``): recovery never depends on beat alone."""
     from hermes_sessions.worker.execution import start_affinity
-    from hermes_sessions.worker.recovery import lease_loop_start
+    from hermes_sessions.worker.recovery import sweep_loop_start
     from hermes_sessions.worker.warm.kept import keeper
     from hermes_sessions.worker.warm.spares import spare_pool
 
     spare_pool()
     k = keeper()
-    if k is None or start_affinity(k) is None:  # None: no own queue
-        lease_loop_start(by=f"worker process {os.getpid()}")
+    if k is None or start_affinity(k) is None:  # None: no route
+        sweep_loop_start(by=f"worker process {os.getpid()}")
 
 
 @celeryd_after_setup.connect
-def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
+def _name_keeping_worker(sender: str, instance: object, **_: object) -> None:
     """Session affinity (``hermes_sessions/worker/affinity.py``): a worker that runs one turn at a time
-    (prefork ``-c 1``, or ``-P solo``) also consumes its own queue ``<HERMES_TURN_QUEUE>.<node name>``
-    and names it in ``HERMES_OWN_QUEUE`` for its pool process (set before the pool forks). A worker with
-    more pool processes gets no own queue and keeps no thread loaded: its queue could not reach the one
-    process holding a thread. Keeping off (``HERMES_WARM_IDLE_SECONDS=0``): no own queue either."""
+    (prefork ``-c 1``, or ``-P solo``) keeps threads loaded under its route ``<HERMES_TURN_QUEUE>.<node
+    name>``, named in ``HERMES_OWN_ROUTE`` for its pool process (set before the pool forks). A worker with
+    more pool processes gets no route and keeps no thread loaded: a turn could not be brought to the one
+    process holding its thread. Keeping off (``HERMES_WARM_IDLE_SECONDS=0``): no route either."""
     from django import db
     from django.conf import settings
 
-    from hermes_sessions.services.routing import OWN_QUEUE_ENV, own_queue_name, own_queue_taken
+    from hermes_sessions.services.routing import OWN_ROUTE_ENV, route_name, route_taken
 
-    os.environ.pop(OWN_QUEUE_ENV, None)
+    os.environ.pop(OWN_ROUTE_ENV, None)
     pool = str(getattr(instance, "pool_cls", "") or "")
     # -P solo runs tasks one at a time in the main process whatever --concurrency says.
     one_at_a_time = "solo" in pool or (getattr(instance, "concurrency", 0) == 1 and ("prefork" in pool or not pool))
@@ -108,25 +108,24 @@ def _consume_own_queue(sender: str, instance: object, **_: object) -> None:
         return
     if not one_at_a_time:
         logging.getLogger("hermes_sessions.affinity").info(
-            "worker %s runs %s turns at once (%s): no own queue, no thread kept loaded between turns "
-            "(session affinity needs -c 1 or -P solo; README \"Warm turns\")", sender,
+            "worker %s runs %s turns at once (%s): no thread kept loaded between turns "
+            "(session affinity needs -c 1 or -P solo; docs/architecture.md §3)", sender,
             getattr(instance, "concurrency", "?"), pool or "prefork")
         return
-    queue = own_queue_name(sender)
+    queue = route_name(sender)
     try:
-        taken = own_queue_taken(queue)
-    except Exception:  # noqa: BLE001 — the database is down at start: take the queue (the sweep sorts out the rest)
+        taken = route_taken(queue)
+    except Exception:  # noqa: BLE001 — the database is down at start: take the route (the sweep sorts out the rest)
         taken = ""
     finally:
         if not db.connection.in_atomic_block:  # (a test's transaction)
             db.connection.close()  # opened in the main process before the pool forks: children must not share it
     if taken:
         logging.getLogger("hermes_sessions.affinity").error(
-            "%s: this worker keeps no thread loaded (no own queue); give each worker its own node name "
+            "%s: this worker keeps no thread loaded; give each worker its own node name "
             "(-n, make worker WORKER_NAME=…)", taken)
         return
-    instance.app.amqp.queues.select_add(queue)  # type: ignore[attr-defined]
-    os.environ[OWN_QUEUE_ENV] = queue
+    os.environ[OWN_ROUTE_ENV] = queue
 
 
 @worker_process_shutdown.connect
@@ -137,7 +136,7 @@ def _close_spares(**_: object) -> None:
     from django.conf import settings
 
     from hermes_sessions.worker.affinity import affinity_stop
-    from hermes_sessions.worker.recovery import lease_loop_stop
+    from hermes_sessions.worker.recovery import sweep_loop_stop
     from hermes_sessions.worker.wake import wake_stop
     from hermes_sessions.worker.warm.kept import close_keeper
     from hermes_sessions.worker.warm.spares import close_spare_pool
@@ -145,30 +144,13 @@ def _close_spares(**_: object) -> None:
     wake_stop(turn_timeout=settings.CODEX_TURN_TIMEOUT + 30)  # first: a woken turn ends on its app-server
     close_spare_pool()
     affinity_stop(close_keeper())
-    lease_loop_stop()
+    sweep_loop_stop()
 
 
 @worker_shutdown.connect
 def _close_in_main_process(**kwargs: object) -> None:
-    """The worker's end (main process): ``-P solo`` runs turns here and gets no ``worker_process_shutdown``;
-    and the worker's own queue is deleted from the broker, bindings included — nobody consumes it any more
-    (its messages are duplicates of shared-queue ones, or the sweep sends their turns again). Not at a pool
-    process's end: the main process still consumes the queue when one child is replaced."""
-    from hermes_sessions.services.routing import own_queue, own_queue_taken
-    from hermes_sessions.worker.own_queues import queue_delete
-
-    queue = own_queue()
+    """The worker's end (main process): ``-P solo`` runs turns here and gets no ``worker_process_shutdown``."""
     _close_spares(**kwargs)
-    if not queue:
-        return
-    try:
-        taken = own_queue_taken(queue, pid=os.getpid())
-    except Exception:  # noqa: BLE001 — the database is down: delete it (a live namesake re-declares it at restart)
-        taken = ""
-    if taken:  # this worker's pool process yielded the queue to a live namesake (routing.worker_heartbeat)
-        logging.getLogger("hermes_sessions.affinity").warning("not deleting %s at shutdown: %s", queue, taken)
-        return
-    queue_delete(queue)
 
 
 @after_setup_logger.connect

@@ -326,18 +326,14 @@ HERMES_WARM_POOL = env_int("HERMES_WARM_POOL", 0)
 HERMES_WARM_POOL_MAX_AGE = env_float("HERMES_WARM_POOL_MAX_AGE", 600.0)
 # Session affinity (hermes_sessions/worker/warm/kept.py, worker/affinity.py): after a turn, a worker process that runs
 # one turn at a time (-c 1, or -P solo) keeps the app-server with the thread loaded for HERMES_WARM_IDLE_SECONDS
-# (0: close it after every turn) and the session's next turn is sent to that worker's own queue
-# (<HERMES_TURN_QUEUE>.<node name>) while its heartbeat is fresh, and to the shared queue
-# HERMES_AFFINITY_DEADLINE seconds later for any worker to take (cold) should it not claim the turn by then.
+# (0: close it after every turn) and the session's next turn wakes that worker by PostgreSQL NOTIFY while its
+# heartbeat is fresh; a turn it has not claimed HERMES_AFFINITY_DEADLINE seconds later is dispatched to the shared
+# queue by the sweep, for any worker to take (cold). docs/architecture.md §4 has the delivery table.
 HERMES_WARM_IDLE_SECONDS = env_float("HERMES_WARM_IDLE_SECONDS", 120.0)
 HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 8)  # kept app-servers per worker process (LRU)
 HERMES_WARM_MAX_TURNS = env_int("HERMES_WARM_MAX_TURNS", 200)  # turns one kept app-server runs before it is recycled
 HERMES_WARM_MAX_RSS_MB = env_int("HERMES_WARM_MAX_RSS_MB", 512)  # a kept app-server above this resident size is closed
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
-# The enqueue of a routed turn wakes its worker by PostgreSQL NOTIFY instead of a message to the worker's own
-# queue; the shared queue's fallback copy, sent HERMES_AFFINITY_DEADLINE later if the turn is still queued,
-# stays the durable path; 0: Celery messages only (hermes_sessions/worker/wake.py).
-HERMES_WAKE = env_bool("HERMES_WAKE", True)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
 # (hermes_sessions/worker/warm/early_start.py).
@@ -357,7 +353,7 @@ HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS = env_float("HERMES_WORKER_IDLE_IN_TRA
 HERMES_LEASE_SECONDS = env_float("HERMES_LEASE_SECONDS", 30.0)  # a running turn's claim, renewed by its worker
 HERMES_HEARTBEAT_SECONDS = env_float("HERMES_HEARTBEAT_SECONDS", 1.0)  # renewal and cancel-check interval
 HERMES_MAX_ATTEMPTS = env_int("HERMES_MAX_ATTEMPTS", 3)  # claims of one turn before it fails
-HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # queued this long at the head: send again
+HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # dispatched this long ago, still queued at the head: again
 # Backoff (seconds) for retryable codex failures before turn/start (active writer, transport blip).
 HERMES_RETRY_DELAYS = tuple(float(x) for x in env_list("HERMES_RETRY_DELAYS", "0.5,1,2,4,8"))
 HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see worker/retry_policy.py

@@ -130,24 +130,13 @@ def redis_broker(tmp_path: Path):
 
 
 @pytest.fixture(autouse=True)
-def _no_lease_loop_left():
-    """A test that starts a worker process's lease loop (``recovery.LeaseLoop``) in the test process must
-    stop it: a leaked one takes back other tests' running turns (found in session 6: an e2e test's turn
-    was taken back by the pytest process, not by its worker)."""
+def _no_sweep_loop_left():
+    """A test that starts a worker process's sweep loop (``recovery.SweepLoop``) in the test process must
+    stop it: a leaked one takes back other tests' running turns and dispatches their queued ones."""
     yield
     from hermes_sessions.worker import recovery
 
-    leaked = recovery._lease_loop
+    leaked = recovery._sweep_loop
     if leaked is not None:
-        recovery.lease_loop_stop()
-        pytest.fail(f"the test left a lease loop running ({leaked[1].by})")
-
-
-@pytest.fixture(autouse=True)
-def _no_fallback_copy_left():
-    """Fallback copies a test's woken turns left held in this process (``services/fallback_copies.py``) are
-    dropped at its end: sent later, they would reach a broker queue another test reads."""
-    yield
-    from hermes_sessions.services import fallback_copies
-
-    fallback_copies.SENDER.drop()
+        recovery.sweep_loop_stop()
+        pytest.fail(f"the test left a sweep loop running ({leaked[1].by})")

@@ -11,7 +11,7 @@ stack per run, all real processes on this machine (:mod:`.supervisor`):
 * gunicorn serving the REST API, driven over HTTP with a token user, as a client would;
 * Celery turn workers (``-Q <unique queue> -c 1``, four by default: ``--workers``, ``--concurrency``),
   each in its own process group so a whole worker (MainProcess and prefork child) can be ``kill -9``-ed;
-  running one turn at a time, each also consumes its own queue and keeps the app-servers of the
+  running one turn at a time, each also has a route (woken by NOTIFY) and keeps the app-servers of the
   sessions it ran loaded between their turns (session affinity, warm processes in play), plus one
   sweep worker with embedded beat (``hermes_sessions.tasks.sweep_turns`` every second) on the default
   queue (killed only by ``kill-beat-with-worker``);

@@ -79,7 +79,7 @@ class Broker:
         raise NotImplementedError
 
     def queue_exists(self, queue: str) -> bool:
-        """Whether the broker still knows ``queue`` (a dead worker's own queue is deleted by the sweep)."""
+        """Whether the broker knows ``queue`` (none is named after a worker: the check that none is left)."""
         raise NotImplementedError
 
     def loses_messages(self) -> str:

@@ -88,10 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--holder-rounds", type=int, default=2, help="warm holders killed in kill-warm-holder")
     p.add_argument("--freeze-rounds", type=int, default=2,
                    help="warm holders frozen (SIGSTOP) in freeze-warm-holder (its sessions: --holder-sessions)")
-    # 15 s: well past the hand-off's bound (≈ 6.5 s here), so a held turn left behind the long turn fails it.
+    # 15 s: well past the sweep's bound for a held turn (≈ 6.5 s here), so one left behind the long turn fails it.
     p.add_argument("--freeze-slow-seconds", type=float, default=15.0,
-                   help="how long the long SLOW turn of freeze-warm-holder streams (the one worker that reserved "
-                        "the held turns' countdown copies runs it)")
+                   help="how long the long SLOW turn of freeze-warm-holder streams (the one worker idle when the "
+                        "held turns are posted runs it)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs) and the *_faults database afterwards")
     p.add_argument("--seed", type=int, default=None)
     args = p.parse_args(argv)

@@ -192,7 +192,7 @@ class Stack:
             "PYTHONPATH": str(self.code),
             "CODEX_NODE_MODULES": str(BASE / "node_modules"),
         }
-        for name in ("CODEX_APP_SERVER_COMMAND", "CODEX_BIN", "CODEX_MODEL", "CODEX_CONFIG_TOML", "HERMES_OWN_QUEUE",
+        for name in ("CODEX_APP_SERVER_COMMAND", "CODEX_BIN", "CODEX_MODEL", "CODEX_CONFIG_TOML", "HERMES_OWN_ROUTE",
                      "HERMES_WARM_IDLE_SECONDS", "HERMES_WARM_MAX_THREADS", "HERMES_AFFINITY_DEADLINE"):
             env.pop(name, None)
         return env
@@ -290,7 +290,7 @@ class Stack:
 
     def start_worker(self) -> Proc:
         """One more turn worker (``-Q <queue> -c CONCURRENCY``) in a process group of its own, reaching
-        PostgreSQL through the proxy. With ``-c 1`` (the default) it also consumes its own queue and keeps
+        PostgreSQL through the proxy. With ``-c 1`` (the default) it also has a route (woken by NOTIFY) and keeps
         threads loaded between turns (session affinity, ``hermes_sessions/worker/affinity.py``)."""
         self.worker_seq += 1
         name = f"worker{self.worker_seq}"
@@ -364,7 +364,7 @@ class Stack:
                       if not any(line.startswith(f"codex pid {cp.pid} ") for line in out)]
 
     def worker_queue(self, worker: Proc) -> str:
-        """The own queue of ``worker`` (``-c 1``) from its ``TurnWorker`` row (its pool process's heartbeat),
+        """The route of ``worker`` (``-c 1``) from its ``TurnWorker`` row (its pool process's heartbeat),
         or ``""`` when it has none."""
         from hermes_sessions.models import TurnWorker
 

@@ -15,24 +15,21 @@ worker keeps with a session's thread loaded between its turns (``hermes_sessions
                       the lease of the post — the holder held no claim, so nobody waits for a lease), no
                       turn fails (``already has an active writer`` or anything else), none of the killed
                       worker's app-servers survives it by more than 5 s (``PR_SET_PDEATHSIG``), and the
-                      sweep removes its ``TurnWorker`` row, its ``WarmThread`` rows and its own queue.
+                      sweep removes its ``TurnWorker`` row and its ``WarmThread`` rows.
 ``freeze-warm-holder`` SIGSTOP (its process group and its app-servers) of the worker that holds the most
                       sessions' threads loaded, while the others are busy: all but one with a SLOW turn
-                      (``--slow-seconds``); the held sessions' next turns are posted (the first copy to the
-                      frozen holder — a NOTIFY wake-up, or a message in its own queue with ``HERMES_WAKE=0``
-                      —, the countdown copy reserved at once by the one idle worker),
-                      and that worker then starts a long turn (``SLOW<--freeze-slow-seconds>``), so the
-                      countdown copies sit behind it; a round starts with every
-                      worker idle, and notes when the set-up did not hold (first copies not in the holder's
-                      queue nor woken, the long turn started after the countdown copies were due). A keeping worker's loop must
-                      hand the turns off (``routing.stalled_holder_turns``): each claimed within
+                      (``--slow-seconds``); the held sessions' next turns are posted (each wakes the frozen
+                      holder by NOTIFY: its heartbeat is still fresh), and the one idle worker then starts a
+                      long turn (``SLOW<--freeze-slow-seconds>``); a round starts with every worker idle, and
+                      notes when the set-up did not hold (the turns not woken on the holder). The sweep's
+                      round of a busy worker must dispatch the turns to the shared queue
+                      (``recovery.turns_dispatch_unclaimed``): each claimed within
                       ``HERMES_AFFINITY_DEADLINE`` + 3 heartbeats + 3 s of its post, or 3 s after a turn slot
                       came free if that is later (a SLOW turn ended); succeeded, resumed cold, attempt 1.
-                      The sweeper is paused meanwhile: here it sweeps every 1 s with a 4 s stale limit and
-                      would free them ≈ 5 s after the freeze (by default 10 + 10 s), hiding the wait. Then
-                      SIGCONT: the holder keeps running and beating (no yield: nobody took its name), closes
-                      its kept copies within 5 s, and no later turn runs on a loaded copy unless the session's
-                      previous turn ended on that worker (worker logs); the held sessions' next turns succeed.
+                      Beat's sweeper is paused meanwhile. Then SIGCONT: the holder keeps running and beating
+                      (no yield: nobody took its name), closes its kept copies within 5 s, and no later turn
+                      runs on a loaded copy unless the session's previous turn ended on that worker (worker
+                      logs); the held sessions' next turns succeed.
 
 ``kill-beat-with-worker`` ``kill -9`` of the sweeper (the worker that embeds beat) together with
                       a worker running a SLOW turn: with beat dead, the live workers' affinity loops must take
@@ -193,7 +190,8 @@ def _holder(sc: Scenario, sessions: list[str]) -> tuple[Proc, str, list[str], li
 
 
 def _check_swept(sc: Scenario, rnd: int, queue: str, timeout: float) -> float | None:
-    """Until the dead worker's ``TurnWorker`` row, ``WarmThread`` rows and own queue are gone; seconds
+    """Until the dead worker's ``TurnWorker`` row and ``WarmThread`` rows are gone (and nothing in the broker
+    is named after it); seconds
     it took, or ``None`` (a violation) after ``timeout``."""
     from hermes_sessions.models import TurnWorker, WarmThread
 
@@ -306,7 +304,7 @@ def scenario_kill_warm_holder(sc: Scenario) -> None:
     sc.rec.notes.append(
         f"{kills} warm holders killed, keeping {held_total} sessions loaded; their next turns were claimed "
         f"{', '.join(f'{d:.1f}' for d in delays)} s after the post (lease {settings.HERMES_LEASE_SECONDS:g} s); "
-        f"the dead worker's row, warm rows and own queue gone (swept) {', '.join(f'{t:.1f}' for t in swept)} s "
+        f"the dead worker's row and warm rows gone (swept) {', '.join(f'{t:.1f}' for t in swept)} s "
         f"after the kill (HERMES_WORKER_STALE_SECONDS {settings.HERMES_WORKER_STALE_SECONDS:g}); "
         f"{_writer_lines(sc) - writer_before} worker log line(s) name 'already has an active writer'")
 
@@ -315,7 +313,7 @@ def scenario_kill_warm_holder(sc: Scenario) -> None:
 
 #: Seconds of slack on the hand-off bound (a loaded 2-core machine: the API's commit, the broker, a claim).
 FREEZE_SLACK = 3.0
-_HANDED_OFF = "whose heartbeat stopped: handed to any worker"  # affinity.AffinityLoop.tick's log line
+_HANDED_OFF = "not claimed within HERMES_AFFINITY_DEADLINE by the worker holding its thread"  # recovery.HANDED_TO_SHARED_QUEUE
 _YIELDED = "keeps no thread loaded from now on"  # affinity.AffinityLoop._yield's log line
 
 
@@ -466,8 +464,7 @@ def _setting(name: str) -> Any:
 
 class _WakeWatch:
     """The NOTIFY wake-ups sent to one worker (``hermes_sessions/worker/wake.py``), heard on a connection of
-    the harness's own: a turn routed to a holder whose wake listener listens gets a wake-up instead of a
-    message in its own queue."""
+    the harness's own: a turn routed to a holder whose wake listener listens gets a wake-up, no message."""
 
     def __init__(self, queue: str) -> None:
         import psycopg
@@ -496,8 +493,8 @@ def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[st
     sweeper = stack.procs[2]
     out: dict[str, Any] = {"short": [], "long": [], "posted": [], "frozen_for": 0.0, "in_queue": -1, "woken": 0,
                            "t_cont": 0.0}
-    own_queue = stack.worker_queue(worker)
-    wakes = _WakeWatch(own_queue) if own_queue else None
+    own_route = stack.worker_queue(worker)
+    wakes = _WakeWatch(own_route) if own_route else None
     try:
         # The sweep (here every 1 s, stale after 4 s; by default 10 + 10 s) would free the held turns ≈ 5 s
         # after the freeze and hide the wait: paused, as if it had not come yet.
@@ -509,14 +506,13 @@ def _freeze(sc: Scenario, rnd: int, worker: Proc, pids: list[int], held: list[st
         out["short"] = [sc.post(sc.new_session(), sc.text(first + 50 + n, slow=True)) for n in range(len(peers) - 1)]
         if not _wait_claimed(_turn_ids(out["short"]), 15):
             sc.rec.notes.append(f"round {rnd}: the SLOW turns were not all claimed within 15 s")
-        # … the held sessions' next turns: the first copy to the frozen holder's queue (its heartbeat is still
-        # fresh), the countdown copy reserved at once by the one idle worker …
+        # … the held sessions' next turns: each wakes the frozen holder (its heartbeat is still fresh) …
         out["posted"] = [sc.post(s, sc.text(first + 60 + n)) for n, s in enumerate(held)]
-        # … which then starts a long turn: the countdown copies sit behind it.
+        # … and the one idle worker starts a long turn: only busy workers' sweep rounds are left to move them.
         out["long"] = [sc.post(sc.new_session(), sc.text(first + 90, slow_for=a.freeze_slow_seconds))]
         if not _wait_claimed(_turn_ids(out["long"]), 10):
             sc.rec.notes.append(f"round {rnd}: the long SLOW turn was not claimed within 10 s")
-        out["in_queue"] = stack.broker.queue_length(own_queue) if own_queue else -1
+        out["in_queue"] = stack.broker.queue_length(own_route) if own_route else -1
         out["woken"] = wakes.count(_turn_ids(out["posted"])) if wakes is not None else 0
         claimed = _wait_claimed(_turn_ids(out["posted"]), a.freeze_slow_seconds + 20)
         _settled(sc, held, 30 if claimed else 1)
@@ -559,7 +555,7 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
     could not set the fault up (noted)."""
     a, stack = sc.args, sc.stack
     # Every worker idle first: the last round's long turn outlasts that round (with it still running, the
-    # worker meant to reserve the countdown copies was busy, and they waited in the broker instead).
+    # worker meant to start the long turn was busy, and the held turns went to it instead).
     _settled(sc, sc.rec.sessions, a.bound)
     for n, s in enumerate(sessions):  # one turn each: every session's thread is kept loaded by some worker
         sc.post(s, sc.text(first + n))
@@ -577,7 +573,7 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
     bounds, shorts = _check_frozen_turns(sc, rnd, worker, seen)
     if seen["in_queue"] + seen["woken"] != len(held):  # routed to the shared queue only: the round did not set up F2
         sc.rec.notes.append(f"round {rnd}: {seen['in_queue'] + seen['woken']} of {len(held)} first copies went to the "
-                            "frozen holder (its own queue or a wake-up; its heartbeat went stale before the posts?): "
+                            "frozen holder (a wake-up; its heartbeat went stale before the posts?): "
                             "this round proves less")
     released = _check_released(sc, rnd, worker, held, seen["t_cont"])
     after = [sc.post(s, sc.text(first + 95 + n)) for n, s in enumerate(held)]
@@ -590,9 +586,9 @@ def _freeze_round(sc: Scenario, rnd: int, sessions: list[str], first: int) -> di
     first_post = min(posted_at.values(), default=0.0)
     long = [t for t in (_turn_of(sc, p) for p in seen["long"]) if t is not None and t.started_at]
     long_at = long[0].started_at.timestamp() - first_post if long else float("inf")
-    if long_at > float(_setting("HERMES_AFFINITY_DEADLINE")):  # the countdown copies came due on an idle worker
+    if long_at > float(_setting("HERMES_AFFINITY_DEADLINE")):  # the held turns were dispatched to an idle worker
         sc.rec.notes.append(f"round {rnd}: the long SLOW turn was claimed {long_at:.1f} s after the held turns' post, "
-                            "after their countdown copies were due: this round proves less")
+                            "after the sweep could dispatch them to the idle worker: this round proves less")
     ran_on = _ended_on(sc, set(posted_at) | {str(t.pk) for t in shorts})
     return {
         "worker": worker.name, "held": len(held), "frozen_for": seen["frozen_for"], "released": released,
@@ -622,7 +618,7 @@ def scenario_freeze_warm_holder(sc: Scenario) -> None:
             f"freeze {n}: {r['worker']} frozen {r['frozen_for']:.1f} s keeping {r['held']} session(s); the other "
             f"workers busy (SLOW turns on {', '.join(r['short_on'])} freeing "
             f"{', '.join(f'{f:.1f}' for f in r['peer_free'])} s after the post, one SLOW{a.freeze_slow_seconds:g} "
-            f"claimed {r['long_at']:.1f} s after it); {r['in_queue']} message(s) in its own queue and {r['woken']} wake-up(s) "
+            f"claimed {r['long_at']:.1f} s after it); {r['woken']} wake-up(s) "
             f"sent to it while frozen; "
             f"{r['handed_off']} hand-off log line(s), {handed} s after the post; the held turns claimed "
             f"{', '.join(f'{d:.1f}' for d in r['delays'])} s after the post, ran on {', '.join(r['held_on'])} (bound "

@@ -1,8 +1,8 @@
 """Domain operations — the only code that writes sessions, turns, messages, bindings and notices.
 
 ``sessions`` (create), ``bindings`` (codex bindings and notices), ``turns`` (the turn lifecycle in
-short transactions), ``routing`` (where a session's next turn goes), ``dispatch`` (sending the Celery
-task after commit), ``rollouts`` (stored rollouts), ``events`` (stream events), ``locks`` (row and
+short transactions), ``routing`` (where a session's next turn goes), ``dispatch`` (telling a worker
+that a turn is its session's next, after commit), ``rollouts`` (stored rollouts), ``events`` (stream events), ``locks`` (row and
 advisory locks), ``idempotency`` (Idempotency-Key). Callers import from here. What runs a claimed turn
 is ``hermes_sessions.worker``.
 """
@@ -14,7 +14,7 @@ from .bindings import (
     binding_rotate,
     notice_acknowledge,
 )
-from .dispatch import session_dispatch_next_on_commit, turn_dispatch_on_commit, turn_pass_on
+from .dispatch import session_dispatch_next_on_commit, turn_dispatch_on_commit, turn_undispatched
 from .errors import (
     IdempotencyKeyInUse,
     IdempotencyMismatch,
@@ -49,5 +49,5 @@ __all__ = [
     "idempotent", "session_create",
     "MAX_INPUT_CHARS", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
     "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat", "turn_note_thread", "turn_requeue",
-    "turn_pass_on",
+    "turn_undispatched",
 ]

@@ -1,4 +1,12 @@
-"""Sending the Celery task ``hermes_sessions.tasks.run_turn`` after a commit — the one place that does.
+"""Dispatching a turn — telling a worker that it is its session's next — the one place that does.
+
+The ``Turn`` row is the queue; a dispatch is only a notification, and every delivery ends in
+``turns.turn_claim``. Two notifications exist (docs/architecture.md §4 has the table, with the sweep as
+the third path): the NOTIFY wake of the worker that holds the session's thread loaded, when its listener
+listens (``routing.wake_channel``), and otherwise the Celery task ``hermes_sessions.tasks.run_turn`` on
+the shared turn queue (``HERMES_TURN_QUEUE``, any worker). ``dispatched_at`` records when the last
+notification went out: the sweep (``worker/recovery.py``) counts from it, and ``NULL`` asks it to
+dispatch the turn at its next round.
 
 The task is looked up by name in the Celery app's registry, so the services import nothing from
 ``tasks`` (which imports the services). ``Task.apply_async`` applies the routes (``CELERY_TASK_ROUTES``:
@@ -14,113 +22,86 @@ from typing import Any
 
 from celery import current_app
 from celery.app.task import Task
-from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from .. import selectors
 from ..models import Session, Turn
 from . import routing
-from .fallback_copies import fallback_copy_later
 
 logger = logging.getLogger(__name__)
 
 RUN_TURN_TASK = "hermes_sessions.tasks.run_turn"
 
 
-def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, route: str | None = None,
-                            woken: bool = False) -> None:
-    """Send ``run_turn(turn_id)`` once the current transaction commits, and stamp ``dispatched_at``.
+def turn_dispatch_on_commit(turn_id: uuid.UUID | str, *, stamped: bool = False, wake: bool = True) -> None:
+    """Dispatch turn ``turn_id`` once the current transaction commits, and stamp ``dispatched_at``: wake
+    the worker holding its session's thread (``routing.turn_route``: window open, heartbeat fresh, its
+    listener listening) by NOTIFY, or else send ``run_turn(turn_id)`` to the shared queue. Call it where a
+    turn becomes its session's next (a retry's requeue, a lease taken back, the turn before it ending;
+    ``turn_enqueue`` wakes in its own transaction and calls this only for the shared queue).
 
-    The turn row is durable before the send, so a broker that is down loses nothing: the failure
-    is logged and the sweep re-sends the turn (``HERMES_REDISPATCH_SECONDS``). The client still
-    gets its 202 — the input was accepted.
+    ``stamped``: the caller wrote ``dispatched_at`` already. ``wake=False``: the caller read the route
+    under the session lock and there is no holder to wake: the shared queue, without reading it again.
 
-    ``turn_enqueue`` saves two queries: ``stamped`` (it inserted the row with ``dispatched_at``
-    already) and ``route`` (``routing.turn_route``'s answer, read in its transaction under the
-    session lock; ``None``: read it after the commit) and ``woken`` (the transaction also wakes the worker
-    of ``route`` by NOTIFY, ``routing.wake_held``: no message to its queue — Celery's send, consume and pool
-    hop were ~6 ms of a warm turn's ``queue`` phase on 2 cores, and the two deliveries competed for them,
-    ``make bench-warm`` — and the shared queue's fallback copy is sent by this process when it is due
-    (``fallback_copies``), not at the commit with a countdown)."""
+    The turn row is durable before the send, so a broker that is down loses nothing: the failure is
+    logged, ``dispatched_at`` cleared, and the sweep dispatches the turn at its next round. The client
+    still gets its 202 — the input was accepted."""
     if not stamped:
         Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())  # the sweep waits from here
 
     def send() -> None:
         try:
-            queue = _route(turn_id) if route is None else route_given(route)
-            task = _run_turn_task()
-            if queue:
-                # Session affinity (worker/affinity.py): the worker holding the thread loaded first; the
-                # shared queue after the deadline, for any worker, should that one not claim it by then.
-                if woken:
-                    fallback_copy_later(uuid.UUID(str(turn_id)), delay=settings.HERMES_AFFINITY_DEADLINE,
-                                        send=send_fallback_copy)
-                    return
-                task.apply_async(args=(str(turn_id),), queue=queue)
-                task.apply_async(args=(str(turn_id),), kwargs={"fallback": True},
-                                 countdown=settings.HERMES_AFFINITY_DEADLINE)
-            else:
-                task.apply_async(args=(str(turn_id),))
-        except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep re-sends
-            logger.exception("turn %s: could not send run_turn to the broker; the sweep will re-send it", turn_id)
+            found = _route(turn_id) if wake else None
+            if found is not None and found[0].wakeable:
+                _wake(found[0].queue, turn_id=uuid.UUID(str(turn_id)), session_id=found[1])
+                return
+            _run_turn_task().apply_async(args=(str(turn_id),))
+        except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep dispatches
+            logger.exception("turn %s: could not be dispatched; the sweep will dispatch it", turn_id)
+            turn_undispatched(turn_id)
 
     transaction.on_commit(send)
 
 
-def send_fallback_copy(turn_id: uuid.UUID | str) -> None:
-    """Send ``run_turn(turn_id, fallback=True)`` to the shared queue now (``fallback_copies``: a woken
-    turn's copy, due) — unless the turn is no longer queued: claimed (its lease recovery covers it from then
-    on, ``recovery``), ended or deleted. Almost every copy finds its turn claimed milliseconds after the
-    commit; the read (~0.5 ms, on a connection the sender keeps while copies are pending) replaces a Celery
-    publish (~3 ms of this process's CPU) and a delivery to a worker (the Celery pool hop and the same read
-    there), which landed in the middle of a later turn of the conversation (``py-spy`` on ``make
-    bench-warm``: ~1 % of the API's and the worker's samples). A read that fails sends the copy (the
-    worker reads again). Raises what kombu raises when the broker cannot take it."""
+def turn_undispatched(turn_id: uuid.UUID | str) -> None:
+    """Record that no notification of queued turn ``turn_id`` is on its way (``dispatched_at = NULL``): its
+    dispatch failed, or it reached a worker process busy with a woken turn (``tasks.run_turn``); the sweep
+    dispatches it at its next round (``recovery.turns_dispatch_unclaimed``). Outside any transaction; never
+    raises (a database that is down leaves the stamp, and the sweep's ``HERMES_REDISPATCH_SECONDS`` rule)."""
     try:
-        if not selectors.turn_is_queued(turn_id=turn_id):
-            return
+        Turn.objects.filter(pk=turn_id, status=Turn.Status.QUEUED).update(dispatched_at=None)
     except DatabaseError:
-        logger.warning("turn %s: could not read whether it is still queued; sending its fallback copy", turn_id,
-                       exc_info=True)
+        logger.warning("turn %s: could not clear dispatched_at; the sweep dispatches it after "
+                       "HERMES_REDISPATCH_SECONDS", turn_id, exc_info=True)
         connection.close()
-    _run_turn_task().apply_async(args=(str(turn_id),), kwargs={"fallback": True})
 
 
-def turn_pass_on(turn_id: uuid.UUID | str) -> None:
-    """Send ``run_turn(turn_id)`` to the shared queue now — outside any transaction: the turn row is
-    committed — for a delivery that cannot run it in this process (busy with a woken turn,
-    ``wake.delivery_slot``): any idle worker takes it. Never raises: a broker that is down leaves the turn
-    to the sweep's re-send (``HERMES_REDISPATCH_SECONDS``), as for any send that failed."""
-    try:
-        _run_turn_task().apply_async(args=(str(turn_id),))
-    except Exception:  # noqa: BLE001 — kombu raises many transport-specific errors; the sweep re-sends
-        logger.exception("turn %s: could not pass run_turn on to the broker; the sweep will re-send it", turn_id)
-
-
-def route_given(route: str) -> str:
-    """A route read by the caller (``turn_enqueue``), or ``""`` when tasks run in-process (``_route``):
-    the own queue a routed turn goes to (or whose worker is woken), ``""`` for the shared queue only."""
-    return route if routes_to_workers() else ""
+def _wake(queue: str, *, turn_id: uuid.UUID, session_id: str) -> None:
+    """``pg_notify`` the worker of route ``queue`` now, outside any transaction (the turn is committed)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [routing.wake_channel(queue),
+                                                    routing.wake_payload(turn_id=turn_id, session_id=session_id)])
 
 
 def routes_to_workers() -> bool:
-    """Whether turns go to workers' own queues at all: not when tasks run in-process (Celery's
-    ``task_always_eager``, as ``apply_async`` obeys it: there is no other worker to route to)."""
+    """Whether turns are routed to the workers holding their threads at all: not when tasks run in-process
+    (Celery's ``task_always_eager``, as ``apply_async`` obeys it: there is no other worker to route to)."""
     return not current_app.conf.task_always_eager
 
 
-def _route(turn_id: uuid.UUID | str) -> str:
-    """``routing.turn_route``, or ``""`` when it cannot be read (the shared queue always works)."""
+def _route(turn_id: uuid.UUID | str) -> tuple[routing.Route, str] | None:
+    """``routing.turn_route``, or ``None`` when tasks run in-process or it cannot be read (the shared
+    queue always works)."""
     # The Celery app's flag, which ``apply_async`` obeys: a process whose app sends to the broker (the e2e
     # tests flip it, leaving Django's CELERY_TASK_ALWAYS_EAGER as it was read) routes like any API process.
     if current_app.conf.task_always_eager:
-        return ""  # in-process: there is no other worker to route to
+        return None
     try:
         return routing.turn_route(turn_id)
     except Exception:  # noqa: BLE001 — a database blip: no affinity for this turn
         logger.warning("turn %s: affinity route not readable; sending to the shared queue", turn_id, exc_info=True)
-        return ""
+        connection.close()
+        return None
 
 
 def session_dispatch_next_on_commit(session: Session) -> None:

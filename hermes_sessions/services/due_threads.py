@@ -1,6 +1,6 @@
 """``DueThread``: one daemon thread per process that runs work when it falls due — the base of the
-fallback copies' sender (``fallback_copies``), the turns' time-limit watcher (``time_limits``) and their
-lease heartbeats (``heartbeats``), each of which replaced a thread per turn or per copy."""
+turns' time-limit watcher (``time_limits``) and their lease heartbeats (``heartbeats``), each of which
+replaced a thread per turn."""
 from __future__ import annotations
 
 import os

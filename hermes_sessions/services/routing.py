@@ -3,13 +3,15 @@
 The rows session affinity routes by (``WarmThread``: which worker keeps a session's thread loaded, until
 when, at which rollout generation; ``TurnWorker``: that worker's heartbeat and whether its wake listener
 listens), read at enqueue and written at finalize under the session lock, and the wake's wire format
-(``pg_notify(wake_channel(queue), wake_payload(...))``, sent in the enqueue's transaction). The
-process-side half — the heartbeat loop and the listener — is ``hermes_sessions/worker/``
-(``affinity.py``, ``wake.py``); docs/architecture.md has the delivery table.
+(``pg_notify(wake_channel(route), wake_payload(...))``, sent in the enqueue's transaction). A worker is
+named by its **route**, ``<HERMES_TURN_QUEUE>.<node name>`` (the ``queue`` column of both tables, the
+wake channel's name is derived from it): no Celery queue of that name exists; the worker hears of its
+turns by the wake alone (docs/architecture.md §4, the delivery table). The process-side half — the
+heartbeat loop and the listener — is ``hermes_sessions/worker/`` (``affinity.py``, ``wake.py``).
 
 Facts: PostgreSQL 15 delivers a notification sent in a transaction only when it commits, and never for
 one rolled back (docs: NOTIFY); a channel name is an identifier of at most 63 bytes, so a worker's
-channel is named by a hash of its queue.
+channel is named by a hash of its route.
 """
 from __future__ import annotations
 
@@ -27,33 +29,32 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from ..models import CodexRollout, Session, Turn, TurnWorker, WarmThread
+from ..models import CodexRollout, Session, TurnWorker, WarmThread
 from .pipelining import Batch
 from .rows import rows_insert_sql
 
-OWN_QUEUE_ENV = "HERMES_OWN_QUEUE"
+OWN_ROUTE_ENV = "HERMES_OWN_ROUTE"
 
 
-def own_queue_name(node: str) -> str:
-    """The own queue of worker ``node`` (its ``-n`` name, e.g. ``celery@host``): ``<HERMES_TURN_QUEUE>.<node>``."""
+def route_name(node: str) -> str:
+    """The route of worker ``node`` (its ``-n`` name, e.g. ``celery@host``): ``<HERMES_TURN_QUEUE>.<node>``."""
     return f"{settings.HERMES_TURN_QUEUE}.{node}"
 
 
-def own_queue() -> str:
-    """This process's own queue, or ``""`` when it has none (not a one-turn-at-a-time worker, or an
-    API process): then it keeps no thread loaded. Set by ``project/celery.py`` at worker start."""
-    return os.environ.get(OWN_QUEUE_ENV, "")
+def own_route() -> str:
+    """This process's route, or ``""`` when it has none (not a one-turn-at-a-time worker, or an API
+    process): then it keeps no thread loaded. Set by ``project/celery.py`` at worker start."""
+    return os.environ.get(OWN_ROUTE_ENV, "")
 
 
-def own_queue_taken(queue: str, *, pid: int | None = None) -> str:
-    """Why this process may not consume (or keep threads for) ``queue`` (``""``: it may): another live
+def route_taken(queue: str, *, pid: int | None = None) -> str:
+    """Why this process may not keep threads under route ``queue`` (``""``: it may): another live
     worker already does — its ``TurnWorker`` heartbeat is fresh and it runs on another host, or on this one
     as a live process other than ``pid`` (this process, when it checks its own row). Two workers with one
     node name (``make worker`` twice without ``WORKER_NAME``, or one started while a frozen one's row had
-    been swept) would share the queue, and a session's turns would alternate between them, mostly cold."""
+    been swept) would share the route, and a session's turns would alternate between them, mostly cold."""
     fresh = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
     row = TurnWorker.objects.filter(queue=queue, heartbeat_at__gt=fresh).values("host", "pid").first()
     return _live_elsewhere(queue, row, pid)
@@ -63,7 +64,7 @@ def _live_elsewhere(queue: str, row: Mapping[str, Any] | None, pid: int | None) 
     if row is None:
         return ""
     if row["host"] != socket.gethostname():
-        return f"worker queue {queue} is already consumed by a live worker on host {row['host']}"
+        return f"worker route {queue} is already used by a live worker on host {row['host']}"
     if row["pid"] == pid:
         return ""
     try:
@@ -72,7 +73,7 @@ def _live_elsewhere(queue: str, row: Mapping[str, Any] | None, pid: int | None) 
         return ""
     except PermissionError:
         pass
-    return f"worker queue {queue} is already consumed by live process {row['pid']} on this host"
+    return f"worker route {queue} is already used by live process {row['pid']} on this host"
 
 
 def _routable() -> QuerySet[WarmThread]:
@@ -84,21 +85,24 @@ def _routable() -> QuerySet[WarmThread]:
     return WarmThread.objects.filter(until__gt=now).filter(Exists(fresh))
 
 
-def turn_route(turn_id: uuid.UUID | str) -> str:
-    """The own queue to send turn ``turn_id`` to first, or ``""`` (shared queue only): its session's
-    ``WarmThread`` window is open and that worker's heartbeat is fresher than
-    ``HERMES_WORKER_STALE_SECONDS``. One query."""
-    row = _routable().filter(session__turns__id=turn_id).values_list("queue", flat=True).first()
-    return row or ""
-
-
 @dataclass(frozen=True)
 class Route:
-    """Where a turn goes first: the own queue of the worker holding its session's thread, and whether
-    that worker's wake listener listens (``TurnWorker.wakeable``, ``worker/wake.py``)."""
+    """Where a turn goes first: the route of the worker holding its session's thread, and whether that
+    worker's wake listener listens (``TurnWorker.wakeable``, ``worker/wake.py``): only then is it woken;
+    otherwise the turn goes to the shared queue."""
 
     queue: str
     wakeable: bool = False
+
+
+def turn_route(turn_id: uuid.UUID | str) -> tuple[Route, str] | None:
+    """Where turn ``turn_id`` goes first, with its session id: its session's ``WarmThread`` window is open
+    and that worker's heartbeat is fresher than ``HERMES_WORKER_STALE_SECONDS`` (``None``: no holder, the
+    shared queue). One query."""
+    wakeable = TurnWorker.objects.filter(queue=OuterRef("queue"), wakeable=True)
+    row = (_routable().filter(session__turns__id=turn_id).annotate(wakeable=Exists(wakeable))
+           .values_list("queue", "wakeable", "session_id").first())
+    return (Route(queue=row[0], wakeable=bool(row[1])), str(row[2])) if row else None
 
 
 def parse_route(value: str | None) -> Route | None:
@@ -208,41 +212,10 @@ def taken_elsewhere(*, queue: str, held: list[tuple[str, str, int]]) -> dict[str
     return why
 
 
-def overdue_turns(*, queue: str) -> list[tuple[str, uuid.UUID]]:
-    """``(session id, turn id)`` of the queued head turns of the sessions whose ``WarmThread`` names
-    ``queue`` that were sent more than ``HERMES_AFFINITY_DEADLINE`` ago and that no worker has claimed
-    (no turn of the session running)."""
-    return _overdue_heads(WarmThread.objects.filter(queue=queue).values("session_id"))
-
-
-def stalled_holder_turns() -> list[tuple[str, uuid.UUID]]:
-    """``(session id, turn id)``, as ``overdue_turns``, of the sessions whose ``WarmThread`` names a worker
-    whose heartbeat is older than two ``HERMES_WORKER_HEARTBEAT_SECONDS`` (or that has no row): frozen or
-    dead — a busy worker's loop thread still beats, and hands its own turns off (``overdue_turns``). Any
-    keeping worker's loop takes these (``AffinityLoop``): otherwise they would wait for the shared queue's
-    countdown copy, which a busy peer may hold reserved until its own long turn ends, or for the sweep
-    (``HERMES_WORKER_STALE_SECONDS`` + ``HERMES_SWEEP_SECONDS``, ≈ 20 s; adversary F2, session 4)."""
-    beating = TurnWorker.objects.filter(
-        queue=OuterRef("queue"),
-        heartbeat_at__gt=timezone.now() - timedelta(seconds=2 * settings.HERMES_WORKER_HEARTBEAT_SECONDS))
-    return _overdue_heads(WarmThread.objects.exclude(Exists(beating)).values("session_id"))
-
-
-def _overdue_heads(sessions: Any) -> list[tuple[str, uuid.UUID]]:
-    cutoff = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE)
-    busy = Turn.objects.filter(session=OuterRef("session"), status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING),
-                               seq__lt=OuterRef("seq"))
-    running = Turn.objects.filter(session=OuterRef("session"), status=Turn.Status.RUNNING)
-    heads = (Turn.objects.filter(session_id__in=sessions, status=Turn.Status.QUEUED)
-             .annotate(sent=Coalesce("dispatched_at", "created_at")).filter(sent__lt=cutoff)
-             .exclude(Exists(busy)).exclude(Exists(running)))
-    return [(str(sid), tid) for sid, tid in heads.values_list("session_id", "pk")[:100]]
-
-
 def worker_heartbeat(*, queue: str, kept: int, wakeable: bool = False) -> str:
     """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now`` (``kept`` threads held loaded,
     ``wakeable``: its wake listener listens); returns ``""``. Refuses (writes
-    nothing, returns why) when the row is another live worker's (``own_queue_taken``): this process was
+    nothing, returns why) when the row is another live worker's (``route_taken``): this process was
     frozen (SIGSTOP, a stalled VM) long enough to be swept, and a worker started since with the same node
     name took the queue — the row is that worker's, and this one must keep nothing (``AffinityLoop``).
 
@@ -289,7 +262,7 @@ NOTIFY_PAYLOAD_MAX_BYTES = 7999
 
 
 def wake_channel(queue: str) -> str:
-    """The ``LISTEN`` channel of the worker consuming own queue ``queue``: ``hermes_wake_`` + 20 hex
+    """The ``LISTEN`` channel of the worker of route ``queue``: ``hermes_wake_`` + 20 hex
     digits of its SHA-256 (a node name can be longer than a channel name may be). SHA-256 because
     PostgreSQL computes it too: the enqueue's one round trip names the channel in SQL from the route it
     reads there (``wake_channel_sql``)."""
@@ -300,11 +273,6 @@ def wake_channel_sql(queue_expr: str) -> str:
     """``wake_channel`` of the queue that the SQL expression ``queue_expr`` names, as a SQL expression
     (PostgreSQL 11+: ``sha256(bytea)``)."""
     return f"'{CHANNEL_PREFIX}' || left(encode(sha256(convert_to({queue_expr}, 'UTF8')), 'hex'), 20)"
-
-
-def wake_enabled() -> bool:
-    """``HERMES_WAKE`` (default on)."""
-    return bool(settings.HERMES_WAKE)
 
 
 @dataclass(frozen=True)
@@ -329,11 +297,11 @@ def wake_payload(*, turn_id: uuid.UUID, session_id: str, text: str | None = None
 
 
 def wake_held(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str, text: str | None = None) -> None:
-    """Hold, in ``batch``'s transaction, the ``pg_notify`` that wakes the worker consuming ``queue`` for
+    """Hold, in ``batch``'s transaction, the ``pg_notify`` that wakes the worker of route ``queue`` for
     turn ``turn_id`` of ``session_id`` — delivered by PostgreSQL at the commit, never if it rolls back —
     with the turn's ``text`` as its hint (``wake_payload``) when ``HERMES_EARLY_START`` is on. A no-op
-    when ``wake_enabled()`` is false or ``queue`` is empty."""
-    if queue and wake_enabled():
+    when ``queue`` is empty."""
+    if queue:
         hint = text if settings.HERMES_EARLY_START else None
         batch.add("SELECT pg_notify(%s, %s)", [wake_channel(queue),
                                                wake_payload(turn_id=turn_id, session_id=session_id, text=hint)])

@@ -141,14 +141,14 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         _insert_turn(turn, batch)
         # Its event lock: held already (above). Its NOTIFY goes out after the task (event_notify_on_commit).
         queued = events.event_append_held(batch, turn=turn, items=[(events.QUEUED, {"seq": turn.seq})], notify=False)
-        # A holder whose wake listener listens hears of the turn by NOTIFY at the commit instead of a Celery
-        # message to its queue (``wake``) — not of a turn queued behind another, which it claims only once
-        # that one has ended: that one's finalize dispatches it.
-        queue = dispatch.route_given(route.queue) if route is not None else ""
-        woken = bool(queue) and route is not None and route.wakeable and busy_id is None and routing.wake_enabled()
-        if woken:
-            routing.wake_held(batch, queue=queue, turn_id=turn.id, session_id=session_id, text=text)
-        dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=woken)
+        # Dispatched only as its session's next turn (a turn queued behind another is dispatched by that
+        # one's end): a holder whose wake listener listens hears of it by NOTIFY at the commit (``wake``),
+        # any other worker by the shared queue.
+        if busy_id is None:
+            if route is not None and route.wakeable and dispatch.routes_to_workers():
+                routing.wake_held(batch, queue=route.queue, turn_id=turn.id, session_id=session_id, text=text)
+            else:
+                dispatch.turn_dispatch_on_commit(turn.id, stamped=True, wake=False)
         events.event_notify_on_commit(queued)
     return turn
 
@@ -177,7 +177,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     now = timezone.now()
     turn = Turn(session_id=session_id, seq=0, input=text, created_by=created_by, dispatched_at=now)
     touch(turn, "created_at")
-    can_wake = routing.wake_enabled() and dispatch.routes_to_workers()
+    can_wake = dispatch.routes_to_workers()
     payload = routing.wake_payload(turn_id=turn.id, session_id=session_id,
                                 text=text if settings.HERMES_EARLY_START else None) if can_wake else ""
     owned = owner_id is not None
@@ -202,10 +202,11 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
             row = reads.one()
             if row is None or drawn.rowcount != 1:
                 return
-            route = routing.parse_route(row[3])
-            queue = dispatch.route_given(route.queue) if route is not None else ""
-            # Outside the transaction now. The streams' NOTIFY went with the COMMIT (the event's statement).
-            dispatch.turn_dispatch_on_commit(turn.id, stamped=True, route=queue, woken=bool(row[4]))
+            # Outside the transaction now. The streams' NOTIFY went with the COMMIT (the event's statement);
+            # so did the holder's wake, if one was sent. A turn queued behind another is dispatched by that
+            # one's end.
+            if row[1] is None and not row[4]:
+                dispatch.turn_dispatch_on_commit(turn.id, stamped=True, wake=False)
 
         transaction.on_commit(after_commit)
     row = reads.one()
@@ -241,8 +242,8 @@ def _insert_drawn_turn_text(*, owned: bool) -> tuple[str, list[Field[Any, Any]]]
     q = connection.ops.quote_name
     fields: list[Field[Any, Any]] = [Turn._meta.get_field(name) for name in _TURN_FIELDS]  # type: ignore[misc]
     # seq from the locked row; created_at / dispatched_at when the statement runs — after the lock wait, as
-    # _enqueue stamps them (the sweep and the affinity hand-off count from dispatched_at: a POST that waited
-    # for the lock longer than HERMES_AFFINITY_DEADLINE made a turn overdue at birth; adversary, session 13).
+    # _enqueue stamps them (the sweep counts from dispatched_at: a turn whose POST waited for the lock longer
+    # than HERMES_AFFINITY_DEADLINE must not be overdue at birth; test_enqueue_one_trip pins it).
     # One clock reading for both (a lateral row, evaluated once).
     stamped = {"created_at", "dispatched_at"}
     targets = [f for f in fields if f.name != "seq" and f.name not in stamped]
@@ -270,7 +271,7 @@ def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
     """The one-trip enqueue's reads after its writes, and its wake, as one statement: ``_enqueue_reads_sql``'s
     columns (the busy turn leaves the new one out) and how many wakes were sent (0 or 1) — the ``pg_notify``
     of ``routing.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
-    session is running or queued, the caller allows it (``wake_enabled``, not in-process) and the turn row
+    session is running or queued, the caller allows it (``dispatch.routes_to_workers``: not in-process) and the turn row
     exists (a session that is not the caller's gets no wake)."""
     q = connection.ops.quote_name
     turns = q(Turn._meta.db_table)
@@ -616,7 +617,7 @@ def turn_finalize(*, turn_id: uuid.UUID, token: uuid.UUID, result: TurnOutcome, 
     final state, usage and timings. Returns the turn, or ``None`` when the claim is no longer
     held (a duplicate delivery or a lost claim) — then nothing is written.
 
-    ``warm_queue``: the own queue of the worker that will keep the thread loaded (session affinity,
+    ``warm_queue``: the route of the worker that will keep the thread loaded (session affinity,
     ``routing.warm_thread_record``), recorded only for a succeeded turn whose rollout was stored here;
     every other end of a turn records that no worker holds it.
     """

@@ -53,7 +53,7 @@ from ..history_seed import seeded_input
 from ..latency_marks import mark
 from ..models import Turn
 from ..services import routing
-from ..services.dispatch import turn_dispatch_on_commit
+from ..services.dispatch import turn_undispatched
 from ..services.events import RETRYING, TurnEventWriter
 from ..services.rollouts import RolloutFenced, rollout_restore
 from ..services.turn_log import delivery
@@ -69,7 +69,6 @@ from ..services.turns import (
 )
 from . import affinity, wake
 from .heartbeats import HEARTBEATS
-from .recovery import LOOP_TAKE_BACK_LIMIT, leases_take_back
 from .retry_policy import RetryPolicy, retry_policy
 from .time_limits import thread_time_limits, turn_time_limits
 from .warm.early_start import EarlyStart, early_start
@@ -591,14 +590,14 @@ class _Running:
 class _Held:
     """The app-server one turn ran on, between ``turn/completed`` and the finalize commit.
 
-    ``may_keep``: this process keeps threads loaded (an own queue — a one-turn-at-a-time worker,
+    ``may_keep``: this process keeps threads loaded (a route — a one-turn-at-a-time worker,
     ``worker/affinity.py`` —, keeping on, and the main thread or the wake listener's:
     ``PR_SET_PDEATHSIG`` follows the spawning thread, ``wake.in_long_lived_thread``). ``settle`` hands the process to the keeper after a commit that succeeded and
     stored the rollout; ``close`` closes whatever was not handed over."""
 
     def __init__(self, *, may_keep: bool | None = None) -> None:
         if may_keep is None:
-            may_keep = bool(routing.own_queue()) and keeper() is not None and wake.in_long_lived_thread()
+            may_keep = bool(routing.own_route()) and keeper() is not None and wake.in_long_lived_thread()
         self.may_keep = may_keep
         self.running: _Running | None = None
 
@@ -606,8 +605,8 @@ class _Held:
         return self.running is not None and self.running.client is client
 
     def queue(self) -> str:
-        """The own queue to record as holding the thread (``turn_finalize``), or ``""``."""
-        return routing.own_queue() if self.running is not None else ""
+        """The route to record as holding the thread (``turn_finalize``), or ``""``."""
+        return routing.own_route() if self.running is not None else ""
 
     def settle(self, claim: TurnClaim, outcome: TurnOutcome, turn: Turn | None) -> None:
         running, k = self.running, keeper()
@@ -628,7 +627,7 @@ class _Held:
         try:
             start_affinity(k)
             if closed:
-                routing.warm_thread_forget(queue=routing.own_queue(), session_ids=[c.session_id for c in closed])
+                routing.warm_thread_forget(queue=routing.own_route(), session_ids=[c.session_id for c in closed])
         except Exception:  # noqa: BLE001 — routing is a hint: a stale row only costs the affinity deadline
             logger.exception("turn %s: could not record the kept thread's routing", claim.turn_id)
 
@@ -641,20 +640,24 @@ class _Held:
 def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHint | None = None) -> Turn | None:
     """Run turn ``turn_id`` of ``session_id`` on its wake-up (``wake.WakeListener``, this process's
     listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn the main thread
-    runs ends first), as a message in its own queue would have waited — on the kept thread, or cold when
-    this process let the thread go meanwhile (the wake is the only message this worker gets for the turn).
-    ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the shared
-    queue's fallback copy, or the affinity loop's hand-off, gives the turn to any worker then. The
-    thread's database connection is checked as a task's is (``close_old_connections``), and the turn has a
-    task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only in
-    its tasks). ``session_id``: from the wake's payload, for the log."""
+    runs ends first) — on the kept thread, or cold when this process let the thread go meanwhile.
+    ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the turn is
+    left undispatched (``dispatch.turn_undispatched``) and the sweep's next round dispatches it to the
+    shared queue (``recovery.turns_dispatch_unclaimed``), for any worker.
+    The thread's database connection is checked as a task's is (``close_old_connections``), and the turn
+    has a task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only
+    in its tasks). ``session_id``: from the wake's payload, for the log.
+    """
     asked = time.monotonic()
     with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
         if time.monotonic() - asked > wake.QUEUED_BEHIND_SECONDS:
             hint = None  # it waited for another turn here: not fresh, whatever its clock says (early_start.py)
         if not taken:
             logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
-                        "its fallback copy runs it", turn_id, session_id)
+                        "the sweep dispatches it to the shared queue", turn_id, session_id)
+            # Its wake is spent: left undispatched, the next round dispatches it even if the session's
+            # WarmThread row went meanwhile (an evicted or expired copy), which the deadline rule needs.
+            turn_undispatched(turn_id)
             return None
         close_old_connections()
         soft, hard = turn_time_limits()
@@ -664,18 +667,9 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHi
 
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:
     """This worker process's affinity loop (once; at the pool process's start, ``project/celery.py``, and
-    at a kept turn): hand-offs sent with ``turn_dispatch_on_commit``, expired leases taken back with
-    ``_take_back_leases`` — given here, as affinity cannot import dispatch or recovery (both import it).
-    Every starter must come through here: the first start wins (a start without the take-back left a
-    worker with no lease recovery — ``make faults`` kill-beat-with-worker caught it). Also starts the
-    process's wake listener (``wake.wake_start``; runs ``turn_execute_woken``)."""
-    loop = affinity.affinity_start(k, redispatch=turn_dispatch_on_commit, take_back_leases=_take_back_leases)
+    at a kept turn) and its wake listener (``wake.wake_start``; runs ``turn_execute_woken``); ``None``
+    without a route."""
+    loop = affinity.affinity_start(k)
     if loop is not None:
         wake.wake_start(loop.queue, run=turn_execute_woken)
     return loop
-
-
-def _take_back_leases(by: str) -> None:
-    """The affinity loop's lease recovery each round (``affinity.AffinityLoop``): ``leases_take_back``
-    of at most ``LOOP_TAKE_BACK_LIMIT`` turns."""
-    leases_take_back(limit=LOOP_TAKE_BACK_LIMIT, by=by)

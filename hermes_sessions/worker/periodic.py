@@ -1,6 +1,5 @@
-"""A worker process's background loops: a daemon thread that runs one round every
-``HERMES_WORKER_HEARTBEAT_SECONDS`` on a database connection of its own (``affinity.AffinityLoop``,
-``recovery.LeaseLoop``)."""
+"""A worker process's background loops: a daemon thread that runs one round every ``interval()`` seconds
+on a database connection of its own (``affinity.AffinityLoop``, ``recovery.SweepLoop``)."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +12,7 @@ logger = logging.getLogger(__name__)
 
 
 class PeriodicLoop:
-    """Calls ``tick`` every ``HERMES_WORKER_HEARTBEAT_SECONDS`` on a daemon thread named ``name`` — at once
+    """Calls ``tick`` every ``interval()`` seconds on a daemon thread named ``name`` — at once
     first when ``tick_at_start``, else after one interval. A round that raises is logged (``what``) and its
     connection closed; the next round tries again: a database blip must not end the loop. The thread's
     database connection is its own (Django's are per thread) and closed when the loop ends."""
@@ -25,6 +24,10 @@ class PeriodicLoop:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    def interval(self) -> float:
+        """Seconds between two rounds (default ``HERMES_WORKER_HEARTBEAT_SECONDS``)."""
+        return float(settings.HERMES_WORKER_HEARTBEAT_SECONDS)
 
     def tick(self) -> None:
         """One round."""
@@ -42,7 +45,7 @@ class PeriodicLoop:
     def _run(self) -> None:
         try:
             if not self.tick_at_start:
-                self._stop.wait(settings.HERMES_WORKER_HEARTBEAT_SECONDS)
+                self._stop.wait(self.interval())
             while not self._stop.is_set():
                 try:
                     close_old_connections()
@@ -50,6 +53,6 @@ class PeriodicLoop:
                 except Exception:  # noqa: BLE001 — a database blip must not end the loop
                     logger.exception("%s failed", self.what)
                     connection.close()
-                self._stop.wait(settings.HERMES_WORKER_HEARTBEAT_SECONDS)
+                self._stop.wait(self.interval())
         finally:
             connection.close()

@@ -1,24 +1,34 @@
-"""The periodic sweep (Celery beat, ``tasks.sweep_turns``): nothing stays stuck.
+"""The sweep: nothing stays stuck. Path 3 of the delivery table (docs/architecture.md §4).
+
+Every worker process runs ``sweep_round`` every ``sweep_round_seconds()`` (≤ 1 s) on its loop thread
+(``affinity.AffinityLoop`` or ``SweepLoop``), and Celery beat runs ``turns_sweep`` (the same, with larger
+limits, plus the ``Idempotency-Key`` purge) every ``HERMES_SWEEP_SECONDS``:
 
 * A ``running`` turn whose lease expired (its worker died: kill -9, OOM, lost host) is taken back:
   queued again and dispatched, up to ``HERMES_MAX_ATTEMPTS`` claims in all, else ``failed`` with the
   reason. The old worker, should it still be alive, can no longer commit (its claim token is gone).
-  The re-run resumes the thread and adopts the turn if codex had already completed it. This part
-  (``leases_take_back``) also runs in every keeping worker's affinity loop (``affinity.AffinityLoop``),
-  every ``HERMES_WORKER_HEARTBEAT_SECONDS``: lease recovery does not depend on beat, which may have
-  died with the worker that embedded it (adversary F2). The rest below runs only here, in beat.
-* A ``queued`` turn that is its session's next turn and was last sent more than
-  ``HERMES_REDISPATCH_SECONDS`` ago is sent again (a task lost with a broker restart).
-* ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted.
+  The re-run resumes the thread and adopts the turn if codex had already completed it
+  (``leases_take_back``).
+* A ``queued`` turn that is its session's next is dispatched to the shared queue
+  (``turns_dispatch_unclaimed``) when nothing is on its way to a worker: no dispatch recorded
+  (``dispatched_at`` NULL: a send that failed, or a delivery that reached a process busy with a woken
+  turn); its session's holder was notified more than ``HERMES_AFFINITY_DEADLINE`` ago and has not
+  claimed it (busy, frozen, dead, or the wake was lost) — the session's ``WarmThread`` row is deleted, so
+  the turn goes cold; or it was dispatched more than ``HERMES_REDISPATCH_SECONDS`` ago (a message lost
+  with the broker, or with an API process that died between its commit and its send).
 * A worker that kept threads loaded and whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``
-  is removed: its routing rows, its own queue on the broker, and its sessions' queued turns are sent
-  again to the shared queue (``workers_sweep``).
+  is removed: its routing rows, and its sessions' queued turns are dispatched to the shared queue
+  (``workers_sweep``).
+* ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted (beat only).
 
-Bound: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + ``HERMES_WORKER_HEARTBEAT_SECONDS``
-while a keeping worker lives (else ``HERMES_LEASE_SECONDS`` + ``HERMES_SWEEP_SECONDS``, by beat).
+Each action locks its rows ``SKIP LOCKED`` and checks again under the lock, so any number of callers may
+run at once; the candidates come from one indexed read each (``status``), nothing else when none is due.
+
+Bounds: a dead worker's turn is re-run within ``HERMES_LEASE_SECONDS`` + one round while any worker
+lives; a holder's turn goes cold within ``HERMES_AFFINITY_DEADLINE`` + one round.
 
 Logs: nothing when it finds nothing to do; otherwise one line per action (a turn taken back, a turn
-sent again, old keys deleted; a turn it fails is logged as that turn's end, ``turn_log.py``). Celery's own
+dispatched, old keys deleted; a turn it fails is logged as that turn's end, ``turn_log.py``). Celery's own
 per-run lines for this task are dropped by ``project/logfilters.py``.
 """
 from __future__ import annotations
@@ -28,22 +38,25 @@ import os
 import threading
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
-from django.db.models.functions import Coalesce, Now
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
 from ..services import dispatch, events, routing, turns
 from ..services.locks import lock_session_and_turn
 from ..services.turn_log import turn_ended_on_commit
-from . import own_queues as worker_queues
 from .periodic import PeriodicLoop
 
 logger = logging.getLogger(__name__)
+
+#: A holder that has not claimed its woken turn by ``HERMES_AFFINITY_DEADLINE`` loses it to the shared
+#: queue at the next round: logged with these words (``make faults``' freeze-warm-holder counts them).
+HANDED_TO_SHARED_QUEUE = "not claimed within HERMES_AFFINITY_DEADLINE by the worker holding its thread"
 
 
 @dataclass
@@ -55,32 +68,26 @@ class SweepReport:
     workers_removed: int = 0
 
 
-def turns_sweep() -> SweepReport:
-    """Take back expired claims (``leases_take_back``), re-dispatch stale queued turns, remove stale
-    workers, purge old idempotency keys."""
+def sweep_round_seconds() -> float:
+    """How often each worker process runs ``sweep_round``: ``HERMES_WORKER_HEARTBEAT_SECONDS``, at most 1 s."""
+    return min(1.0, float(settings.HERMES_WORKER_HEARTBEAT_SECONDS))
+
+
+def sweep_round(*, by: str, limit: int = 20) -> SweepReport:
+    """One round of the sweep (module docstring), at most ``limit`` turns of each kind; ``by`` names the
+    caller in the log lines (``"sweep"``, ``"worker <route>"``)."""
     report = SweepReport()
-    now = timezone.now()
-    report.requeued, report.failed = leases_take_back(limit=SWEEP_TAKE_BACK_LIMIT, by="sweep")
+    report.requeued, report.failed = leases_take_back(limit=limit, by=by)
+    report.redispatched = turns_dispatch_unclaimed(limit=limit, by=by)
+    report.workers_removed = len(workers_sweep(by=by))
+    return report
 
-    stale = now - timedelta(seconds=settings.HERMES_REDISPATCH_SECONDS)
-    earlier = Turn.objects.filter(
-        session=OuterRef("session"), seq__lt=OuterRef("seq"), status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING)
-    )
-    heads = (
-        Turn.objects.filter(status=Turn.Status.QUEUED)
-        .annotate(last_sent=Coalesce("dispatched_at", "created_at"))
-        .filter(last_sent__lt=stale)
-        .exclude(Exists(earlier))
-    )
-    for turn_id, last_sent in list(heads.values_list("pk", "last_sent")[:500]):
-        with transaction.atomic():
-            dispatch.turn_dispatch_on_commit(turn_id)
-        report.redispatched += 1
-        logger.warning("sweep: turn %s queued at its session's head since %s with no worker; sent again", turn_id, last_sent)
 
-    report.workers_removed = len(workers_sweep())
-
-    ttl = now - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
+def turns_sweep() -> SweepReport:
+    """Celery beat's sweep (``tasks.sweep_turns``): ``sweep_round`` with larger limits, and old
+    ``Idempotency-Key`` rows purged."""
+    report = sweep_round(by="sweep", limit=SWEEP_TAKE_BACK_LIMIT)
+    ttl = timezone.now() - timedelta(seconds=settings.HERMES_IDEMPOTENCY_TTL)
     report.keys_deleted, _ = IdempotencyKey.objects.filter(created_at__lt=ttl).delete()
     if report.keys_deleted:
         logger.info("sweep: deleted %s Idempotency-Key rows older than %s s", report.keys_deleted,
@@ -88,10 +95,65 @@ def turns_sweep() -> SweepReport:
     return report
 
 
-# --- expired leases (the sweep, and every worker's affinity loop) ---------------------------------
+# --- queued turns nothing is on its way for ----------------------------------------------------
 
-#: At most this many turns taken back per call: by the sweep (every ``HERMES_SWEEP_SECONDS``) and by
-#: each worker's affinity loop (every ``HERMES_WORKER_HEARTBEAT_SECONDS``, ``affinity.AffinityLoop``).
+def _unclaimed_q(now: datetime) -> Q:
+    """The dispatch of a queued turn is over due (``turns_dispatch_unclaimed``); needs ``routed``."""
+    return (Q(dispatched_at__isnull=True)
+            | Q(dispatched_at__lt=now - timedelta(seconds=settings.HERMES_REDISPATCH_SECONDS))
+            | Q(routed=True, dispatched_at__lt=now - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE)))
+
+
+def turns_dispatch_unclaimed(*, limit: int, by: str) -> int:
+    """Dispatch to the shared queue up to ``limit`` queued turns that are their session's next and that
+    nothing is on its way for (module docstring); how many. A routed one's ``WarmThread`` row is deleted
+    in the same transaction: it runs cold on whichever worker takes it."""
+    now = timezone.now()
+    earlier = Turn.objects.filter(session=OuterRef("session"), seq__lt=OuterRef("seq"),
+                                  status__in=(Turn.Status.QUEUED, Turn.Status.RUNNING))
+    heads = (Turn.objects.filter(status=Turn.Status.QUEUED)
+             .annotate(routed=Exists(WarmThread.objects.filter(session=OuterRef("session"))))
+             .filter(_unclaimed_q(now)).exclude(Exists(earlier)))
+    sent = 0
+    for turn_id in list(heads.order_by("created_at").values_list("pk", flat=True)[:limit]):
+        sent += _dispatch_unclaimed(turn_id, by=by)
+    return sent
+
+
+def _dispatch_unclaimed(turn_id: uuid.UUID, *, by: str) -> int:
+    """``turns_dispatch_unclaimed`` of one turn, checked again under its row lock (``SKIP LOCKED``: a turn
+    another caller is dispatching, or a claim is taking, is left to them); 1 when dispatched."""
+    now = timezone.now()
+    with transaction.atomic():
+        turn = (Turn.objects.select_for_update(skip_locked=True).filter(pk=turn_id, status=Turn.Status.QUEUED)
+                .values("session_id", "dispatched_at").first())
+        if turn is None:
+            return 0
+        warm = (WarmThread.objects.select_for_update(skip_locked=True).filter(session_id=turn["session_id"])
+                .values_list("queue", flat=True).first())
+        sent_at = turn["dispatched_at"]
+        if sent_at is None:
+            why = "had no dispatch on its way (a failed send, or a worker process busy with a woken turn)"
+        elif sent_at < now - timedelta(seconds=settings.HERMES_REDISPATCH_SECONDS):
+            why = f"queued at its session's head since {sent_at} with no worker"
+        elif warm is not None and sent_at < now - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE):
+            why = f"was {HANDED_TO_SHARED_QUEUE} ({warm})"
+        else:
+            return 0  # dispatched meanwhile, or its WarmThread row is being written
+        if warm is not None:
+            WarmThread.objects.filter(session_id=turn["session_id"]).delete()  # it goes cold
+        dispatch.turn_dispatch_on_commit(turn_id, wake=False)
+    # A delivery refused by a busy process is routine under load (INFO); the others mean a message or a
+    # holder was lost (WARNING).
+    logger.log(logging.INFO if sent_at is None else logging.WARNING,
+               "%s: turn %s %s; dispatched to the shared queue (session %s)", by, turn_id, why, turn["session_id"])
+    return 1
+
+
+# --- expired leases ------------------------------------------------------------------------------
+
+#: At most this many turns of each kind per call by beat's sweep (every ``HERMES_SWEEP_SECONDS``); a
+#: worker's round takes ``LOOP_TAKE_BACK_LIMIT``.
 SWEEP_TAKE_BACK_LIMIT = 500
 LOOP_TAKE_BACK_LIMIT = 20
 
@@ -117,10 +179,10 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
     a lost host): each is requeued, or failed past ``HERMES_MAX_ATTEMPTS`` (``_take_back``). Returns
     ``(requeued, failed)``. ``by`` names the caller in the log lines (``"sweep"``, ``"worker <queue>"``).
 
-    Called by the sweep (beat) *and* by every keeping worker's affinity loop each round, so a dead
+    Called by the sweep (beat) *and* by every worker process's round (``sweep_round``), so a dead
     worker's turn comes back within ``HERMES_LEASE_SECONDS`` + ``HERMES_WORKER_HEARTBEAT_SECONDS``
-    while any such worker lives — even when the dead one embedded beat (adversary F2). Safe to run
-    anywhere at once: the candidates come from one indexed read (``status``, ``lease_expires_at``;
+    while any worker lives — even when the dead one embedded beat (``make faults`` kill-beat-with-worker).
+    Safe to run anywhere at once: the candidates come from one indexed read (``status``, ``lease_expires_at``;
     nothing else when none expired), and each take-back locks its rows ``SKIP LOCKED`` in its own
     durable transaction and checks again under the lock — a row another caller is taking back is
     skipped (no wait), one already taken back or renewed meanwhile is left alone. Expiry is judged by
@@ -141,45 +203,48 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
     return requeued, failed
 
 
-class LeaseLoop(PeriodicLoop):
-    """A worker process's lease recovery when it runs no affinity loop (more than one turn slot, or
-    keeping off): every ``HERMES_WORKER_HEARTBEAT_SECONDS`` (``periodic.PeriodicLoop``), ``leases_take_back``
-    of at most ``LOOP_TAKE_BACK_LIMIT`` turns, named ``by`` — so that such a worker, too, takes back a dead
-    worker's turns without beat (``affinity.AffinityLoop`` does it for the keeping workers)."""
+class SweepLoop(PeriodicLoop):
+    """A worker process's sweep when it runs no affinity loop (more than one turn slot, or keeping off):
+    ``sweep_round`` every ``sweep_round_seconds()``, named ``by`` — so that such a worker, too, takes back
+    a dead worker's turns and dispatches unclaimed ones without beat (``affinity.AffinityLoop`` does it for
+    the keeping workers)."""
 
-    name = "hermes-leases"
-    what = "lease recovery round"
+    name = "hermes-sweep"
+    what = "sweep round"
     tick_at_start = False
 
     def __init__(self, by: str) -> None:
         self.by = by
         super().__init__()
 
+    def interval(self) -> float:
+        return sweep_round_seconds()
+
     def tick(self) -> None:
-        leases_take_back(limit=LOOP_TAKE_BACK_LIMIT, by=self.by)
+        sweep_round(by=self.by)
 
 
-_lease_loop: tuple[int, LeaseLoop] | None = None
-_lease_loop_lock = threading.Lock()
+_sweep_loop: tuple[int, SweepLoop] | None = None
+_sweep_loop_lock = threading.Lock()
 
 
-def lease_loop_start(*, by: str) -> LeaseLoop:
-    """Start this process's ``LeaseLoop`` once (after any fork: a loop of the parent's is not this
+def sweep_loop_start(*, by: str) -> SweepLoop:
+    """Start this process's ``SweepLoop`` once (after any fork: a loop of the parent's is not this
     process's); returns it."""
-    global _lease_loop
-    with _lease_loop_lock:
-        if _lease_loop is None or _lease_loop[0] != os.getpid():
-            loop = LeaseLoop(by)
+    global _sweep_loop
+    with _sweep_loop_lock:
+        if _sweep_loop is None or _sweep_loop[0] != os.getpid():
+            loop = SweepLoop(by)
             loop.start()
-            _lease_loop = (os.getpid(), loop)
-        return _lease_loop[1]
+            _sweep_loop = (os.getpid(), loop)
+        return _sweep_loop[1]
 
 
-def lease_loop_stop() -> None:
-    """Worker process shutdown: stop this process's ``LeaseLoop``, if it runs one."""
-    global _lease_loop
-    with _lease_loop_lock:
-        loop, _lease_loop = _lease_loop, None
+def sweep_loop_stop() -> None:
+    """Worker process shutdown: stop this process's ``SweepLoop``, if it runs one."""
+    global _sweep_loop
+    with _sweep_loop_lock:
+        loop, _sweep_loop = _sweep_loop, None
     if loop is not None and loop[0] == os.getpid():
         loop[1].stop()
 
@@ -233,10 +298,10 @@ def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:
 
 # --- dead workers (session affinity, worker/affinity.py) ---------------------------------------
 
-def workers_sweep() -> list[str]:
+def workers_sweep(*, by: str = "sweep") -> list[str]:
     """Remove workers whose heartbeat is older than ``HERMES_WORKER_STALE_SECONDS``: delete their
-    sessions' ``WarmThread`` rows, send those sessions' queued head turns again (shared queue), delete
-    their queue from the broker, delete their row. Returns the queues removed."""
+    sessions' ``WarmThread`` rows, dispatch those sessions' queued head turns to the shared queue, delete
+    their row. Returns the routes removed."""
     stale_before = timezone.now() - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
     removed = []
     for queue in list(TurnWorker.objects.filter(heartbeat_at__lt=stale_before).values_list("queue", flat=True)[:100]):
@@ -251,12 +316,11 @@ def workers_sweep() -> list[str]:
             routing.warm_thread_forget(queue=queue)
             heads = _queued_heads(sessions)
             for turn_id in heads:
-                dispatch.turn_dispatch_on_commit(turn_id)
+                dispatch.turn_dispatch_on_commit(turn_id, wake=False)
             TurnWorker.objects.filter(queue=queue, heartbeat_at__lt=stale_before).delete()
-        purged = worker_queues.queue_delete(queue)
-        logger.warning("sweep: worker queue %s has had no heartbeat since before %s: removed (%s warm sessions, "
-                       "%s queued turns sent again, %s messages dropped from its queue)",
-                       queue, stale_before, len(sessions), len(heads), purged)
+        logger.warning("%s: worker %s has had no heartbeat since before %s: removed (%s warm sessions, "
+                       "%s queued turns dispatched to the shared queue)", by, queue, stale_before, len(sessions),
+                       len(heads))
         removed.append(queue)
     return removed
 

@@ -1,23 +1,20 @@
-"""Waking the worker that holds a session's thread through PostgreSQL's ``NOTIFY``, instead of a Celery message to its queue.
+"""Waking the worker that holds a session's thread through PostgreSQL's ``NOTIFY``: path 2 of the delivery
+table (docs/architecture.md §4).
 
 A warm turn's way to its worker through Celery — the API's send to the broker, the worker's consumer, the
 prefork pool's hop to its child, the task's start — was the largest part of its ``queue`` phase (~6.7 of
 ~55 ms the stack added to codex's turn on this 2-core machine, traced per hop, ``make bench-warm``). So
-the enqueue of a turn routed to a worker's own queue (``routing.session_route_sql``) whose wake listener
-listened at its last heartbeat (``TurnWorker.wakeable``) sends
-``pg_notify(routing.wake_channel(queue), '<turn id> <session id>')`` in its transaction instead of a Celery message
-to that queue: PostgreSQL delivers it at the commit. The worker process that consumes that queue listens
-(``WakeListener``, a thread of its own with a connection of its own) and runs the turn at once.
+the enqueue of a turn whose session's holder (``routing.session_route_sql``) listened at its last
+heartbeat (``TurnWorker.wakeable``) sends ``pg_notify(routing.wake_channel(route), '<turn id> <session
+id>')`` in its transaction instead of a Celery message: PostgreSQL delivers it at the commit. The worker
+process of that route listens (``WakeListener``, a thread of its own with a connection of its own) and
+runs the turn at once.
 
-The wake is a hint; the durable path stays Celery's: the shared queue's fallback copy is sent
-``HERMES_AFFINITY_DEADLINE`` after the commit (by the enqueuing process when due, ``fallback_copies``),
-and the affinity loop hands an overdue turn of a dead holder to any worker. A wake that finds this process
-busy past the deadline (``turn_slot``), or that never arrives (listener reconnecting, worker gone), costs
-time, never the turn: one of those runs it. Sending both the own-queue message and the wake gained
-nothing measurable — on 2 cores the second delivery competed for the CPU the first one needed; the
-fallback copy of a turn already run costs one read (``tasks.run_turn``). Whichever delivery claims the
-turn first runs it; any other finds it taken (``turns.turn_claim``) and does nothing. ``HERMES_WAKE=0``
-turns the wake off (both Celery messages, as before).
+The wake is a hint; the ``Turn`` row is the queue. A wake that finds this process busy past
+``HERMES_AFFINITY_DEADLINE`` (``turn_slot``), or that never arrives (listener reconnecting, worker
+frozen or gone), costs time, never the turn: the sweep dispatches a turn its holder has not claimed
+within the deadline to the shared queue (``recovery.turns_dispatch_unclaimed``, every worker's round).
+Whichever delivery claims the turn first runs it; any other finds it taken (``turns.turn_claim``).
 
 With ``HERMES_EARLY_START`` the payload also carries the turn's input and the enqueuing process's clock
 (``WakeHint``, when it fits the payload limit), so that the woken worker can send ``turn/start`` to the
@@ -25,7 +22,7 @@ kept thread while it claims the turn (``early_start.py``).
 
 Facts: PostgreSQL 15 delivers a notification sent in a transaction only when it commits, and never for
 one rolled back (docs: NOTIFY); a channel name is an identifier of at most 63 bytes, so a worker's
-channel is named by a hash of its queue.
+channel is named by a hash of its route.
 """
 from __future__ import annotations
 
@@ -74,9 +71,9 @@ def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
     (an eager task inside a request, a worker with several slots or keeping off).
 
     Why the bound: Celery does not see a woken turn, so it counts this pool process idle and hands it the
-    next message of any queue it consumes — a new session's turn waited behind a woken 100 s turn until
-    the sweep re-sent it, 62 s later, while another worker sat idle (adversary, session 8). A delivery
-    that cannot have the slot passes the turn on instead (``tasks.run_turn``)."""
+    next message of the shared queue; waiting for the woken turn would hold a turn that another, idle
+    worker could run. A delivery that cannot have the slot leaves its turn to the sweep instead
+    (``tasks.run_turn``; ``tests/e2e/test_affinity.py`` pins that it does not starve)."""
     if not wake_listening():
         yield True
         return
@@ -159,10 +156,10 @@ _listener_lock = threading.Lock()
 
 
 def wake_start(queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> WakeListener | None:
-    """Start this process's ``WakeListener`` for own queue ``queue`` once (after any fork); ``None`` when
-    ``routing.wake_enabled()`` is false or ``queue`` is empty."""
+    """Start this process's ``WakeListener`` for route ``queue`` once (after any fork); ``None`` when
+    ``queue`` is empty."""
     global _listener
-    if not queue or not routing.wake_enabled():
+    if not queue:
         return None
     with _listener_lock:
         if _listener is None or _listener[0] != os.getpid():

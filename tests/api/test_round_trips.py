@@ -5,7 +5,6 @@ routing read after the commit)."""
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -14,7 +13,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from hermes_sessions.models import Turn, TurnWorker, WarmThread
-from hermes_sessions.services import fallback_copies, routing
+from hermes_sessions.services import routing
 from project.celery import app as celery_app
 from tests.factories import SessionFactory
 from tests.support.round_trips import counting, round_trips_counted
@@ -71,7 +70,7 @@ def test_a_turn_post_costs_two_round_trips_with_its_routing(token_client, user, 
     monkeypatch.setattr(tasks.run_turn, "apply_async",
                         lambda args, **kw: (sent_at_query.append(len(connection.queries) - base), record(args, **kw)))
     session = SessionFactory(owner=user)
-    queue = routing.own_queue_name("round-trips@host")  # a worker keeps the session's thread loaded
+    queue = routing.route_name("round-trips@host")  # a worker keeps the session's thread loaded
     TurnWorker.objects.create(queue=queue, node="round-trips@host", heartbeat_at=timezone.now())
     WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
                               until=timezone.now() + timedelta(seconds=60))
@@ -87,8 +86,8 @@ def test_a_turn_post_costs_two_round_trips_with_its_routing(token_client, user, 
     assert sqls[-1] == "COMMIT"  # nothing read or sent to PostgreSQL after the commit
     events_insert = next(s for s in sqls if "INSERT INTO \"hermes_sessions_turnevent\"" in s)
     assert "pg_notify(" in events_insert  # the queued event's wake-up for the streams, in the transaction
-    assert sends == [(str(turn.id), queue, None), (str(turn.id), None, settings.HERMES_AFFINITY_DEADLINE)]
-    assert sent_at_query == [len(sqls)] * 2, "the task is sent after the COMMIT"
+    assert sends == [(str(turn.id), None, None)]  # its holder does not listen: the shared queue, no countdown
+    assert sent_at_query == [len(sqls)], "the task is sent after the COMMIT"
     assert turn.dispatched_at is not None and turn.seq == 1
     assert list(turn.events.values_list("kind", "data")) == [("queued", {"seq": 1})]
 
@@ -96,11 +95,10 @@ def test_a_turn_post_costs_two_round_trips_with_its_routing(token_client, user, 
 def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_client, user, sends, settings,
                                                                     django_assert_max_num_queries):
     """The wake's ``pg_notify`` is sent by the enqueue's last statement, in its one round trip (``worker/wake.py``,
-    ``turns._enqueue_in_one_trip``); the holder
-    gets no Celery message, and the shared queue's fallback copy is held until due (``fallback_copies``): no
-    Celery send during the request."""
+    ``turns._enqueue_in_one_trip``); nobody gets a Celery message (should the holder not claim the turn, the
+    sweep dispatches it, ``recovery.turns_dispatch_unclaimed``)."""
     session = SessionFactory(owner=user)
-    queue = routing.own_queue_name("round-trips-wake@host")
+    queue = routing.route_name("round-trips-wake@host")
     TurnWorker.objects.create(queue=queue, node="round-trips-wake@host", heartbeat_at=timezone.now(), wakeable=True)
     WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
                               until=timezone.now() + timedelta(seconds=60))
@@ -114,31 +112,6 @@ def test_a_turn_post_that_wakes_its_holder_costs_the_same_round_trips(token_clie
     commit = sqls.index("COMMIT")
     assert any("pg_notify(" in s for s in sqls[:commit]), sqls  # in the transaction
     assert sends == []
-    assert uuid.UUID(response.json()["id"]) in fallback_copies.SENDER.pending()
-    assert fallback_copies.SENDER.flush() >= 1
-    assert (response.json()["id"], None, None) in sends  # the copy: the shared queue, no countdown
-
-
-def test_a_woken_turns_fallback_copy_is_not_sent_once_the_turn_is_claimed(token_client, user, sends):
-    """The copy exists for a turn its woken holder never claimed; one that was claimed (or ended) by the time
-    the copy is due is covered by its lease from then on (``dispatch.send_fallback_copy``): no Celery message
-    (it cost the API's CPU and a worker's pool hop in the middle of a later turn, ``make bench-warm``)."""
-    from hermes_sessions.models import Turn
-
-    queue = routing.own_queue_name("copies-wake@host")
-    TurnWorker.objects.create(queue=queue, node="copies-wake@host", heartbeat_at=timezone.now(), wakeable=True)
-    posted = []
-    for _ in range(2):
-        session = SessionFactory(owner=user)
-        WarmThread.objects.create(session=session, queue=queue, thread_id="t", generation=1,
-                                  until=timezone.now() + timedelta(seconds=60))
-        posted.append(token_client.post(f"/api/sessions/{session.id}/turns/", data=json.dumps({"input": "hi"}),
-                                        content_type="application/json").json()["id"])
-    claimed, unclaimed = posted
-    Turn.objects.filter(pk=claimed).update(status=Turn.Status.RUNNING)  # its holder's claim
-    assert [str(t) for t in fallback_copies.SENDER.pending()] == posted and sends == []
-    assert fallback_copies.SENDER.flush() == 2
-    assert sends == [(unclaimed, None, None)]
 
 
 def test_a_turn_post_without_a_warm_worker_goes_to_the_shared_queue_alone(token_client, user, sends,

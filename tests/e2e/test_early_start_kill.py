@@ -50,7 +50,7 @@ def test_a_worker_killed_while_codex_is_paused_leaves_no_process_of_codex_behind
     _wait(lambda: TurnWorker.objects.filter(queue=queue, wakeable=True).exists(), 10, "not listening")
     # The test sends the wake itself, below, once another transaction holds the session's row lock (any writer
     # of the session): the claim waits, and the watchdog stops codex 20 ms after turn/start.
-    monkeypatch.setattr(routing, "wake_enabled", lambda: False)
+    monkeypatch.setattr(dispatch, "routes_to_workers", lambda: False)  # the enqueue wakes nobody
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
     turn = services.turn_enqueue(session=session, input_text="paused", user=user)
     lock = psycopg.Connection.connect(**connection_params("paused-kill-lock"))

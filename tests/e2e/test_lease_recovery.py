@@ -1,5 +1,5 @@
 """Lease recovery without beat in a worker that runs no affinity loop (``-c 2``: more than one turn
-slot, so no own queue): its pool processes run ``recovery.LeaseLoop`` (``project/celery.py``), and a
+slot, so no route): its pool processes run ``recovery.SweepLoop`` (``project/celery.py``), and a
 dead worker's running turn comes back and runs with no beat anywhere. A real ``celery worker`` process,
 the real codex binary and the model stand-in."""
 from __future__ import annotations

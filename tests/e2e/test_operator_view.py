@@ -116,9 +116,8 @@ def test_the_worker_log_has_one_line_per_turn_end_and_a_quiet_sweep(user, beat_w
                       ends[1])
     assert match, ends[1]
     if match.group(1) == "wake":
-        # Run on the worker's NOTIFY wake-up (it keeps the session's thread): the shared queue's fallback copy,
-        # due HERMES_AFFINITY_DEADLINE later, found the turn claimed and was never sent (dispatch.send_fallback_copy)
-        # — no Celery task for it at all.
+        # Run on the worker's NOTIFY wake-up (it keeps the session's thread): the wake is the only notification
+        # (dispatch.py) — no Celery task for it at all.
         assert f"'turn': '{failed['id']}'" not in text, text[-4000:]
     else:
         # Celery's own line for that task id: the task succeeded, the turn failed.

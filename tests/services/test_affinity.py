@@ -33,7 +33,6 @@ from hermes_sessions.models import CodexRollout, Turn, TurnWorker, WarmThread
 from hermes_sessions.services import dispatch, rollouts, routing
 from hermes_sessions.services.turns import TurnClaim
 from hermes_sessions.worker import affinity, execution
-from hermes_sessions.worker import own_queues as worker_queues
 from hermes_sessions.worker.warm import kept as kept_mod
 from project.celery import app as celery_app
 from tests.codex.test_kept import CONFIG, FakeClient, make_kept, write_rollout_file
@@ -45,8 +44,8 @@ THREAD = "019a0000-0000-7000-8000-00000000aaaa"
 
 
 def own(name: str) -> str:
-    """A worker's own queue, unique per test run (the broker is shared with other runs)."""
-    return routing.own_queue_name(f"{name}-{uuid.uuid4().hex[:8]}@host")
+    """A worker's route, unique per test run (the database and broker are shared with other runs)."""
+    return routing.route_name(f"{name}-{uuid.uuid4().hex[:8]}@host")
 
 
 def worker_row(queue: str, *, age: float = 0.0, **fields) -> TurnWorker:
@@ -68,7 +67,12 @@ def rollout_row(session, *, thread_id: str = THREAD, generation: int = 1) -> Cod
 def sent(monkeypatch) -> list[str]:
     """Turn ids passed to ``dispatch.turn_dispatch_on_commit`` (nothing is sent)."""
     calls: list[str] = []
-    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id, **_: calls.append(str(turn_id)))
+
+    def record(turn_id, **_) -> None:  # the stamp the real one writes (the sweep counts from it)
+        Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())
+        calls.append(str(turn_id))
+
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", record)
     return calls
 
 
@@ -124,8 +128,10 @@ def test_a_turn_is_routed_while_the_window_is_open_and_the_holder_is_alive(setti
     queue = own("a")
     warm_row(turn.session, queue)
     worker_row(queue, age=1)
-    assert routing.turn_route(turn.pk) == queue
-    assert routing.turn_route(TurnFactory().pk) == ""  # another session: no row
+    assert routing.turn_route(turn.pk) == (routing.Route(queue=queue, wakeable=False), str(turn.session_id))
+    TurnWorker.objects.filter(queue=queue).update(wakeable=True)
+    assert routing.turn_route(turn.pk) == (routing.Route(queue=queue, wakeable=True), str(turn.session_id))
+    assert routing.turn_route(TurnFactory().pk) is None  # another session: no row
 
 
 def test_no_route_once_the_window_closed(settings):
@@ -133,7 +139,7 @@ def test_no_route_once_the_window_closed(settings):
     queue = own("a")
     warm_row(turn.session, queue, until_in=-1)
     worker_row(queue)
-    assert routing.turn_route(turn.pk) == ""
+    assert routing.turn_route(turn.pk) is None
 
 
 def test_no_route_to_a_worker_whose_heartbeat_is_stale_or_gone(settings):
@@ -141,9 +147,9 @@ def test_no_route_to_a_worker_whose_heartbeat_is_stale_or_gone(settings):
     turn = TurnFactory()
     queue = own("a")
     warm_row(turn.session, queue)
-    assert routing.turn_route(turn.pk) == ""  # no TurnWorker row at all
+    assert routing.turn_route(turn.pk) is None  # no TurnWorker row at all
     worker_row(queue, age=11)
-    assert routing.turn_route(turn.pk) == ""
+    assert routing.turn_route(turn.pk) is None
 
 
 def test_route_is_empty_when_tasks_run_in_process():
@@ -152,7 +158,7 @@ def test_route_is_empty_when_tasks_run_in_process():
     warm_row(turn.session, queue)
     worker_row(queue)
     assert celery_app.conf.task_always_eager is True
-    assert dispatch._route(turn.pk) == ""
+    assert dispatch._route(turn.pk) is None
 
 
 def test_route_follows_the_celery_apps_eager_flag_not_the_django_setting(settings):
@@ -165,15 +171,18 @@ def test_route_follows_the_celery_apps_eager_flag_not_the_django_setting(setting
     settings.CELERY_TASK_ALWAYS_EAGER = True
     celery_app.conf.task_always_eager = False
     try:
-        assert dispatch._route(turn.pk) == queue
+        found = dispatch._route(turn.pk)
+        assert found is not None and found[0].queue == queue
     finally:
         celery_app.conf.task_always_eager = True
 
 
-def test_turn_enqueue_routes_by_the_row_it_reads_under_the_lock_and_not_when_tasks_run_in_process(
+def test_turn_enqueue_wakes_a_listening_holder_instead_of_a_message_and_not_when_tasks_run_in_process(
         monkeypatch, django_capture_on_commit_callbacks):
-    """``turn_enqueue`` reads the route in its transaction (``affinity.session_route_subquery``, the rule
-    of ``turn_route``) and hands it to the dispatch: an eager app still routes nothing."""
+    """``turn_enqueue`` reads the route in its transaction (``routing.session_route_sql``, the rule of
+    ``turn_route``): a holder whose listener listens is woken in the transaction and gets no Celery
+    message; any other turn goes to the shared queue; an eager app routes nothing; a turn queued behind
+    another gets nothing (its predecessor's end dispatches it)."""
     from hermes_sessions import tasks
 
     sent: list[str | None] = []
@@ -181,21 +190,30 @@ def test_turn_enqueue_routes_by_the_row_it_reads_under_the_lock_and_not_when_tas
     session = SessionFactory()
     queue = own("a")
     warm_row(session, queue)
-    worker_row(queue)
-    with django_capture_on_commit_callbacks(execute=True):
-        services.turn_enqueue(session=session, input_text="one", user=session.owner)
+    worker_row(queue, wakeable=True)
+
+    def enqueue(text: str) -> None:
+        Turn.objects.filter(session=session).update(status=Turn.Status.SUCCEEDED)
+        with django_capture_on_commit_callbacks(execute=True):
+            services.turn_enqueue(session=session, input_text=text, user=session.owner)
+
+    enqueue("one")
     assert sent == [None]  # in-process: no other worker to route to
     sent.clear()
     celery_app.conf.task_always_eager = False
     try:
+        enqueue("two")
+        assert sent == []  # woken: the wake is the only notification
         with django_capture_on_commit_callbacks(execute=True):
-            services.turn_enqueue(session=session, input_text="two", user=session.owner)
-        assert sent == [queue, None]  # the holder now, the shared queue after the deadline
+            services.turn_enqueue(session=session, input_text="behind", user=session.owner)
+        assert sent == []  # queued behind "two"
+        TurnWorker.objects.filter(queue=queue).update(wakeable=False)
+        enqueue("three")
+        assert sent == [None]  # its listener does not listen: the shared queue
         sent.clear()
-        TurnWorker.objects.filter(queue=queue).update(heartbeat_at=timezone.now() - timedelta(hours=1))
-        with django_capture_on_commit_callbacks(execute=True):
-            services.turn_enqueue(session=session, input_text="three", user=session.owner)
-        assert sent == [None]  # the holder's heartbeat is stale: the shared queue only
+        TurnWorker.objects.filter(queue=queue).update(wakeable=True, heartbeat_at=timezone.now() - timedelta(hours=1))
+        enqueue("four")
+        assert sent == [None]  # the holder's heartbeat is stale: the shared queue
     finally:
         celery_app.conf.task_always_eager = True
 
@@ -207,34 +225,40 @@ def test_route_is_empty_when_it_cannot_be_read(monkeypatch, caplog):
     monkeypatch.setattr(routing, "turn_route", broken)
     celery_app.conf.task_always_eager = False
     try:
-        assert dispatch._route(uuid.uuid4()) == ""
+        assert dispatch._route(uuid.uuid4()) is None
     finally:
         celery_app.conf.task_always_eager = True
     assert "sending to the shared queue" in caplog.text
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_routed_turn_goes_to_the_holder_now_and_to_the_shared_queue_after_the_deadline(
+def test_a_dispatch_wakes_a_listening_holder_and_sends_the_shared_queue_nothing(
         settings, broker, django_capture_on_commit_callbacks):
-    settings.HERMES_AFFINITY_DEADLINE = 5.0
+    """The dispatch of a turn that became its session's next (a finalize, a requeue): the holder is woken
+    by NOTIFY after the commit — no message anywhere; a holder that does not listen gets nothing, the
+    shared queue the task, with no countdown."""
     shared = settings.HERMES_TURN_QUEUE
     turn = TurnFactory()
     queue = own("a")
     warm_row(turn.session, queue)
-    worker_row(queue)
+    row = worker_row(queue, wakeable=True)
+    db = django_settings.DATABASES["default"]
     try:
-        before = timezone.now()
+        with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"],
+                             autocommit=True) as listener:
+            listener.execute(f"LISTEN {routing.wake_channel(queue)}")
+            with django_capture_on_commit_callbacks(execute=True):
+                dispatch.turn_dispatch_on_commit(turn.pk)
+            notes = [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)]
+        assert notes == [f"{turn.pk} {turn.session_id}"]
+        assert messages_for(broker, shared, turn.pk) == [] and not broker.exists(queue)
+        row.wakeable = False
+        row.save()
         with django_capture_on_commit_callbacks(execute=True):
             dispatch.turn_dispatch_on_commit(turn.pk)
-        [first] = messages_for(broker, queue, turn.pk)
-        [later] = messages_for(broker, shared, turn.pk)
-        assert first["headers"]["eta"] is None
-        eta = timezone.datetime.fromisoformat(later["headers"]["eta"])
-        assert before + timedelta(seconds=4.5) < eta < timezone.now() + timedelta(seconds=5.5)
-        assert first["properties"]["delivery_info"]["routing_key"] == queue
-        assert later["properties"]["delivery_info"]["routing_key"] == shared
+        [only] = messages_for(broker, shared, turn.pk)
+        assert only["headers"]["eta"] is None and not broker.exists(queue)
     finally:
-        forget_queue(broker, queue)
         remove_messages(broker, shared, turn.pk)
 
 
@@ -372,7 +396,7 @@ def test_taken_elsewhere_names_each_reason():
 # --- the sweep --------------------------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True)
-def test_the_sweep_removes_a_dead_worker_and_sends_its_sessions_queued_turns_again(settings, broker, sent):
+def test_the_sweep_removes_a_dead_worker_and_dispatches_its_sessions_queued_turns(settings, sent):
     settings.HERMES_WORKER_STALE_SECONDS = 10
     dead, alive = own("dead"), own("alive")
     worker_row(dead, age=30)
@@ -381,24 +405,17 @@ def test_the_sweep_removes_a_dead_worker_and_sends_its_sessions_queued_turns_aga
     for s in (waiting, busy, idle):
         warm_row(s, dead)
     warm_row(elsewhere, alive)
-    head = TurnFactory(session=waiting, seq=1)
+    head = TurnFactory(session=waiting, seq=1, dispatched_at=timezone.now())
     TurnFactory(session=waiting, seq=2)  # not the head: its head's end dispatches it
     TurnFactory(session=busy, seq=1, status=Turn.Status.RUNNING)
     TurnFactory(session=busy, seq=2)  # its running turn dispatches it when it ends
-    TurnFactory(session=elsewhere, seq=1)
-    dispatch._run_turn_task().apply_async(args=(str(head.pk),), queue=dead)  # routed there before it died
-    assert len(messages_for(broker, dead, head.pk)) == 1
-    try:
-        report = worker.turns_sweep()
-        assert report.workers_removed == 1
-        assert sent == [str(head.pk)]
-        assert not broker.exists(dead)
-        assert not broker.exists(f"_kombu.binding.{dead}", f"_kombu.binding_permanent.{dead}")  # no binding left
-        assert list(TurnWorker.objects.values_list("queue", flat=True)) == [alive]
-        assert list(WarmThread.objects.values_list("session_id", flat=True)) == [elsewhere.pk]
-        assert worker.turns_sweep().workers_removed == 0
-    finally:
-        forget_queue(broker, dead)
+    TurnFactory(session=elsewhere, seq=1, dispatched_at=timezone.now())
+    report = worker.turns_sweep()
+    assert report.workers_removed == 1
+    assert sent == [str(head.pk)]
+    assert list(TurnWorker.objects.values_list("queue", flat=True)) == [alive]
+    assert list(WarmThread.objects.values_list("session_id", flat=True)) == [elsewhere.pk]
+    assert worker.turns_sweep().workers_removed == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -419,12 +436,6 @@ def test_the_sweep_passes_over_a_worker_row_another_transaction_holds(settings):
     assert not TurnWorker.objects.filter(queue=frozen).exists()
 
 
-def test_deleting_a_queue_nobody_declared_removes_nothing(broker):
-    never = own("never")
-    assert worker_queues.queue_delete(never) == 0
-    assert not broker.exists(never, f"_kombu.binding.{never}", f"_kombu.binding_permanent.{never}")
-
-
 # --- the affinity loop ------------------------------------------------------------------------------
 
 def _kept_sessions(keeper, sessions, *, generation: int):
@@ -440,7 +451,7 @@ def _kept_sessions(keeper, sessions, *, generation: int):
 
 
 def test_a_tick_beats_releases_taken_copies_and_forgets_expired_ones(fresh_keeper, settings):
-    queue = routing.own_queue_name("w1@host")
+    queue = routing.route_name("w1@host")
     keeps, taken, idle = SessionFactory(), SessionFactory(), SessionFactory()
     threads, copies = _kept_sessions(fresh_keeper, (keeps, taken, idle), generation=2)
     other = own("other")
@@ -460,30 +471,37 @@ def test_a_tick_beats_releases_taken_copies_and_forgets_expired_ones(fresh_keepe
     assert timezone.now() - row.heartbeat_at < timedelta(seconds=5)
 
 
-def test_a_busy_holder_hands_off_a_turn_it_has_not_claimed_within_the_deadline(fresh_keeper, settings):
-    """Found by an adversary: with the holder busy, the deadline's countdown copy had been reserved by an idle
-    worker that then started a long turn before it was due, and the turn waited behind it. The holder's loop
-    now hands the overdue turn off: copy closed, routing row deleted, the turn sent again (shared queue)."""
-    queue = routing.own_queue_name("w1@host")
-    late, fresh_one, claimed = SessionFactory(), SessionFactory(), SessionFactory()
-    threads, copies = _kept_sessions(fresh_keeper, (late, fresh_one, claimed), generation=1)
-    for s in (late, fresh_one, claimed):
-        warm_row(s, queue, generation=1, thread_id=threads[s.pk])
-    long_ago = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE + 5)
-    overdue = TurnFactory(session=late, seq=1, status=Turn.Status.QUEUED, dispatched_at=long_ago)
+def test_a_turn_its_holder_has_not_claimed_within_the_deadline_goes_cold_once(settings, sent):
+    """Whatever keeps the holder from claiming a woken turn — busy with another session's turn, frozen,
+    dead, or the wake lost — the sweep's round (every worker's) dispatches it to the shared queue once
+    ``HERMES_AFFINITY_DEADLINE`` has passed since it was dispatched: the routing row goes (the turn runs
+    cold wherever it lands), ``dispatched_at`` moves on, and a second caller finds nothing to do. A turn
+    dispatched within the deadline, or queued behind a running one, is left alone."""
+    from hermes_sessions.worker import recovery
+
+    busy, frozen = own("busy"), own("frozen")
+    worker_row(busy)
+    worker_row(frozen, age=2 * settings.HERMES_WORKER_HEARTBEAT_SECONDS + 1)
+    long_ago = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE + 1)
+    overdue = []
+    for queue in (busy, frozen, own("gone")):  # the last one's worker has no row at all
+        s = SessionFactory()
+        warm_row(s, queue)
+        overdue.append(TurnFactory(session=s, seq=1, status=Turn.Status.QUEUED, dispatched_at=long_ago).pk)
+    fresh_one, claimed = SessionFactory(), SessionFactory()
+    warm_row(fresh_one, busy)
+    warm_row(claimed, busy)
     TurnFactory(session=fresh_one, seq=1, status=Turn.Status.QUEUED, dispatched_at=timezone.now())
     TurnFactory(session=claimed, seq=1, status=Turn.Status.RUNNING)
     TurnFactory(session=claimed, seq=2, status=Turn.Status.QUEUED, dispatched_at=long_ago)  # behind a running one
-    sent: list = []
 
-    affinity.AffinityLoop(fresh_keeper, queue, redispatch=sent.append).tick()
+    assert recovery.turns_dispatch_unclaimed(limit=20, by="worker a") == 3
+    assert recovery.turns_dispatch_unclaimed(limit=20, by="worker b") == 0
 
-    assert sent == [overdue.pk]
-    assert copies[late.pk].client.closes == 1
-    assert sorted(s for s, _, _ in fresh_keeper.held()) == sorted([fresh_one.pk, claimed.pk])
+    assert sorted(sent) == sorted(str(t) for t in overdue)
     assert set(WarmThread.objects.values_list("session_id", flat=True)) == {fresh_one.pk, claimed.pk}
-    affinity.AffinityLoop(fresh_keeper, queue).tick()  # without redispatch (tests, old callers): no hand-off
-    assert sent == [overdue.pk]
+    assert all(timezone.now() - t < timedelta(seconds=5)
+               for t in Turn.objects.filter(pk__in=overdue).values_list("dispatched_at", flat=True))
 
 
 def test_a_clean_stop_forgets_the_workers_rows():
@@ -548,7 +566,7 @@ def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_
     started = []
     monkeypatch.setattr(affinity, "affinity_start", lambda k, **_: started.append(k))
     queue = own("a")
-    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
+    monkeypatch.setenv(routing.OWN_ROUTE_ENV, queue)
     session = SessionFactory(owner=user)
     held, client = _held_running(tmp_path)
     claim = _claimed(session, user, sent)
@@ -582,10 +600,10 @@ def test_settle_closes_the_app_server_otherwise(user, sent, fresh_keeper, tmp_pa
     assert client.closes == 1 and held.running is None
 
 
-def test_a_held_app_server_may_not_be_kept_without_an_own_queue(fresh_keeper, monkeypatch):
-    monkeypatch.delenv(routing.OWN_QUEUE_ENV, raising=False)
+def test_a_held_app_server_may_not_be_kept_without_a_route(fresh_keeper, monkeypatch):
+    monkeypatch.delenv(routing.OWN_ROUTE_ENV, raising=False)
     assert execution._Held().may_keep is False
-    monkeypatch.setenv(routing.OWN_QUEUE_ENV, own("a"))
+    monkeypatch.setenv(routing.OWN_ROUTE_ENV, own("a"))
     assert execution._Held().may_keep is True
 
 
@@ -646,10 +664,10 @@ def test_the_heartbeat_runs_from_start_to_a_clean_stop(fresh_keeper, settings, m
     """``affinity_start`` (pool process start, or the first kept thread) beats on its own connection
     at once; ``affinity_stop`` (worker shutdown) stops it and forgets the worker's rows."""
     settings.HERMES_WORKER_HEARTBEAT_SECONDS = 0.05
-    monkeypatch.delenv(routing.OWN_QUEUE_ENV, raising=False)
+    monkeypatch.delenv(routing.OWN_ROUTE_ENV, raising=False)
     assert affinity.affinity_start(fresh_keeper) is None  # no own queue: nothing to route to this process
     queue = own("a")
-    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
+    monkeypatch.setenv(routing.OWN_ROUTE_ENV, queue)
     warm_row(SessionFactory(), queue)
     loop = affinity.affinity_start(fresh_keeper)
     try:
@@ -708,8 +726,8 @@ def test_the_heartbeat_refuses_a_row_a_live_namesake_holds_and_takes_over_a_dead
 
 def test_a_loop_that_finds_a_live_namesake_closes_its_copies_and_stops_keeping(
         fresh_keeper, live_namesake, monkeypatch, caplog):
-    queue = routing.own_queue_name("frozen@host")
-    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
+    queue = routing.route_name("frozen@host")
+    monkeypatch.setenv(routing.OWN_ROUTE_ENV, queue)
     s = SessionFactory()
     _, copies = _kept_sessions(fresh_keeper, [s], generation=1)
     worker_row(queue, host=socket.gethostname(), pid=live_namesake)
@@ -719,124 +737,30 @@ def test_a_loop_that_finds_a_live_namesake_closes_its_copies_and_stops_keeping(
     loop.tick()
 
     assert fresh_keeper.held() == [] and copies[s.pk].client.closes == 1
-    assert routing.own_queue() == ""  # no more keeping in this process: _Held.may_keep is False
+    assert routing.own_route() == ""  # no more keeping in this process: _Held.may_keep is False
     assert loop._stop.is_set()
+    from hermes_sessions.worker import recovery
+
+    assert recovery._sweep_loop is not None  # it still sweeps, as a process without a route does
+    recovery.sweep_loop_stop()
     assert TurnWorker.objects.get(queue=queue).pid == live_namesake
     routing.worker_gone(queue=queue)  # this process's clean stop leaves the namesake's rows alone
     assert TurnWorker.objects.filter(queue=queue).exists() and WarmThread.objects.filter(pk=theirs.pk).exists()
     assert any("keeps no thread loaded from now on" in r.getMessage() for r in caplog.records)
 
 
-def test_the_main_process_does_not_delete_a_queue_a_live_namesake_consumes(live_namesake, monkeypatch):
-    from project import celery as celery_module
-
-    queue = own("main")
-    monkeypatch.setenv(routing.OWN_QUEUE_ENV, queue)
-    deleted: list[str] = []
-    monkeypatch.setattr(worker_queues, "queue_delete", deleted.append)
-    monkeypatch.setattr(celery_module, "_close_spares", lambda **_: None)
-    worker_row(queue, host=socket.gethostname(), pid=live_namesake)
-    celery_module._close_in_main_process()
-    assert deleted == []
-    TurnWorker.objects.filter(queue=queue).delete()  # its own row went at its pool's stop: the queue goes too
-    celery_module._close_in_main_process()
-    assert deleted == [queue]
-
-
 # --- a frozen or dead holder ------------------------------------------------------------------------
 
-def test_any_loop_hands_off_the_overdue_turns_of_a_holder_whose_heartbeat_stopped(fresh_keeper, settings):
-    """Adversary F2 (session 4): the holder SIGSTOPped and every peer busy — the turn waited ≈ 19 s, for the
-    countdown copy held by a busy peer or the sweep. Another worker's loop now hands it off within a few
-    seconds: the routing row goes and the turn is sent again (to the shared queue) — once, however many
-    loops see it. A busy holder (its heartbeat still fresh) is left to hand off its own turns."""
-    frozen, busy, mine = own("frozen"), own("busy"), routing.own_queue_name("me@host")
-    stale = 2 * settings.HERMES_WORKER_HEARTBEAT_SECONDS + 1
-    worker_row(frozen, age=stale)
-    worker_row(busy)
-    long_ago = timezone.now() - timedelta(seconds=settings.HERMES_AFFINITY_DEADLINE + 1)
-    sessions = {}
-    for name, queue in (("frozen", frozen), ("busy", busy), ("rowless", own("gone"))):
-        s = SessionFactory()
-        warm_row(s, queue)
-        sessions[name] = (s, TurnFactory(session=s, seq=1, status=Turn.Status.QUEUED, dispatched_at=long_ago))
-    just_sent = SessionFactory()
-    warm_row(just_sent, frozen)
-    TurnFactory(session=just_sent, seq=1, status=Turn.Status.QUEUED, dispatched_at=timezone.now())
-    sent: list = []
-
-    affinity.AffinityLoop(fresh_keeper, mine, redispatch=sent.append).tick()
-    affinity.AffinityLoop(fresh_keeper, routing.own_queue_name("peer@host"), redispatch=sent.append).tick()
-
-    assert sorted(sent) == sorted([sessions["frozen"][1].pk, sessions["rowless"][1].pk])
-    assert set(WarmThread.objects.values_list("session_id", flat=True)) == {sessions["busy"][0].pk, just_sent.pk}
-
-
-def test_a_hand_off_happens_once_and_only_for_the_queue_named():
-    s = SessionFactory()
-    warm_row(s, own("x"))
-    turn = TurnFactory(session=s, seq=1, status=Turn.Status.QUEUED)
-    sent: list = []
-    assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=own("not-this-one"), redispatch=sent.append) is False
-    assert sent == [] and WarmThread.objects.filter(session=s).exists()
-    assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=None, redispatch=sent.append) is True
-    assert sent == [turn.pk] and not WarmThread.objects.filter(session=s).exists()
-    assert affinity.hand_off(session_id=s.pk, turn_id=turn.pk, queue=None, redispatch=sent.append) is False
-
-
-@pytest.mark.parametrize("redis_broker_in_use", [True, False], ids=["redis", "rabbitmq"])
-def test_a_worker_swept_while_frozen_takes_its_queue_up_again(fresh_keeper, monkeypatch, redis_broker_in_use):
-    """Found by the faults helper: a worker frozen past HERMES_WORKER_STALE_SECONDS is swept — its row, its
-    queue and both bindings deleted (on RabbitMQ its consumer cancelled) — and, woken with no namesake
-    started meanwhile, wrote its heartbeat again while turns routed to its queue were dropped, each waiting
-    for its countdown copy. Its loop now declares the queue again; on RabbitMQ it also has its worker stop
-    and start consuming it, the add sent only once the cancel was answered (the adversary saw two
-    unawaited broadcasts arrive add-first, and the worker stop consuming its queue for good)."""
-    from celery import current_app
-
-    queue = routing.own_queue_name("revived@host")
-    calls: list = []
-    monkeypatch.setattr(worker_queues, "queue_declare", lambda q: calls.append(("declare", q)))
-    monkeypatch.setattr(worker_queues, "queue_is_redis", lambda: redis_broker_in_use)
-
-    def control(name):
-        def call(q, **kw):
-            calls.append((name, q, kw))
-            return [{"revived@host": {"ok": name}}]
-        return call
-
-    monkeypatch.setattr(current_app.control, "cancel_consumer", control("cancel"))
-    monkeypatch.setattr(current_app.control, "add_consumer", control("add"))
+def test_a_worker_swept_while_frozen_writes_its_row_again_at_its_next_beat(fresh_keeper):
+    """A worker frozen past ``HERMES_WORKER_STALE_SECONDS`` is swept (its rows deleted); woken with no
+    namesake started meanwhile, its next beat writes its row again, and turns are routed to it again."""
+    queue = routing.route_name("revived@host")
     loop = affinity.AffinityLoop(fresh_keeper, queue)
     loop.tick()
-    loop.tick()
-    assert calls == []  # its own row each time: nothing to do
     TurnWorker.objects.filter(queue=queue).delete()  # the sweep, while it was frozen
+    loop._beat_due = 0.0
     loop.tick()
-    awaited = {"destination": ["revived@host"], "reply": True, "timeout": 5.0}
-    expected = [("declare", queue)] + ([] if redis_broker_in_use else
-                                       [("cancel", queue, awaited), ("add", queue, awaited)])
-    assert calls == expected
     assert TurnWorker.objects.get(queue=queue).pid == os.getpid()
-    loop.tick()
-    assert len(calls) == len(expected)
-
-
-def test_a_cancel_nobody_answered_is_not_followed_by_an_add(fresh_keeper, monkeypatch, caplog):
-    from celery import current_app
-
-    queue = routing.own_queue_name("silent@host")
-    sent: list = []
-    monkeypatch.setattr(worker_queues, "queue_declare", lambda q: None)
-    monkeypatch.setattr(worker_queues, "queue_is_redis", lambda: False)
-    monkeypatch.setattr(current_app.control, "cancel_consumer", lambda q, **kw: sent.append("cancel") or [])
-    monkeypatch.setattr(current_app.control, "add_consumer", lambda q, **kw: sent.append("add") or [])
-    loop = affinity.AffinityLoop(fresh_keeper, queue)
-    loop.tick()
-    TurnWorker.objects.filter(queue=queue).delete()
-    loop.tick()
-    assert sent == ["cancel"]
-    assert any("could not have worker silent@host consume" in r.getMessage() for r in caplog.records)
 
 
 def test_a_kept_app_server_that_died_as_its_turn_was_sent_runs_the_turn_again_cold(tmp_path):
@@ -872,25 +796,6 @@ def test_a_kept_app_server_that_died_as_its_turn_was_sent_runs_the_turn_again_co
     assert recorded.before_turn_start is False
 
 
-def test_the_deadlines_fallback_copy_of_a_turn_already_run_costs_one_read(user, monkeypatch, django_assert_num_queries):
-    """Found by the worker helper: the shared queue's copy, sent HERMES_AFFINITY_DEADLINE after a turn
-    routed to its holder, took the claim's locks and a commit to find the turn long finished — on the
-    one-turn worker that may be about to run the session's next one. Now one unlocked read."""
-    from hermes_sessions import tasks
-
-    ran: list = []
-    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
-    session = SessionFactory(owner=user)
-    done = TurnFactory(session=session, seq=1, status=Turn.Status.SUCCEEDED)
-    queued = TurnFactory(session=session, seq=2, status=Turn.Status.QUEUED)
-    with django_assert_num_queries(1):
-        assert tasks.run_turn.run(str(done.pk), fallback=True) == {"turn": str(done.pk), "turn_status": "skipped"}
-    assert tasks.run_turn.run("not-a-uuid", fallback=True)["turn_status"] == "skipped"
-    tasks.run_turn.run(str(queued.pk), fallback=True)
-    tasks.run_turn.run(str(done.pk))  # the first delivery claims as always (turn_execute decides)
-    assert ran == [str(queued.pk), str(done.pk)]
-
-
 # --- lease recovery without beat (adversary F2; the function itself: test_lease_take_back.py) ---------------
 
 def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
@@ -901,11 +806,7 @@ def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
                               claim_token=uuid.uuid4(), lease_expires_at=timezone.now() + timedelta(seconds=s))
                   for s in (-1, 30))
 
-    from hermes_sessions.worker import execution
-
-    # As the worker wires it (execution.start_affinity).
-    affinity.AffinityLoop(fresh_keeper, queue, redispatch=lambda _: None,
-                          take_back_leases=execution._take_back_leases).tick()
+    affinity.AffinityLoop(fresh_keeper, queue).tick()
 
     lost.refresh_from_db()
     live.refresh_from_db()
@@ -913,41 +814,74 @@ def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
     assert sent == [str(lost.pk)]  # through recovery's own dispatch, as the sweep's
 
 
-def test_a_tick_calls_the_shared_take_back_after_its_heartbeat(fresh_keeper, monkeypatch):
-    from hermes_sessions.worker import execution, recovery
+def test_a_tick_runs_the_sweeps_round_after_its_heartbeat_and_beats_only_when_due(fresh_keeper, monkeypatch, settings):
+    """Every round (``recovery.sweep_round_seconds()``, ≤ 1 s) sweeps; the heartbeat is written every
+    ``HERMES_WORKER_HEARTBEAT_SECONDS``, before the round's sweep."""
+    from hermes_sessions.worker import recovery
 
+    settings.HERMES_WORKER_HEARTBEAT_SECONDS = 60
+    assert recovery.sweep_round_seconds() == 1.0
     queue = own("live")
     calls: list = []
-
-    def take_back(**kw):
-        calls.append((kw, TurnWorker.objects.filter(queue=queue).exists()))
-        return 0, 0
-
-    monkeypatch.setattr(execution, "leases_take_back", take_back)
-    affinity.AffinityLoop(fresh_keeper, queue, take_back_leases=execution._take_back_leases).tick()
-    assert calls == [({"limit": recovery.LOOP_TAKE_BACK_LIMIT, "by": f"worker {queue}"}, True)]
-    affinity.AffinityLoop(fresh_keeper, queue).tick()  # without it (tests, old callers): nothing taken
-    assert len(calls) == 1
+    monkeypatch.setattr(affinity, "sweep_round", lambda **kw: calls.append((kw, TurnWorker.objects.get(queue=queue).heartbeat_at)))
+    loop = affinity.AffinityLoop(fresh_keeper, queue)
+    loop.tick()
+    loop.tick()
+    assert [kw for kw, _ in calls] == [{"by": f"worker {queue}"}] * 2
+    assert calls[0][1] == calls[1][1]  # one beat in the two rounds
 
 
-def test_the_worker_starts_its_loop_with_hand_offs_and_lease_recovery(monkeypatch, fresh_keeper):
-    """The wiring the two tests above rely on, from both places a worker starts its loop: the pool
-    process's start (``project/celery.py``, which runs first) and a kept turn (``_Held.settle``). The
-    first start wins, so a start without the take-back left the worker with no lease recovery (this
-    session's own regression, caught by ``make faults`` kill-beat-with-worker)."""
-    from hermes_sessions.services import dispatch
+def test_a_pool_process_starts_its_affinity_loop_or_else_a_sweep_loop(monkeypatch, fresh_keeper):
+    """``project/celery.py`` at a pool process's start: with a route, the affinity loop (it sweeps too);
+    without one, a ``recovery.SweepLoop`` — recovery never depends on beat alone."""
     from hermes_sessions.worker import execution, recovery
     from hermes_sessions.worker.warm import kept
     from hermes_sessions.worker.warm import spares as warm
     from project import celery as celery_module
 
     started: list = []
-    monkeypatch.setattr(affinity, "affinity_start", lambda k, **kw: started.append((k, kw)))
     monkeypatch.setattr(kept, "keeper", lambda: fresh_keeper)
     monkeypatch.setattr(warm, "spare_pool", lambda: None)
-    # affinity_start is a recorder here (it returns None, as without an own queue): no real lease loop.
-    monkeypatch.setattr(recovery, "lease_loop_start", lambda by: None)
+    monkeypatch.setattr(recovery, "sweep_loop_start", lambda by: started.append(("sweep", by)))
+    monkeypatch.setattr(execution, "start_affinity", lambda k: started.append(("affinity", k)) or "loop")
     celery_module._fill_spares()
-    execution.start_affinity(fresh_keeper)
-    wired = {"redispatch": dispatch.turn_dispatch_on_commit, "take_back_leases": execution._take_back_leases}
-    assert started == [(fresh_keeper, wired), (fresh_keeper, wired)]
+    assert started == [("affinity", fresh_keeper)]
+    started.clear()
+    monkeypatch.setattr(execution, "start_affinity", lambda k: None)  # no route
+    celery_module._fill_spares()
+    assert started == [("sweep", f"worker process {os.getpid()}")]
+
+
+
+
+def test_a_sweep_round_with_nothing_to_do_is_one_query_per_kind(django_assert_num_queries, settings):
+    """Every worker process runs the round each second: with nothing due it reads expired leases, unclaimed
+    head turns and stale workers, one query each, and writes nothing."""
+    from hermes_sessions.worker import recovery
+
+    TurnFactory(status=Turn.Status.QUEUED, dispatched_at=timezone.now())  # dispatched just now: not due
+    with django_assert_num_queries(3):
+        report = recovery.sweep_round(by="worker test")
+    assert (report.requeued, report.failed, report.redispatched, report.workers_removed) == (0, 0, 0, 0)
+
+
+def test_a_send_the_broker_refused_is_dispatched_again_at_the_next_round(monkeypatch, caplog,
+                                                                         django_capture_on_commit_callbacks):
+    """The broker is down at the send: the turn's ``dispatched_at`` is cleared, and the next sweep round
+    dispatches it (not after ``HERMES_REDISPATCH_SECONDS``)."""
+    from hermes_sessions.worker import recovery
+
+    class Down:
+        def apply_async(self, **_):
+            raise ConnectionRefusedError("broker down")
+
+    monkeypatch.setattr(dispatch, "_run_turn_task", lambda: Down())
+    turn = TurnFactory(status=Turn.Status.QUEUED)
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch.turn_dispatch_on_commit(turn.pk)
+    assert Turn.objects.get(pk=turn.pk).dispatched_at is None
+    assert "could not be dispatched; the sweep will dispatch it" in caplog.text
+    sent: list = []
+    monkeypatch.setattr(recovery.dispatch, "turn_dispatch_on_commit", lambda turn_id, **kw: sent.append((turn_id, kw)))
+    assert recovery.turns_dispatch_unclaimed(limit=20, by="worker test") == 1
+    assert sent == [(turn.pk, {"wake": False})]

@@ -121,7 +121,8 @@ def test_sweep_redispatches_a_queued_turn_whose_task_was_lost(user, scripted_cod
     session = services.session_create(owner=user)
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     services.turn_enqueue(session=session, input_text="two", user=user)  # not the head: not re-sent
-    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", sent.append)
+    monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit",
+                        lambda turn_id, **_: sent.append(turn_id))
     time.sleep(0.01)
     assert worker.turns_sweep().redispatched == 1
     assert sent == [first.id]

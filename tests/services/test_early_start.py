@@ -42,7 +42,7 @@ def keeping(settings, codex_dirs, real_codex_bin, stand_in, monkeypatch):
     use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 60.0, 4
     settings.HERMES_EARLY_START, settings.HERMES_AFFINITY_DEADLINE = True, 2.0
-    monkeypatch.setenv(routing.OWN_QUEUE_ENV, f"turns-test.early-{os.getpid()}")
+    monkeypatch.setenv(routing.OWN_ROUTE_ENV, f"turns-test.early-{os.getpid()}")
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
     monkeypatch.setattr(execution, "start_affinity", lambda k: None)  # no loop, no listener threads
     kept_mod.close_keeper()

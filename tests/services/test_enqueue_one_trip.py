@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from hermes_sessions import services
 from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Session, Turn
 from hermes_sessions.services import events, pipelining, routing
+from hermes_sessions.worker import recovery
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory, UserFactory
 
@@ -90,7 +92,8 @@ def test_a_turn_is_queued_in_one_round_trip_with_its_seq_and_its_queued_event(us
     assert stored[second.pk].dispatched_at is not None and stored[second.pk].status == Turn.Status.QUEUED
     for turn in (first, second):
         assert list(stored[turn.pk].events.values_list("kind", "data")) == [("queued", {"seq": turn.seq})]
-    assert [queue for _, queue in sent] == [None, None]  # no warm worker: the shared queue, each turn once
+    # No warm worker: the shared queue, for the first; the second, queued behind it, is dispatched by its end.
+    assert sent == [(str(first.pk), None)]
     assert Session.objects.get(pk=session.pk).last_turn_seq == 2
 
 
@@ -150,14 +153,14 @@ def test_the_holder_is_woken_with_the_input_only_when_nothing_else_of_the_sessio
     # Queued behind the first (still queued): its holder claims it once the first ends; no wake now.
     second = services.turn_enqueue(owned_session_id=session.id, input_text="behind", user=user)
     assert second.seq == 2 and heard.payloads() == []
-    assert sent == [(str(second.pk), queue), (str(second.pk), None)]  # not woken: its queue, then the shared one
+    assert sent == []  # nor a message: the first one's end dispatches it
 
 
 def test_a_holder_that_does_not_listen_is_sent_the_task_instead(user, listening, celery_sends, sent):  # noqa: F811
     session, queue, heard = held_session(user, listening, "deaf", wakeable=False)
     turn = services.turn_enqueue(owned_session_id=session.id, input_text="hi", user=user)
     assert heard.payloads() == []
-    assert sent == [(str(turn.pk), queue), (str(turn.pk), None)]
+    assert sent == [(str(turn.pk), None)]  # the shared queue
 
 
 def test_on_busy_interrupt_asks_the_running_turn_to_stop_in_the_same_round_trip(user, monkeypatch, celery_sends, sent):
@@ -210,10 +213,10 @@ def test_a_nul_byte_in_the_input_is_stored_cleaned_not_a_500(user, celery_sends,
 
 @pytest.mark.parametrize("on_busy", ["enqueue", "interrupt", "reject"])
 def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, celery_sends, sent, settings, on_busy):
-    """``dispatched_at`` is when ``run_turn`` goes out — the sweep and the affinity hand-off count from it —: the
-    commit, not the moment the POST began to wait for the session's lock. Adversary, session 13: the one-trip
-    enqueue stamped it before the wait, so a POST that waited longer than HERMES_AFFINITY_DEADLINE made a turn
-    that its warm holder's loop would hand off at once (it then ran cold)."""
+    """``dispatched_at`` is when the turn is dispatched — the sweep counts from it —: the commit, not the
+    moment the POST began to wait for the session's lock. Stamped before the wait, a POST that waited longer
+    than HERMES_AFFINITY_DEADLINE would make a turn that the sweep dispatches to the shared queue at once,
+    taking it from its warm holder (it would run cold)."""
     settings.HERMES_AFFINITY_DEADLINE = 0.5
     settings.HERMES_POST_LOCK_TIMEOUT_MS = 3000
     session = SessionFactory(owner=user)
@@ -226,11 +229,13 @@ def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, celer
         threading.Timer(0.8, holder.commit).start()  # a finalize or an operator's command holding it 0.8 s
         began = timezone.now()
         turn = services.turn_enqueue(owned_session_id=session.id, input_text="hi", user=user, on_busy=on_busy)
-        overdue = routing.overdue_turns(queue=queue)  # right after the 202
+        overdue = Turn.objects.filter(pk=turn.pk, dispatched_at__lt=timezone.now() - timedelta(
+            seconds=settings.HERMES_AFFINITY_DEADLINE)).exists()  # right after the 202: the sweep's rule
+        swept = recovery.turns_dispatch_unclaimed(limit=20, by="test")
     finally:
         time.sleep(0.9)
         holder.close()
-    assert (session.id, turn.pk) not in overdue
+    assert not overdue and swept == 0
     stored = Turn.objects.get(pk=turn.pk)
     assert (stored.created_at, stored.dispatched_at) == (turn.created_at, turn.dispatched_at)  # the 202 says what is stored
     assert (stored.dispatched_at - began).total_seconds() >= 0.7

@@ -32,7 +32,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 def sent(monkeypatch) -> list[uuid.UUID]:
     """Turn ids passed to ``dispatch.turn_dispatch_on_commit`` (nothing is sent)."""
     calls: list[uuid.UUID] = []
-    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda turn_id, **_: calls.append(turn_id))
+    def record(turn_id, **_) -> None:  # the stamp the real one writes (the sweep counts from it)
+        Turn.objects.filter(pk=turn_id).update(dispatched_at=timezone.now())
+        calls.append(turn_id)
+
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", record)
     return calls
 
 
@@ -215,27 +219,27 @@ def test_a_turn_cancelled_while_its_worker_was_lost_ends_cancelled_without_a_ret
     assert recovery.leases_take_back(limit=10, by="test") == (0, 0)
 
 
-# --- workers without an affinity loop (more than one turn slot, keeping off): recovery.LeaseLoop -----------
+# --- workers without an affinity loop (more than one turn slot, keeping off): recovery.SweepLoop -----------
 
-def test_a_lease_loop_takes_back_an_expired_turn_on_its_own_thread(sent, settings):
+def test_a_sweep_loop_takes_back_an_expired_turn_on_its_own_thread(sent, settings):
     settings.HERMES_WORKER_HEARTBEAT_SECONDS = 0.05
     lost = running_turn(expires_in=-1)
-    loop = recovery.lease_loop_start(by="worker process test")
+    loop = recovery.sweep_loop_start(by="worker process test")
     try:
-        assert recovery.lease_loop_start(by="again") is loop  # once per process
+        assert recovery.sweep_loop_start(by="again") is loop  # once per process
         deadline = time.monotonic() + 10
         while Turn.objects.get(pk=lost.pk).status != Turn.Status.QUEUED:
             assert time.monotonic() < deadline, "the loop took nothing back"
             time.sleep(0.05)
     finally:
-        recovery.lease_loop_stop()
+        recovery.sweep_loop_stop()
     assert sent == [lost.pk] and take_back_events(lost) == 1
     assert not loop._thread.is_alive()
 
 
-def test_a_pool_process_without_an_own_queue_runs_the_lease_loop(monkeypatch):
-    """``project/celery.py``: a pool process that starts no affinity loop (no keeper, or no own queue)
-    starts a lease loop; one with an affinity loop does not (that loop takes leases back itself)."""
+def test_a_pool_process_without_a_route_runs_the_sweep_loop(monkeypatch):
+    """``project/celery.py``: a pool process that starts no affinity loop (no keeper, or no route) starts a
+    sweep loop; one with an affinity loop does not (that loop runs the sweep's round itself)."""
     from hermes_sessions.worker import execution
     from hermes_sessions.worker.warm import kept
     from hermes_sessions.worker.warm import spares as warm
@@ -243,10 +247,12 @@ def test_a_pool_process_without_an_own_queue_runs_the_lease_loop(monkeypatch):
 
     started: list[str] = []
     monkeypatch.setattr(warm, "spare_pool", lambda: None)
-    monkeypatch.setattr(recovery, "lease_loop_start", lambda by: started.append(by))
+    monkeypatch.setattr(recovery, "sweep_loop_start", lambda by: started.append(by))
     for keeper, affinity_loop, expected in [(None, None, 1), (object(), None, 1), (object(), object(), 0)]:
         started.clear()
         monkeypatch.setattr(kept, "keeper", lambda k=keeper: k)
         monkeypatch.setattr(execution, "start_affinity", lambda k, loop=affinity_loop: loop)
         celery_module._fill_spares()
         assert len(started) == expected, (keeper, affinity_loop)
+
+

@@ -15,11 +15,12 @@ import uuid
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from hermes_sessions import services, tasks, worker
 from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Turn, TurnWorker
-from hermes_sessions.services import fallback_copies, pipelining, routing
+from hermes_sessions.services import pipelining, routing
 from hermes_sessions.worker import execution, wake
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory
@@ -128,11 +129,10 @@ def _enqueue(session, text: str, captured):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_turn_for_a_wakeable_holder_wakes_it_at_the_commit_and_sends_only_the_fallback_copy_when_due(
+def test_a_turn_for_a_wakeable_holder_wakes_it_at_the_commit_and_sends_no_message(
         settings, broker, listening, django_capture_on_commit_callbacks):  # noqa: F811
-    """No Celery message at the commit (its ~3 ms of CPU competed with the woken claim): the shared queue's
-    fallback copy is held by this process and sent, without a countdown, ``HERMES_AFFINITY_DEADLINE`` later."""
-    settings.HERMES_AFFINITY_DEADLINE = 2.0
+    """The wake is the only notification (its Celery message's ~3 ms of CPU competed with the woken claim);
+    should the holder not claim the turn, the sweep dispatches it (``recovery.turns_dispatch_unclaimed``)."""
     shared, queue = settings.HERMES_TURN_QUEUE, own("wake")
     session = SessionFactory()
     warm_row(session, queue)
@@ -142,41 +142,29 @@ def test_a_turn_for_a_wakeable_holder_wakes_it_at_the_commit_and_sends_only_the_
         with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
             turn = services.turn_enqueue(session=session, input_text="hi", user=session.owner)
             assert heard.payloads(wait=0.3) == []  # not before the commit
-        assert turn.pk in fallback_copies.SENDER.pending()
-        assert messages_for(broker, shared, turn.pk) == []  # not yet in the shared queue: held until due
         [payload] = heard.payloads()
         woken_turn, woken_session, hint = routing.parse_payload(payload)
         assert (woken_turn, woken_session, hint.text) == (turn.pk, session.pk, "hi")  # the input: early_start.py
         assert 0 <= time.time() - hint.sent_at < 5
-        assert messages_for(broker, queue, turn.pk) == []  # no message to the holder's queue
-        deadline = time.monotonic() + 10
-        while turn.pk in fallback_copies.SENDER.pending() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        while not messages_for(broker, shared, turn.pk) and time.monotonic() < deadline:
-            time.sleep(0.05)  # the send itself, after the copy left the heap (a fixed 0.2 s flaked once, session 13)
-        [later] = messages_for(broker, shared, turn.pk)
-        assert later["headers"]["eta"] is None and later["headers"]["kwargsrepr"] == "{'fallback': True}"
+        time.sleep(0.3)
+        assert messages_for(broker, shared, turn.pk) == [] and not broker.exists(queue)
     finally:
-        forget_queue(broker, queue)
         remove_messages(broker, shared, turn.pk)
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("case", ["not wakeable", "HERMES_WAKE=0"])
-def test_otherwise_the_holder_gets_a_message_and_no_wake(
-        settings, broker, listening, django_capture_on_commit_callbacks, case):  # noqa: F811
+def test_a_holder_that_does_not_listen_gets_no_wake_and_the_shared_queue_the_turn(
+        settings, broker, listening, django_capture_on_commit_callbacks):  # noqa: F811
     shared, queue = settings.HERMES_TURN_QUEUE, own("nowake")
     session = SessionFactory()
     warm_row(session, queue)
-    worker_row(queue, wakeable=case != "not wakeable")
-    settings.HERMES_WAKE = case != "HERMES_WAKE=0"
+    worker_row(queue, wakeable=False)
     heard = listening(queue)
     try:
         turn = _enqueue(session, "hi", django_capture_on_commit_callbacks)
         assert heard.payloads() == []
-        assert len(messages_for(broker, queue, turn.pk)) == 1 and len(messages_for(broker, shared, turn.pk)) == 1
+        assert len(messages_for(broker, shared, turn.pk)) == 1 and not broker.exists(queue)
     finally:
-        forget_queue(broker, queue)
         remove_messages(broker, shared, turn.pk)
 
 
@@ -193,9 +181,8 @@ def test_a_turn_queued_behind_another_wakes_nobody(settings, broker, listening, 
     try:
         turn = _enqueue(session, "behind", django_capture_on_commit_callbacks)
         assert turn.status == Turn.Status.QUEUED and heard.payloads() == []
-        assert len(messages_for(broker, queue, turn.pk)) == 1
+        assert messages_for(broker, shared, turn.pk) == []  # nor a message: the running one's end dispatches it
     finally:
-        forget_queue(broker, queue)
         if turn is not None:
             remove_messages(broker, shared, turn.pk)
 
@@ -349,9 +336,6 @@ def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkey
     monkeypatch.setattr(wake.WakeListener, "start", lambda self: started.append(self))
     monkeypatch.setattr(wake, "_listener", None)
     assert wake.wake_start("", run=lambda *_: None) is None  # no own queue
-    monkeypatch.setattr(routing, "wake_enabled", lambda: False)
-    assert wake.wake_start(own("off"), run=lambda *_: None) is None
-    monkeypatch.setattr(routing, "wake_enabled", lambda: True)
     queue = own("once")
     one = wake.wake_start(queue, run=lambda *_: None)
     assert one is not None and wake.wake_start(queue, run=lambda *_: None) is one and started == [one]
@@ -386,12 +370,15 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     settings.HERMES_AFFINITY_DEADLINE = 0.2
     ran: list = []
     monkeypatch.setattr(execution, "turn_execute", lambda **kw: ran.append(kw))
+    undispatched: list = []
+    monkeypatch.setattr(execution, "turn_undispatched", undispatched.append)
     turn_id = uuid.uuid4()
     _, release = _held_slot()
     t0 = time.monotonic()
     assert execution.turn_execute_woken(turn_id, "s-1") is None
     assert 0.15 < time.monotonic() - t0 < 2 and ran == []
-    assert "fallback copy runs it" in caplog.text
+    assert "the sweep dispatches it to the shared queue" in caplog.text
+    assert undispatched == [turn_id]  # its wake spent: the sweep's next round dispatches it
     release.set()
     # Once the holder has let go: a run that still had to wait for the slot would lose its hint (by design) —
     # on a busy host the holder's thread may take longer than QUEUED_BEHIND_SECONDS to get there (newcomer,
@@ -434,30 +421,31 @@ def test_a_celery_delivery_waits_for_a_woken_turn_only_where_a_listener_runs(mon
         release.set()
 
 
-def test_a_delivery_stuck_behind_a_woken_turn_passes_its_turn_on(user, settings, monkeypatch, caplog):
-    """The adversary's F1 (session 8): a woken SLOW100 turn held the slot; Celery, which cannot see it,
-    handed the same pool process a new session's turn from the shared queue, and that turn waited in
-    ``delivery_slot`` until the sweep re-sent it 62 s later while the other worker sat idle. Now the
-    delivery waits at most ``HERMES_AFFINITY_DEADLINE`` and sends the turn to the shared queue again."""
+def test_a_delivery_stuck_behind_a_woken_turn_leaves_its_turn_to_the_sweep(user, settings, monkeypatch, caplog):
+    """A woken long turn holds the slot; Celery, which cannot see it, hands the same pool process a new
+    session's turn from the shared queue. The delivery waits at most ``HERMES_AFFINITY_DEADLINE``, clears
+    the turn's ``dispatched_at`` and returns: the sweep's next round dispatches it again, for an idle
+    worker (``tests/e2e/test_affinity.py`` runs it end to end)."""
+    from hermes_sessions.worker import recovery
+
     settings.HERMES_AFFINITY_DEADLINE = 0.2
     ran: list = []
-    passed: list = []
+    sent: list = []
     monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
-    monkeypatch.setattr(tasks.run_turn, "apply_async", lambda args, **kw: passed.append((args, kw)))
     monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
-    queued = TurnFactory(session=SessionFactory(owner=user), seq=1, status=Turn.Status.QUEUED)
+    queued = TurnFactory(session=SessionFactory(owner=user), seq=1, status=Turn.Status.QUEUED,
+                         dispatched_at=timezone.now())
     _, release = _held_slot()  # the woken turn runs on the listener's thread
     try:
         t0 = time.monotonic()
-        celery_app.conf.task_always_eager = False  # sent to the broker (recorded), not run in here again
-        try:
-            result = tasks.run_turn.run(str(queued.pk))
-        finally:
-            celery_app.conf.task_always_eager = True
-        assert result == {"turn": str(queued.pk), "turn_status": "passed_on"}
+        result = tasks.run_turn.run(str(queued.pk))
+        assert result == {"turn": str(queued.pk), "turn_status": "busy"}
         assert 0.15 < time.monotonic() - t0 < 2 and ran == []
-        assert passed == [((str(queued.pk),), {})]  # the shared queue (no queue given: run_turn's route)
-        assert "passed on to the shared queue" in caplog.text
+        assert Turn.objects.get(pk=queued.pk).dispatched_at is None
+        assert "left to the sweep" in caplog.text
+        monkeypatch.setattr(recovery.dispatch, "turn_dispatch_on_commit", lambda turn_id, **kw: sent.append(turn_id))
+        assert recovery.turns_dispatch_unclaimed(limit=20, by="test") == 1  # at once, not after any deadline
+        assert sent == [queued.pk]
     finally:
         release.set()
     tasks.run_turn.run(str(queued.pk))  # the slot free again: this delivery runs it

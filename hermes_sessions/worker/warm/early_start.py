@@ -28,8 +28,9 @@ first as before:
 * ``HERMES_EARLY_START`` is on, and the wake carried the turn's input (``routing.WakeHint``: an input
   that does not fit a ``NOTIFY`` payload goes without);
 * the wake is fresh: sent less than ``max_age()`` seconds ago by the enqueuing process's clock — far
-  inside ``HERMES_AFFINITY_DEADLINE``, before which no other worker is given the turn (the shared
-  queue's copy, the hand-off, ``affinity.py``) — *and* by this process's own evidence: it did not wait
+  inside ``HERMES_AFFINITY_DEADLINE``, before which no other worker is given the turn (the sweep's
+  dispatch to the shared queue, ``recovery.turns_dispatch_unclaimed``) — *and* by this process's own
+  evidence: it did not wait
   behind another wake's run (``wake.WakeListener``) nor for the turn slot (``execution.turn_execute_woken``).
   The clock test alone would not do across hosts: a worker whose clock is behind the API host's takes a
   late wake for a fresh one (one ahead by more than ``CLOCK_SLACK_SECONDS`` never starts early);
