@@ -50,10 +50,10 @@ def _close_old_connections(task: object = None, **_: object) -> None:
 def _bound_idle_transactions(**_: object) -> None:
     """A worker's PostgreSQL connections end a transaction left idle for
     ``HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS`` (``idle_in_transaction_session_timeout``, set in the
-    connection's startup options: no round trip). Found by an adversary: a worker frozen (SIGSTOP, a paused
-    VM) between a claim's two round trips held the session and turn row locks — TCP keepalives cannot see a
-    stopped process — and every writer of that session and the sweep waited
-    behind it for as long as it stayed frozen. Now PostgreSQL ends that transaction and the locks go; the
+    connection's startup options: no round trip). Without it a worker frozen (SIGSTOP, a paused
+    VM) between a claim's two round trips would hold the session and turn row locks — TCP keepalives cannot
+    see a stopped process — and every writer of that session and the sweep would wait
+    behind it for as long as it stayed frozen. PostgreSQL ends that transaction and the locks go; the
     frozen worker finds its connection gone when it wakes. Worker processes only: their transactions are
     short, the API's and the tests' are not theirs to bound. Sent before the pool forks: its processes
     inherit the options."""

@@ -162,7 +162,7 @@ DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None
 # The same on our side (libpq's keepalives): a worker or API process waiting for an answer over a path cut
 # without a FIN — the server gone with its host, a network partition — finds its connection dead within the
 # same bound and fails that database call (the turn is retried, the request gets its 503) instead of waiting
-# 2 h (adversary, session 10: a worker whose claim's answer never came stayed stuck with its slot taken).
+# 2 h, stuck with its turn slot taken.
 # (The embedded server's Unix socket has no keepalives; PostgreSQL and libpq ignore these there.)
 DATABASES["default"]["OPTIONS"].update(
     keepalives=1, keepalives_idle=DATABASE_KEEPALIVES_IDLE, keepalives_interval=10, keepalives_count=3)
@@ -344,8 +344,8 @@ HERMES_WORKER_STALE_SECONDS = env_float("HERMES_WORKER_STALE_SECONDS", 10.0)  # 
 # --- Durability (see hermes_sessions/worker/recovery.py) --------------------------------------
 # A turn's POST waits at most this long (ms) for its session's row lock — held by another writer of the session,
 # e.g. manage.py prune_sessions on a long session or a delete — then answers 503 session_locked (Retry-After):
-# without it, POSTs piling up behind a long-held lock each held a pooled connection until the pool's 10 s
-# timeout (adversary, session 6).
+# without it, POSTs piling up behind a long-held lock each would hold a pooled connection until the pool's
+# 10 s timeout.
 HERMES_POST_LOCK_TIMEOUT_MS = env_int("HERMES_POST_LOCK_TIMEOUT_MS", 3000)
 # A worker's transaction left idle this long is ended by PostgreSQL (project/celery.py): a frozen worker must
 # not hold a session's row locks. Well above any gap inside our transactions (milliseconds), below the lease.

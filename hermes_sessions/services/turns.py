@@ -173,7 +173,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     The ``queued`` event's ``NOTIFY`` for the event streams is its own statement's (sent at the COMMIT),
     not a ``pg_notify`` round trip after the task's send as in ``_enqueue``: that standalone transaction
     took ~0.8 ms of PostgreSQL's time (its log, ``log_min_duration_statement = 0`` under ``make
-    bench-warm``) exactly while the woken worker claimed the turn and codex started it (session 14)."""
+    bench-warm``) exactly while the woken worker claimed the turn and codex started it."""
     now = timezone.now()
     turn = Turn(session_id=session_id, seq=0, input=text, created_by=created_by, dispatched_at=now)
     touch(turn, "created_at")
@@ -370,9 +370,9 @@ def turn_claim(*, turn_id: uuid.UUID | str) -> TurnClaim | None:
     except (OperationalError, InterfaceError):
         if not sent:
             raise  # lost before the claim's writes were sent: nothing of it can have committed
-    # The connection was lost while the claim's writes and COMMIT were on their way (adversary, session 7: an
-    # answer lost after the COMMIT left the turn running under a claim nobody held until its lease expired,
-    # 30 s; one lost before it, queued until the sweep). Ask again on a new connection: ours if it committed,
+    # The connection was lost while the claim's writes and COMMIT were on their way: an
+    # answer lost after the COMMIT would leave the turn running under a claim nobody holds until its lease
+    # expires, one lost before it queued until the sweep. Ask again on a new connection: ours if it committed,
     # else claimed afresh. A second loss is raised (the task fails; the sweep or the lease recovers the turn).
     connection.close()
     held = _claim_held_by(pk, sent[0])

@@ -19,8 +19,8 @@ held by another writer of the session, a slow database, a busy host): ``PAUSE_AF
 ``turn/start`` a watchdog thread (``Watchdog``) stops the app-server process (SIGSTOP; not its group, whose
 sandbox helpers could be stopped before they registered to die with their parent — ``AppServerClient.pause``)
 until the claim is confirmed (SIGCONT, ``timings["early_start_paused"]``; the stopped time extends
-``turn/start``'s deadline) or not (SIGKILL) — found by the adversary of session 12: a claim 60 ms late let
-codex ask the model, and run a command, for a turn that ended cancelled.
+``turn/start``'s deadline) or not (SIGKILL): unpaused, a claim 60 ms late would let codex ask the model, and run a
+command, for a turn that ends cancelled (``tests/services/test_early_start.py``).
 
 An early start is tried only when every one of these holds (``early_start``), else the worker claims
 first as before:
@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 MAX_AGE_SECONDS = 0.5  # a wake older than this (or a quarter of HERMES_AFFINITY_DEADLINE) claims first
 CLOCK_SLACK_SECONDS = 0.05  # a wake "from the future" by less than this is fresh (another host's clock)
 # A claim not confirmed this long after turn/start pauses codex (SIGSTOP) until it is: codex asks the model
-# ~45 ms after turn/start at the earliest (adversary, session 12: 0 requests with the claim 10–40 ms late,
-# 1 at 60 ms), a claim takes ~4 ms.
+# ~45 ms after turn/start at the earliest (measured: 0 requests with the claim 10–40 ms
+# late, 1 at 60 ms), a claim takes ~4 ms.
 PAUSE_AFTER_SECONDS = 0.02
 
 
@@ -115,8 +115,8 @@ class EarlyStart:
         self._settle()
         if not why and self.paused:
             self.kept.client.resume()
-            # The time codex was stopped does not count against turn/start's answer (adversary, session 13:
-            # a claim that held later than CODEX_REQUEST_TIMEOUT failed the turn with a request timeout).
+            # The time codex was stopped does not count against turn/start's answer: otherwise a claim
+            # that holds later than CODEX_REQUEST_TIMEOUT would fail the turn with a request timeout.
             self.pending.extend(time.monotonic() - self._paused_at)
         return why
 
