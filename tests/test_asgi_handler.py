@@ -105,7 +105,7 @@ def test_the_served_application_is_this_handler():
 
 def test_a_static_file_is_served_under_asgi_without_djangos_sync_iterator_warning():
     """WhiteNoise's file iterator is synchronous: Django's ASGI handler warned once per process on the
-    first static file (a newcomer found it in ``make run``'s log); ``project/asgi.py`` filters it. In a
+    first static file (``make run``'s log); ``project/asgi.py`` filters it. In a
     process of its own: pytest resets the warning filters around each test."""
     import subprocess
     import sys

@@ -47,8 +47,8 @@ def _test_db_url() -> str:
 
 @pytest.mark.django_db  # the test database exists (its URL is the subprocess's)
 def test_a_pool_whose_every_connection_postgresql_dropped_serves_the_next_requests_at_once(tmp_path):
-    """Adversary, session 7: after one pg_terminate_backend of the API's pooled connections, psycopg_pool's
-    own check discarded them one at a time with 1 s, 2 s, 4 s … between checks, so requests answered 503
+    """After one pg_terminate_backend of the API's pooled connections, psycopg_pool's
+    own check discards them one at a time with 1 s, 2 s, 4 s … between checks, so requests answered 503
     after the pool's 10 s timeout while PostgreSQL was up. Six pooled connections, all dropped: each of
     the next six requests gets a connection within a second (psycopg_pool's own check: ~7 s for the first)."""
     code = "\n".join([
@@ -78,8 +78,8 @@ def test_a_pool_whose_every_connection_postgresql_dropped_serves_the_next_reques
 
 @pytest.mark.django_db  # the test database exists (its URL is the subprocess's)
 def test_a_pooled_connection_postgresql_dropped_is_replaced_not_handed_out(tmp_path):
-    """Found by an adversary: after pg_terminate_backend of the API's idle pooled connections, the first
-    request on each got a 500 (and the 500 was logged nowhere). With the pool's check the next query works."""
+    """After pg_terminate_backend of the API's idle pooled connections, the first request on each must not
+    get a 500 (logged nowhere): with the pool's check the next query works."""
     import os
     import subprocess
     import sys

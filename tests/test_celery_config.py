@@ -29,9 +29,8 @@ def test_the_sweep_is_scheduled():
 
 
 def test_an_api_process_has_the_tasks_registered_before_its_first_dispatch():
-    """Found by make bench's throughput run (gunicorn gthread, 50 turns posted at once): threads of a
-    fresh API process raced on importing the tasks lazily, one got ``NotRegistered`` and its turn waited
-    for the sweep. ``django.setup()`` alone must register them, and concurrent first lookups succeed."""
+    """Threads of a fresh API process (gunicorn gthread, 50 turns posted at once) must not race on
+    importing the tasks lazily: one would get ``NotRegistered`` and its turn wait for the sweep. ``django.setup()`` alone must register them, and concurrent first lookups succeed."""
     import subprocess
     import sys
 
@@ -61,9 +60,8 @@ def test_an_api_process_has_the_tasks_registered_before_its_first_dispatch():
 
 @pytest.mark.django_db
 def test_a_workers_transaction_left_idle_is_ended_by_postgresql(settings):
-    """Found by an adversary: a worker frozen (SIGSTOP) between a claim's round trips held the session's row
-    locks for as long as it stayed frozen, and every writer of that session, the hand-offs and the sweep
-    waited behind it. A worker's connections now carry ``idle_in_transaction_session_timeout``
+    """A worker frozen (SIGSTOP) between a claim's round trips would hold the session's row locks for as
+    long as it stayed frozen, and every writer of that session and the sweep would wait behind it. A worker's connections now carry ``idle_in_transaction_session_timeout``
     (``project/celery.py``, at ``worker_init``): PostgreSQL ends such a transaction and its locks go."""
     import time
 

@@ -1,6 +1,6 @@
 """The admin's "Add session" under a race on the id (``docs/contract.md`` §9: the API answers 409
-``session_id_taken``): a duplicate is a form error, never a 500. The adversarial tester's input: 12
-concurrent POSTs of one ``id`` — some answered 500 (the insert lost the race after the form's check)."""
+``session_id_taken``): a duplicate is a form error, never a 500, even for 12
+concurrent POSTs of one ``id`` (the insert losing the race after the form's check)."""
 import threading
 from html import unescape
 

@@ -150,7 +150,7 @@ def test_acknowledge_one_and_all_from_the_session_page(admin_client, admin_user)
 
 
 @pytest.mark.parametrize(("value", "reason"), [
-    ("abc", "'abc' is not a notice id"),  # the adversarial tester's input: it acknowledged all of them
+    ("abc", "'abc' is not a notice id"),  # a bulk action given a non-id must not acknowledge all notices
     ("", "'' is not a notice id"),
     ("-1", "'-1' is not a notice id"),
     ("\u00b2", "'\u00b2' is not a notice id"),  # str.isdigit() says yes; int() says no

@@ -319,7 +319,7 @@ def test_nul_in_an_api_url_is_json_400(client):
     assert response.json()["code"] == "bad_request"
 
 
-# --- what a newcomer looked for: the turns list, the API root, the landing page -----------------------
+# --- what a reader looks for first: the turns list, the API root, the landing page -----------------------
 
 
 def test_a_sessions_turns_are_listed_newest_first_and_paged(client, session, schema):

@@ -1,6 +1,6 @@
 """NUL bytes in headers and cookies are a 400, never a 500 (I6): PostgreSQL refuses NUL in text, and the
-token and session lookups would otherwise pass it straight into a query. Found by an adversarial run
-under runserver (gunicorn refuses such headers itself)."""
+token and session lookups would otherwise pass it straight into a query. (Under runserver; gunicorn
+refuses such headers itself.)"""
 import pytest
 from django.test import Client
 from rest_framework.authtoken.models import Token

@@ -21,13 +21,13 @@ from tests.support.round_trips import counting, round_trips_counted
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # The token, then one transaction in one round trip (psycopg's pipeline mode, ``services.pipelining``;
-# ``turns._enqueue_in_one_trip``, session 13): BEGIN, the transaction's lock timeout (set_config), the UPDATE
+# ``turns._enqueue_in_one_trip``): BEGIN, the transaction's lock timeout (set_config), the UPDATE
 # that locks the session and draws the seq — only the caller's session: the ownership is checked there, not
-# by a read before (session 8) —, the turn's INSERT (its seq read from the locked row), the queued event's
+# by a read before —, the turn's INSERT (its seq read from the locked row), the queued event's
 # INSERT with its NOTIFY for the event streams, the busy turn and the route with the conditional wake, and
-# COMMIT. The send after the commit reads nothing. (The queued event's NOTIFY was a third round trip after the
-# task's send until session 14: a standalone ``pg_notify`` transaction, ~0.8 ms of PostgreSQL's time in the
-# PostgreSQL log, while the woken worker claimed the turn and codex started it.) Round trips on the wire
+# COMMIT. The send after the commit reads nothing. (A standalone ``pg_notify`` transaction after the
+# task's send would be a third round trip: ~0.8 ms of PostgreSQL's time in the PostgreSQL log, while the
+# woken worker claims the turn and codex starts it.) Round trips on the wire
 # (``tests.support.round_trips``); statements as Django records them (with its own BEGIN and COMMIT entries,
 # which send nothing here).
 TURN_POST_ROUND_TRIPS = 2

@@ -1,5 +1,5 @@
 """``manage.py import_sessions`` trusts a line no more than an API request (``services/portability.py``,
-``docs/contract.md`` I8): each input an adversarial tester found is kept here. A line whose
+``docs/contract.md`` I8): each input that once got through is kept here. A line whose
 ``model_config`` the API's policy refuses for its owner, or whose values the API or PostgreSQL would
 refuse, is reported ``line N: refused: …`` and writes nothing; the lines after it still import."""
 from __future__ import annotations

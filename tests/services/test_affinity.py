@@ -420,9 +420,9 @@ def test_the_sweep_removes_a_dead_worker_and_dispatches_its_sessions_queued_turn
 
 @pytest.mark.django_db(transaction=True)
 def test_the_sweep_passes_over_a_worker_row_another_transaction_holds(settings):
-    """Found by a helper reading the sweep: a worker frozen inside a transaction on its ``TurnWorker`` row
-    would have held the sweep (and with it lease recovery) forever. The sweep now skips a locked row for
-    that round; the heartbeat holds no lock across statements any more."""
+    """A worker frozen inside a transaction on its ``TurnWorker`` row must not hold the sweep (and with it
+    lease recovery): the sweep skips a locked row for that round; the heartbeat holds no lock across
+    statements."""
     settings.HERMES_WORKER_STALE_SECONDS = 10
     frozen = own("frozen-mid-write")
     worker_row(frozen, age=30)
@@ -703,9 +703,9 @@ def _dead_pid() -> int:
 
 
 def test_the_heartbeat_refuses_a_row_a_live_namesake_holds_and_takes_over_a_dead_ones(live_namesake):
-    """Found by an adversary: a worker frozen (SIGSTOP) until the sweep removed it, and a namesake started
-    meanwhile, took its queue; after SIGCONT both wrote the one ``TurnWorker`` row in turn. The first live
-    holder keeps it now; the other is told why."""
+    """A worker frozen (SIGSTOP) until the sweep removed it, and a namesake started meanwhile, took its
+    queue; after SIGCONT both would write the one ``TurnWorker`` row in turn. The first live holder keeps
+    it; the other is told why."""
     queue = own("same")
     worker_row(queue, host=socket.gethostname(), pid=live_namesake)
     why = routing.worker_heartbeat(queue=queue, kept=3)
@@ -764,8 +764,8 @@ def test_a_worker_swept_while_frozen_writes_its_row_again_at_its_next_beat(fresh
 
 
 def test_a_kept_app_server_that_died_as_its_turn_was_sent_runs_the_turn_again_cold(tmp_path):
-    """Found by e2e/test_affinity (a kept app-server SIGKILLed between turns): its death was not yet seen
-    when the copy was taken, turn/start was written, then its stdout closed. Its rollout file is as kept
+    """A kept app-server SIGKILLed between turns (e2e/test_affinity): its death is not yet seen
+    when the copy is taken, turn/start is written, then its stdout closes. Its rollout file is as kept
     and no turn id came back: codex recorded nothing, so the failure counts as before turn/start (the
     turn is run again on a fresh app-server). A trace of the turn in the file, or an answer, does not."""
     from hermes_sessions.codex.errors import TransportError
@@ -796,7 +796,7 @@ def test_a_kept_app_server_that_died_as_its_turn_was_sent_runs_the_turn_again_co
     assert recorded.before_turn_start is False
 
 
-# --- lease recovery without beat (adversary F2; the function itself: test_lease_take_back.py) ---------------
+# --- lease recovery without beat (the function itself: test_lease_take_back.py) ---------------------------
 
 def test_an_affinity_loop_tick_takes_back_expired_leases(fresh_keeper, sent):
     """The worker embedding beat killed -9: a live worker's loop round requeues the dead worker's turn, with no

@@ -1,5 +1,5 @@
 """Writes the database refuses, and services called with what they cannot take: a clear failure,
-never a turn left running, a second notice or a 500. Each case was found by an adversarial run."""
+never a turn left running, a second notice or a 500."""
 import pytest
 from django.db import transaction
 from django.test import Client

@@ -159,7 +159,7 @@ def test_the_age_bound_stays_far_inside_the_affinity_deadline(settings):
     assert early_start.max_age() == pytest.approx(0.1)
 
 
-# --- a late claim (adversary, session 12) --------------------------------------------------------------
+# --- a late claim -----------------------------------------------------------------------------------
 
 def _late_claim(monkeypatch, seconds: float, before=None):
     """``turn_claim`` answering ``seconds`` late (a lock wait, a slow database), after ``before(turn_id)``."""
@@ -236,7 +236,7 @@ def test_a_kept_app_server_that_dies_as_the_early_start_reaches_it_runs_the_turn
 def test_a_claim_late_past_the_request_timeout_still_runs_the_turn(keeping, user, stand_in, monkeypatch, settings):
     """codex is stopped while the claim is late: its turn/start answer cannot come in that time. A claim that
     holds after CODEX_REQUEST_TIMEOUT must not fail the turn for a timeout codex had no part in (claiming
-    first, the same late claim just delays the turn). Adversary, session 13: the turn ended failed with
+    first, the same late claim just delays the turn). Without the rule the turn ended failed with
     "codex app-server did not answer 'turn/start' within …"."""
     settings.CODEX_REQUEST_TIMEOUT = 1.0
     session, copy = _first_turn(user)

@@ -1,5 +1,5 @@
-"""The enqueue of ``on_busy`` ``enqueue`` / ``interrupt`` in one round trip (``turns._enqueue_in_one_trip``,
-session 13): what the two-trip enqueue decided in Python between its round trips — the seq, the queued
+"""The enqueue of ``on_busy`` ``enqueue`` / ``interrupt`` in one round trip (``turns._enqueue_in_one_trip``):
+what the two-trip enqueue decided in Python between its round trips — the seq, the queued
 event's data, whether to wake the holder, the interrupt — now decided by the statements themselves, and
 nothing of it reaching a session that is not the caller's. On PostgreSQL, as the outermost transaction
 (``transaction=True``): inside a test's transaction the two-trip path runs instead."""
@@ -100,7 +100,7 @@ def test_a_turn_is_queued_in_one_round_trip_with_its_seq_and_its_queued_event(us
 def test_the_queued_events_stream_wake_up_is_sent_by_the_enqueue_itself_and_only_for_a_written_event(
         user, monkeypatch, sent, celery_sends):
     """The event streams' ``NOTIFY`` (``<session> <turn> <event id>``) goes with the enqueue's COMMIT — no
-    round trip of its own after it (session 14) — and a refused enqueue (another user's session) sends none."""
+    round trip of its own after it — and a refused enqueue (another user's session) sends none."""
     streams = Listening(events.CHANNEL)
     try:
         mine = SessionFactory(owner=user)
@@ -244,7 +244,7 @@ def test_a_turn_that_waited_for_the_session_lock_is_not_born_overdue(user, celer
 def test_a_claim_that_waited_for_the_session_lock_starts_its_turn_after_the_wait(user):
     """The claim's ``started_at`` (and its user row's time) is the claim statement's clock, after its locks:
     a claim that waited while the turn before it was finalized started, by its row, before that turn had
-    finished (``make faults`` broker-restart, session 13: "turns #8 and #9 overlapped or ran out of order")."""
+    finished (else ``make faults`` broker-restart reads "turns #8 and #9 overlapped or ran out of order")."""
     session = SessionFactory(owner=user, last_turn_seq=1)
     turn = TurnFactory(session=session, seq=1, status=Turn.Status.QUEUED, input="hi")
     holder = psycopg.Connection.connect(**connection_params("test-lock-holder"))

@@ -1,4 +1,4 @@
-"""Lease recovery without beat (adversary F2): ``recovery.leases_take_back``, shared by the sweep and
+"""Lease recovery without beat: ``recovery.leases_take_back``, shared by the sweep and
 every keeping worker's affinity loop (``affinity.AffinityLoop``; its tick: ``test_affinity.py``), takes back running turns whose lease
 expired — once, however many callers race, none waiting on another, none taking a live turn.
 
@@ -201,9 +201,9 @@ def test_the_sweep_uses_the_same_take_back(sent, monkeypatch):
 
 
 def test_a_turn_cancelled_while_its_worker_was_lost_ends_cancelled_without_a_retrying_event(sent):
-    """Found by session 5's adversary: the take-back wrote ``retrying`` (queued again) and the claim then
-    ended it ``cancelled`` — a stream showed the turn coming back before it ended. Now it ends at once,
-    and the session's next queued turn is sent."""
+    """The take-back must not write ``retrying`` (queued again) for a turn the claim would then end
+    ``cancelled`` — a stream would show the turn coming back before it ended. It ends at once, and the
+    session's next queued turn is sent."""
     lost = running_turn(expires_in=-1)
     nxt = TurnFactory(session=lost.session, seq=2, status=Turn.Status.QUEUED)
     Turn.objects.filter(pk=lost.pk).update(cancel_requested_at=timezone.now())

@@ -271,7 +271,7 @@ def test_the_listener_runs_each_wake_skips_malformed_ones_and_survives_a_failing
 @pytest.mark.django_db(transaction=True)
 def test_a_wake_that_arrived_while_the_listener_ran_another_loses_its_hint(caplog):
     """Its own clock says nothing of how long it waited here (another host's clock may be off): a wake the
-    listener is handed right after a run ended waited behind it, so no early turn/start (adversary, session 12)."""
+    listener is handed right after a run ended waited behind it, so no early turn/start."""
     queue = own("behind")
     seen: list[tuple[uuid.UUID, bool]] = []
 
@@ -381,8 +381,7 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     assert undispatched == [turn_id]  # its wake spent: the sweep's next round dispatches it
     release.set()
     # Once the holder has let go: a run that still had to wait for the slot would lose its hint (by design) —
-    # on a busy host the holder's thread may take longer than QUEUED_BEHIND_SECONDS to get there (newcomer,
-    # session 13: failed once in make test).
+    # on a busy host the holder's thread may take longer than QUEUED_BEHIND_SECONDS to get there.
     with wake.turn_slot(timeout=5) as free:
         assert free
     hint = routing.WakeHint(text="hi", sent_at=time.time())

@@ -68,8 +68,8 @@ def test_a_private_rabbitmq_node_restarts_with_its_messages_and_leaves_the_share
     try:
         queue = f"q-{uuid.uuid4().hex}"
         # A turn queue exists long before a crash; one declared just before the kill -9 may not be on disk yet:
-        # the node confirms the message but recovered "0 queues" (CI, sessions 12 and 13: the queue's definition
-        # was lost, not the message). So the queue is declared, and the node restarted cleanly, first.
+        # the node confirms the message but recovered "0 queues" (the queue's definition
+        # is lost, not the message). So the queue is declared, and the node restarted cleanly, first.
         _publish(broker.url, queue)
         broker.stop()
         broker.start(ENV)
