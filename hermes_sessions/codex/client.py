@@ -126,6 +126,13 @@ class AppServerClient:
         help), :class:`TransportError` / :class:`JsonRpcError` if the handshake fails; the process is gone
         by then.
         """
+        return self.finish_start(self.launch())
+
+    def launch(self) -> PendingRequest:
+        """Spawn the process and send ``initialize`` without waiting for its answer, which the client's
+        reader thread takes in; ``finish_start`` completes the handshake once ``PendingRequest.answered``.
+        For a spare started on the worker's scheduler thread, whose jobs must not block
+        (``worker/scheduler.py``): the spawn is a fork + exec, a few ms. Raises as ``start`` does."""
         if self._proc is not None or self._closed:
             raise CodexError("AppServerClient.start() may be called once")
         try:
@@ -149,7 +156,7 @@ class AppServerClient:
         self._dispatch_thread = self._spawn_thread(self._dispatch_server_requests, "server-requests")
         self._watch_thread = self._spawn_thread(self._watch_process, "watch")
         try:
-            result = self.request(
+            return self.send_request(
                 "initialize",
                 {
                     "clientInfo": {
@@ -159,6 +166,15 @@ class AppServerClient:
                     }
                 },
             )
+        except BaseException:
+            self.close()
+            raise
+
+    def finish_start(self, initialize: PendingRequest) -> dict:
+        """Read ``initialize``'s answer (``launch``'s; waits for it unless ``answered``), send
+        ``initialized`` and return the result; on any error the process is closed and the error raised."""
+        try:
+            result = initialize.result()
             self.notify("initialized")
         except BaseException:
             self.close()
@@ -219,6 +235,12 @@ class AppServerClient:
         if self._proc is not None:
             self._kill_group()
         self.close(timeout=1.0)
+
+    def kill_nowait(self) -> None:
+        """SIGKILL the process group and return at once; ``close`` (later, off the caller's path) reaps it
+        and joins the reader threads. For a spare retired on the worker's scheduler thread, whose jobs must
+        not block (``worker/scheduler.py``). Pending requests fail as the stdout reader sees EOF."""
+        self._kill_group()
 
     def pause(self) -> bool:
         """SIGSTOP the app-server process (all its threads stop where they are); ``resume`` goes on. For an
@@ -611,6 +633,14 @@ class PendingRequest:
         """The answer's ``result``; raises as ``AppServerClient.request`` does (``RequestTimeout`` at the
         deadline set when it was sent, moved on by ``extend``)."""
         return self._client._await(self.request_id, self.method, self._deadline, self._timeout)
+
+    def answered(self) -> bool:
+        """Whether ``result()`` would return (or raise) without waiting: the answer is in, the process is
+        gone or the deadline passed."""
+        client = self._client
+        with client._cv:
+            return (client._pending.get(self.request_id) is not None or self.request_id not in client._pending
+                    or client._failure is not None or time.monotonic() >= self._deadline)
 
     def extend(self, seconds: float) -> None:
         """Move the deadline ``seconds`` later: for time codex could not answer in because it was stopped
