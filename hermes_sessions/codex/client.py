@@ -128,11 +128,10 @@ class AppServerClient:
         """
         return self.finish_start(self.launch())
 
-    def launch(self) -> PendingRequest:
-        """Spawn the process and send ``initialize`` without waiting for its answer, which the client's
-        reader thread takes in; ``finish_start`` completes the handshake once ``PendingRequest.answered``.
-        For a spare started on the worker's scheduler thread, whose jobs must not block
-        (``worker/scheduler.py``): the spawn is a fork + exec, a few ms. Raises as ``start`` does."""
+    def spawn(self) -> None:
+        """Spawn the process (a fork + exec: a few ms), nothing more; ``launch`` goes on from there. For a
+        spare started in short steps on the worker's scheduler thread (``worker/scheduler.py``). Raises
+        :class:`CodexError` if the process cannot be spawned."""
         if self._proc is not None or self._closed:
             raise CodexError("AppServerClient.start() may be called once")
         try:
@@ -151,6 +150,16 @@ class AppServerClient:
             self._closed = True
             raise CodexError(f"could not start codex app-server {self._argv!r} in {self._cwd!r}: {exc}") from exc
         os.set_blocking(_pipe(self._proc.stdin).fileno(), False)
+
+    def launch(self) -> PendingRequest:
+        """Spawn the process (unless ``spawn`` did), start the reader threads and send ``initialize``
+        without waiting for its answer, which the stdout reader takes in; ``finish_start`` completes the
+        handshake once ``PendingRequest.answered``. For a spare started on the worker's scheduler thread,
+        whose jobs must not block (``worker/scheduler.py``). Raises as ``start`` does."""
+        if self._proc is None:
+            self.spawn()
+        if self._stdout_thread is not None:
+            raise CodexError("AppServerClient.start() may be called once")
         self._stdout_thread = self._spawn_thread(self._read_stdout, "stdout")
         self._stderr_thread = self._spawn_thread(self._drain_stderr, "stderr")
         self._dispatch_thread = self._spawn_thread(self._dispatch_server_requests, "server-requests")

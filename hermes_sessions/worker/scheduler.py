@@ -8,14 +8,20 @@ here (docs/architecture.md §7): the affinity heartbeat and the sweep's round (`
 woken turns (``time_limits.py``), the early ``turn/start``'s pause (``warm/early_start.py``) and the
 spare app-servers' starts, checks and reaps (``warm/spares.py``).
 
-**The rule: no job blocks more than a few milliseconds.** The early-start pause must fire
-``early_start.PAUSE_AFTER_SECONDS`` (20 ms) after ``turn/start``; any job running then delays it. So a job
-does one short database round (the sweep, a heartbeat: ms-scale), sends a signal, or starts a process
-without waiting for it: a spare is spawned and sent ``initialize`` and its answer is read by the codex
-client's own reader threads (``AppServerClient.launch``); a spare is retired by SIGKILL and reaped by a
-later job. Enforced by measuring: a job that runs longer than ``SLOW_JOB_SECONDS`` is logged as a
-warning with its name (``slow_jobs`` counts them), and ``tests/services/test_scheduler.py::
-test_a_pause_armed_while_a_spare_starts_fires_in_time`` pins the pause's bound while a spare starts.
+**The rule: no job blocks more than a few milliseconds; a job that cannot (``slow=True``) runs only when
+no other job is due within ``SLOW_BUDGET_SECONDS``.** The early-start pause must fire
+``early_start.PAUSE_AFTER_SECONDS`` (20 ms) after ``turn/start``, before codex's first model request
+(~45 ms after it at the earliest); any job running then delays it. So a job does one short database round
+(the sweep, a heartbeat: ms-scale), sends a signal, or starts a process without waiting for it. The one
+slow work is a spare's start, cut into two slow steps that wait for nothing codex does: the spawn (fork +
+exec, ~5–35 ms in a large process on a loaded host) and the launch (the client's reader threads and
+``initialize`` sent, ~5–15 ms); the answer is read by the codex client's own reader thread and counted by
+a later check (``warm/spares.py``); a spare is retired by SIGKILL and reaped by a later job. A slow step
+due while a pause is armed waits until after the pause; only a step that began before the pause was armed
+can delay it, by at most that step's length minus the 20 ms. Measured: a job longer than
+``SLOW_JOB_SECONDS`` (``SLOW_STEP_SECONDS`` for a slow one) is logged as a warning with its name
+(``slow_jobs`` counts them); ``tests/services/test_scheduler.py::
+test_a_pause_armed_while_a_spare_starts_fires_in_time`` pins the pause's bound while spares start.
 
 A job that raises is logged and dropped (a periodic one is scheduled again: a database blip must not
 end the heartbeat). The thread's database connection is its own (Django's are per thread); it is closed
@@ -39,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 THREAD_NAME = "hermes-scheduler"
 SLOW_JOB_SECONDS = 0.02  # a job running longer than the early-start pause's own delay breaks the rule: logged
+SLOW_STEP_SECONDS = 0.1  # the same for a job marked slow
+SLOW_BUDGET_SECONDS = 0.04  # a slow job waits while another is due within this (the pause: 20 ms)
 IDLE_CLOSE_SECONDS = 1.0  # no job due sooner than this: the thread closes its database connection
 
 
@@ -52,6 +60,7 @@ class Job:
     name: str
     due: float
     interval: float | Callable[[], float] | None = None
+    slow: bool = False  # may block tens of ms: runs only when nothing else is due within SLOW_BUDGET_SECONDS
     cancelled: bool = field(default=False)
 
     def cancel(self) -> None:
@@ -77,9 +86,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ scheduling
 
-    def at(self, due: float, fn: Callable[[], object], *, name: str = "") -> Job:
-        """Run ``fn`` once at ``due`` (``time.monotonic()`` seconds)."""
-        return self._push(Job(fn=fn, name=name or getattr(fn, "__qualname__", repr(fn)), due=due))
+    def at(self, due: float, fn: Callable[[], object], *, name: str = "", slow: bool = False) -> Job:
+        """Run ``fn`` once at ``due`` (``time.monotonic()`` seconds); ``slow``: see the module's rule."""
+        return self._push(Job(fn=fn, name=name or getattr(fn, "__qualname__", repr(fn)), due=due, slow=slow))
 
     def after(self, seconds: float, fn: Callable[[], object], *, name: str = "") -> Job:
         """Run ``fn`` once, ``seconds`` from now."""
@@ -148,7 +157,13 @@ class Scheduler:
                     heapq.heappop(self._heap)
                 now = time.monotonic()
                 if self._heap and self._heap[0][0] <= now:
-                    return heapq.heappop(self._heap)[2]
+                    job = heapq.heappop(self._heap)[2]
+                    soon = self._other_due_before(now + SLOW_BUDGET_SECONDS) if job.slow else None
+                    if soon is None:
+                        return job
+                    job.due = soon  # after that job: the scheduler's rule
+                    heapq.heappush(self._heap, (job.due, next(self._seq), job))
+                    continue
                 left = self._heap[0][0] - now if self._heap else None
                 if left is None or left > IDLE_CLOSE_SECONDS:
                     self._cond.release()
@@ -160,6 +175,11 @@ class Scheduler:
                         continue
                 self._cond.wait(left)
             return None
+
+    def _other_due_before(self, limit: float) -> float | None:
+        """The due time of the first job that is not slow and due before ``limit``; holding ``_cond``."""
+        due = [d for d, _, j in self._heap if not j.slow and not j.cancelled and d < limit]
+        return min(due) if due else None
 
     def _run(self) -> None:
         try:
@@ -183,10 +203,10 @@ class Scheduler:
                 self._running = None
                 self._cond.notify_all()
         took = time.monotonic() - started
-        if took > SLOW_JOB_SECONDS:
-            self.slow_jobs += 1
+        if took > (SLOW_STEP_SECONDS if job.slow else SLOW_JOB_SECONDS):
             logger.warning("scheduler: job %s took %.1f ms (the rule is a few ms: docs/architecture.md §7)",
                            job.name, took * 1000)
+            self.slow_jobs += 1
         interval = job.next_interval() if not job.cancelled else None
         if interval is not None:
             job.due = time.monotonic() + interval

@@ -59,11 +59,13 @@ FAILED_START_PAUSE_SECONDS = 5.0  # after a spare that could not start: do not s
 _PR_SET_PDEATHSIG = 1
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up once: the child of a fork only calls it
+
+
 def die_with_parent() -> None:
     """``preexec_fn`` of a spare: SIGKILL it when the thread that spawned it (the scheduler's) ends, i.e.
     when the worker process dies, however it dies (kill -9 included). Linux only."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclass
@@ -77,12 +79,21 @@ class Spare:
     init: dict[str, Any]
     born: float
     handler: ServerRequestHandler | None = None
+    launched: bool = True  # its readers run and ``initialize`` was sent (``launch``); a new spare's is False
     initialize: PendingRequest | None = None  # ``launch``'s, until ``started`` read it
     _discarded: bool = field(default=False, repr=False)
 
+    def launch(self) -> None:
+        """Start the client's reader threads and send ``initialize`` (``AppServerClient.launch``: no wait)."""
+        self.launched = True
+        self.initialize = self.client.launch()
+
     def started(self) -> bool | None:
         """Whether its ``initialize`` answer is in and good (``init`` is set, ``initialized`` sent);
-        ``None`` while it is not in yet. Never waits. ``False``: the start failed (the caller retires it)."""
+        ``None`` while it is not in yet (or not ``launch``ed). Never waits. ``False``: the start failed
+        (the caller retires it)."""
+        if not self.launched:
+            return None
         if self.initialize is None:
             return True
         if not self.initialize.answered():
@@ -177,29 +188,43 @@ class SparePool:
     # ------------------------------------------------------------------ the scheduler's jobs
 
     def _check_in(self, seconds: float) -> None:
-        """(Re)schedule the check ``seconds`` from now, unless one is due sooner."""
+        """(Re)schedule the check ``seconds`` from now, unless one is due sooner. A slow job: it may spawn
+        or launch a spare (``scheduler.py``'s rule)."""
         due = time.monotonic() + seconds
         with self._cv:
             if self._closed or (self._job is not None and not self._job.cancelled and self._job.due <= due):
                 return
             if self._job is not None:
                 self._job.cancel()
-            self._job = self._scheduler.at(due, self._check, name="spares: check and start")
+            self._job = self._scheduler.at(due, self._check, name="spares: check and start", slow=True)
 
     def _check(self) -> None:
-        """One round (a scheduler job, a few ms): count started spares ready, retire failed, dead and
-        stale ones, start at most one more; then schedule the next round."""
+        """One round (a scheduler job of a few ms): count started spares ready, retire failed, dead and
+        stale ones, then one step of a start — ``launch`` a spawned spare, or spawn one more — and
+        schedule the next round (at once after a spawn, so its launch is the next step)."""
         with self._cv:
             if self._closed:
                 return
             self._job = None
             self._sort_locked(time.monotonic())
+            spawned = next((s for s in self._starting if not s.launched), None)
             home = None
-            if len(self._ready) + len(self._starting) < self.size:
+            if spawned is None and len(self._ready) + len(self._starting) < self.size:
                 self._counter += 1
                 home = _spare_home(self._counter)
             self._cv.notify_all()
-        if home is not None:
+        if spawned is not None:
+            try:
+                spawned.launch()
+            except Exception:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
+                logger.exception("codex spare app-server did not start")
+                with self._cv:
+                    if spawned in self._starting:
+                        self._starting.remove(spawned)
+                self._retire(spawned)
+                self._check_in(FAILED_START_PAUSE_SECONDS)
+                return
+        elif home is not None:
             try:
                 spare = self._start(home)
             except Exception:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
@@ -210,6 +235,8 @@ class SparePool:
             if not self._add_starting(spare):
                 self._retire(spare)  # closed meanwhile
                 return
+            self._check_in(0.0)  # its launch is the next step
+            return
         with self._cv:
             busy = bool(self._starting) or len(self._ready) < self.size
         self._check_in(CHECK_STARTING_SECONDS if busy else max(1.0, self.max_age / 4))
@@ -277,8 +304,9 @@ def _alive(pid: int) -> bool:
 
 def start_spare(home: SessionHome) -> Spare:
     """Make ``home`` (a config naming no session), spawn the app-server on it with
-    ``thread_unload_delay_secs=0`` and ``PR_SET_PDEATHSIG``, and send ``initialize`` without waiting
-    (``Spare.started`` reads the answer). Raises what ``AppServerClient.launch`` raises."""
+    ``thread_unload_delay_secs=0`` and ``PR_SET_PDEATHSIG`` (``AppServerClient.spawn``), nothing more:
+    ``Spare.launch`` sends ``initialize`` (a step of its own, ``SparePool._check``), ``Spare.started``
+    reads the answer. Raises what ``AppServerClient.spawn`` raises."""
     shutil.rmtree(home.home.parent, ignore_errors=True)
     home.home.mkdir(parents=True)
     home.user_home.mkdir(parents=True)
@@ -299,9 +327,9 @@ def start_spare(home: SessionHome) -> Spare:
         preexec_fn=die_with_parent,
     )
     born = time.monotonic()
-    spare = Spare(client=client, home=home, init={}, born=born)
+    spare = Spare(client=client, home=home, init={}, born=born, launched=False)
     holder.append(spare)
-    spare.initialize = client.launch()
+    client.spawn()
     return spare
 
 
