@@ -675,7 +675,7 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHi
 
 
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:
-    """This worker process's affinity loop (once; at the pool process's start, ``project/celery.py``, and
+    """This worker process's affinity job (once; at the pool process's start, ``process.start``, and
     at a kept turn) and its wake listener (``wake.wake_start``; runs ``turn_execute_woken``); ``None``
     without a route."""
     loop = affinity.affinity_start(k)

@@ -175,7 +175,7 @@ def early_start(*, turn_id: uuid.UUID, session_id: str, hint: WakeHint | None) -
     if rollout_stamp(kept.home, kept.thread_id) != kept.stamp:
         return None
     taken = k.take(session_id)
-    if taken is not kept:  # released or replaced since the look (the affinity loop's thread)
+    if taken is not kept:  # released or replaced since the look (the affinity job, on the scheduler)
         if taken is not None:
             k.keep(taken)
         return None
