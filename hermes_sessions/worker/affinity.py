@@ -59,7 +59,7 @@ class AffinityLoop:
 
     def start(self, scheduler: Scheduler) -> None:
         """Run a round now (its first writes the heartbeat row at once), then every round."""
-        self.job = scheduler.every(sweep_round_seconds, self.tick, name="affinity: heartbeat round")
+        self.job = scheduler.every(sweep_round_seconds, self.tick, name="affinity: heartbeat round", slow=True)
 
     def tick(self) -> None:
         """One round (also called by tests)."""

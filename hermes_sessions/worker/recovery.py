@@ -218,7 +218,7 @@ class SweepLoop:
 
     def start(self, scheduler: Scheduler) -> None:
         self.job = scheduler.every(sweep_round_seconds, self.tick, name="sweep round",
-                                   first_after=sweep_round_seconds())
+                                   first_after=sweep_round_seconds(), slow=True)
 
 
 def sweep_loop_start(*, by: str) -> SweepLoop:

@@ -12,8 +12,10 @@ spare app-servers' starts, checks and reaps (``warm/spares.py``).
 no other job is due within ``SLOW_BUDGET_SECONDS``.** The early-start pause must fire
 ``early_start.PAUSE_AFTER_SECONDS`` (20 ms) after ``turn/start``, before codex's first model request
 (~45 ms after it at the earliest); any job running then delays it. So a job does one short database round
-(the sweep, a heartbeat: ms-scale), sends a signal, or starts a process without waiting for it. The one
-slow work is a spare's start, cut into two slow steps that wait for nothing codex does: the spawn (fork +
+(the sweep, a heartbeat: ms-scale), sends a signal, or starts a process without waiting for it. The
+sweep's round (with the affinity heartbeat) is marked slow too, so that it never starts when a pause is
+about to fire: a few statements, but on a slow database it is what could take longest. The slowest
+work is a spare's start, cut into two slow steps that wait for nothing codex does: the spawn (fork +
 exec, ~5–35 ms in a large process on a loaded host) and the launch (the client's reader threads and
 ``initialize`` sent, ~5–15 ms); the answer is read by the codex client's own reader thread and counted by
 a later check (``warm/spares.py``); a spare is retired by SIGKILL and reaped by a later job. A slow step
@@ -90,15 +92,15 @@ class Scheduler:
         """Run ``fn`` once at ``due`` (``time.monotonic()`` seconds); ``slow``: see the module's rule."""
         return self._push(Job(fn=fn, name=name or getattr(fn, "__qualname__", repr(fn)), due=due, slow=slow))
 
-    def after(self, seconds: float, fn: Callable[[], object], *, name: str = "") -> Job:
+    def after(self, seconds: float, fn: Callable[[], object], *, name: str = "", slow: bool = False) -> Job:
         """Run ``fn`` once, ``seconds`` from now."""
-        return self.at(time.monotonic() + max(seconds, 0.0), fn, name=name)
+        return self.at(time.monotonic() + max(seconds, 0.0), fn, name=name, slow=slow)
 
     def every(self, interval: float | Callable[[], float], fn: Callable[[], object], *, name: str = "",
-              first_after: float = 0.0) -> Job:
+              first_after: float = 0.0, slow: bool = False) -> Job:
         """Run ``fn`` ``first_after`` seconds from now, then ``interval`` seconds after each run ends."""
         job = Job(fn=fn, name=name or getattr(fn, "__qualname__", repr(fn)), due=time.monotonic() + first_after,
-                  interval=interval)
+                  interval=interval, slow=slow)
         return self._push(job)
 
     def _push(self, job: Job) -> Job:

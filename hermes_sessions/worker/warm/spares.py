@@ -133,6 +133,7 @@ class SparePool:
         self._scheduler = scheduler or runtime().scheduler
         self._starting: list[Spare] = []
         self._ready: list[Spare] = []
+        self._retiring: list[Spare] = []  # SIGKILLed, not yet reaped
         self._cv = threading.Condition()
         self._closed = False
         self._counter = 0
@@ -178,10 +179,12 @@ class SparePool:
         shutdown, not a scheduler job)."""
         with self._cv:
             self._closed = True
-            spares, self._ready, self._starting = self._ready + self._starting, [], []
-            job, self._job = self._job, None
+            job, self._job = self._job, None  # the check under way, if one is: it ends first
             self._cv.notify_all()
         self._scheduler.cancel(job, wait=5.0)
+        with self._cv:
+            spares = self._ready + self._starting + self._retiring
+            self._ready, self._starting, self._retiring = [], [], []
         for spare in spares:
             spare.discard()
 
@@ -199,13 +202,13 @@ class SparePool:
             self._job = self._scheduler.at(due, self._check, name="spares: check and start", slow=True)
 
     def _check(self) -> None:
-        """One round (a scheduler job of a few ms): count started spares ready, retire failed, dead and
-        stale ones, then one step of a start — ``launch`` a spawned spare, or spawn one more — and
+        """One round (a slow scheduler job, a few ms): count started spares ready, retire failed, dead
+        and stale ones, then one step of a start — ``launch`` a spawned spare, or spawn one more — and
         schedule the next round (at once after a spawn, so its launch is the next step)."""
         with self._cv:
             if self._closed:
                 return
-            self._job = None
+            current = self._job  # stays set while it runs: ``close`` waits for it
             self._sort_locked(time.monotonic())
             spawned = next((s for s in self._starting if not s.launched), None)
             home = None
@@ -213,33 +216,37 @@ class SparePool:
                 self._counter += 1
                 home = _spare_home(self._counter)
             self._cv.notify_all()
-        if spawned is not None:
-            try:
-                spawned.launch()
-            except Exception:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
-                logger.exception("codex spare app-server did not start")
-                with self._cv:
-                    if spawned in self._starting:
-                        self._starting.remove(spawned)
-                self._retire(spawned)
-                self._check_in(FAILED_START_PAUSE_SECONDS)
-                return
-        elif home is not None:
-            try:
-                spare = self._start(home)
-            except Exception:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
-                logger.exception("codex spare app-server did not start")
-                shutil.rmtree(home.home.parent, ignore_errors=True)
-                self._check_in(FAILED_START_PAUSE_SECONDS)
-                return
-            if not self._add_starting(spare):
-                self._retire(spare)  # closed meanwhile
-                return
-            self._check_in(0.0)  # its launch is the next step
-            return
+        delay = self._step(spawned, home)
         with self._cv:
-            busy = bool(self._starting) or len(self._ready) < self.size
-        self._check_in(CHECK_STARTING_SECONDS if busy else max(1.0, self.max_age / 4))
+            if self._job is current:
+                self._job = None
+            if delay is None:
+                busy = bool(self._starting) or len(self._ready) < self.size
+                delay = CHECK_STARTING_SECONDS if busy else max(1.0, self.max_age / 4)
+        self._check_in(delay)
+
+    def _step(self, spawned: Spare | None, home: SessionHome | None) -> float | None:
+        """``launch`` ``spawned``, or spawn a spare on ``home``; the delay of the next round when it is not
+        the usual one (0 after a spawn: its launch; ``FAILED_START_PAUSE_SECONDS`` after a failure)."""
+        try:
+            if spawned is not None:
+                spawned.launch()
+                return None
+            if home is None:
+                return None
+            spare = self._start(home)
+        except Exception:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
+            logger.exception("codex spare app-server did not start")
+            with self._cv:
+                if spawned is not None and spawned in self._starting:
+                    self._starting.remove(spawned)
+                    self._retire(spawned)
+            if home is not None and spawned is None:
+                shutil.rmtree(home.home.parent, ignore_errors=True)
+            return FAILED_START_PAUSE_SECONDS
+        if not self._add_starting(spare):
+            spare.discard()  # closed meanwhile (shutdown): not left to a reap the scheduler may drop
+        return 0.0
 
     def _add_starting(self, spare: Spare) -> bool:
         """Count ``spare`` as starting; ``False`` when the pool closed meanwhile."""
@@ -270,9 +277,19 @@ class SparePool:
         return spare.client.alive() and now - spare.born < self.max_age
 
     def _retire(self, spare: Spare) -> None:
-        """SIGKILL now, reap and remove its home later: closing waits (~30 ms), a job must not."""
+        """SIGKILL now, reap and remove its home later (a slow job): closing waits (~30 ms), a job must
+        not. Holding ``_cv``; ``close`` reaps what is still retiring."""
         spare.client.kill_nowait()
-        self._scheduler.after(REAP_AFTER_SECONDS, spare.discard, name="spares: reap a retired one")
+        self._retiring.append(spare)
+        self._scheduler.after(REAP_AFTER_SECONDS, lambda: self._reap(spare), name="spares: reap a retired one",
+                              slow=True)
+
+    def _reap(self, spare: Spare) -> None:
+        with self._cv:
+            if spare not in self._retiring:
+                return  # ``close`` did
+            self._retiring.remove(spare)
+        spare.discard()
 
 
 def _spare_home(n: int) -> SessionHome:
