@@ -24,7 +24,7 @@ def _read(path: str) -> str:
 
 def children(pid: int) -> list[int]:
     """The live children of ``pid``, from ``/proc/<pid>/task/*/children`` (every thread's: a child
-    spawned from a worker's filler thread is listed under that thread)."""
+    spawned from a worker's scheduler thread is listed under that thread)."""
     out: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")

@@ -1,13 +1,13 @@
 """Celery tasks: thin, id-taking, calling services. Sent by name from ``services/dispatch.py``."""
 import logging
+import os
 
 from celery import Task, shared_task
 from django.conf import settings
 
 from . import selectors, services, worker
-from .worker.time_limits import turn_time_limits
 
-SOFT_TIME_LIMIT, TIME_LIMIT = turn_time_limits()
+SOFT_TIME_LIMIT, TIME_LIMIT = worker.turn_time_limits()
 logger = logging.getLogger(__name__)
 
 
@@ -54,3 +54,13 @@ def sweep_turns() -> dict[str, int]:
     """Periodic (Celery beat): the sweep (``worker.turns_sweep``): expired leases, unclaimed turns, dead
     workers, old idempotency keys."""
     return vars(worker.turns_sweep())
+
+
+@shared_task(name="hermes_sessions.tasks.log_worker_threads", ignore_result=True)
+def log_worker_threads() -> list[str]:
+    """Log the names of the threads of the worker process that runs it (``worker.thread_names``), one
+    line: ``worker process <pid> threads: <name>, …``. For operators and
+    ``tests/e2e/test_worker_threads.py`` (docs/architecture.md §7)."""
+    names = worker.thread_names()
+    logger.info("worker process %s threads: %s", os.getpid(), ", ".join(names))
+    return names

@@ -71,21 +71,12 @@ def _bound_idle_transactions(**_: object) -> None:
 
 
 @worker_process_init.connect
-def _fill_spares(**_: object) -> None:
-    """With ``HERMES_WARM_POOL`` > 0, each pool process starts filling its spare app-servers as soon as
-    it is forked, not at its first turn (``hermes_sessions/worker/warm/spares.py``); a process with a route
-    starts its affinity heartbeat (``hermes_sessions/worker/affinity.py``), which also runs
-    the sweep's round; any other pool process (a worker with more turn slots, or keeping off) runs the
-    sweep's round on a loop of its own (``recovery.SweepLoop``): recovery never depends on beat alone."""
-    from hermes_sessions.worker.execution import start_affinity
-    from hermes_sessions.worker.recovery import sweep_loop_start
-    from hermes_sessions.worker.warm.kept import keeper
-    from hermes_sessions.worker.warm.spares import spare_pool
+def _start_worker_process(**_: object) -> None:
+    """A pool process starts its runtime as soon as it is forked (``hermes_sessions/worker/process.py``:
+    spares, the affinity heartbeat or the sweep's round, the wake listener)."""
+    from hermes_sessions import worker
 
-    spare_pool()
-    k = keeper()
-    if k is None or start_affinity(k) is None:  # None: no route
-        sweep_loop_start(by=f"worker process {os.getpid()}")
+    worker.process_start()
 
 
 @celeryd_after_setup.connect
@@ -129,28 +120,20 @@ def _name_keeping_worker(sender: str, instance: object, **_: object) -> None:
 
 
 @worker_process_shutdown.connect
-def _close_spares(**_: object) -> None:
-    """A pool process that exits (warm shutdown, max-tasks-per-child) closes its spares and the
-    app-servers it kept loaded, and forgets its routing rows; a killed one takes them along by
-    ``PR_SET_PDEATHSIG`` (its rows go stale and the sweep removes them)."""
+def _stop_worker_process(**_: object) -> None:
+    """A pool process that exits (warm shutdown, max-tasks-per-child) stops its runtime
+    (``hermes_sessions/worker/process.py``: woken turn, spares, kept app-servers, routing rows, scheduler)."""
     from django.conf import settings
 
-    from hermes_sessions.worker.affinity import affinity_stop
-    from hermes_sessions.worker.recovery import sweep_loop_stop
-    from hermes_sessions.worker.wake import wake_stop
-    from hermes_sessions.worker.warm.kept import close_keeper
-    from hermes_sessions.worker.warm.spares import close_spare_pool
+    from hermes_sessions import worker
 
-    wake_stop(turn_timeout=settings.CODEX_TURN_TIMEOUT + 30)  # first: a woken turn ends on its app-server
-    close_spare_pool()
-    affinity_stop(close_keeper())
-    sweep_loop_stop()
+    worker.process_stop(turn_timeout=settings.CODEX_TURN_TIMEOUT + 30)
 
 
 @worker_shutdown.connect
 def _close_in_main_process(**kwargs: object) -> None:
     """The worker's end (main process): ``-P solo`` runs turns here and gets no ``worker_process_shutdown``."""
-    _close_spares(**kwargs)
+    _stop_worker_process(**kwargs)
 
 
 @after_setup_logger.connect

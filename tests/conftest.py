@@ -134,9 +134,9 @@ def _no_sweep_loop_left():
     """A test that starts a worker process's sweep loop (``recovery.SweepLoop``) in the test process must
     stop it: a leaked one takes back other tests' running turns and dispatches their queued ones."""
     yield
-    from hermes_sessions.worker import recovery
+    from hermes_sessions.worker import process, recovery
 
-    leaked = recovery._sweep_loop
+    leaked = process.runtime().sweep
     if leaked is not None:
         recovery.sweep_loop_stop()
-        pytest.fail(f"the test left a sweep loop running ({leaked[1].by})")
+        pytest.fail(f"the test left a sweep loop running ({leaked.by})")

@@ -126,6 +126,12 @@ class AppServerClient:
         help), :class:`TransportError` / :class:`JsonRpcError` if the handshake fails; the process is gone
         by then.
         """
+        return self.finish_start(self.launch())
+
+    def spawn(self) -> None:
+        """Spawn the process (a fork + exec: a few ms), nothing more; ``launch`` goes on from there. For a
+        spare started in short steps on the worker's scheduler thread (``worker/scheduler.py``). Raises
+        :class:`CodexError` if the process cannot be spawned."""
         if self._proc is not None or self._closed:
             raise CodexError("AppServerClient.start() may be called once")
         try:
@@ -144,12 +150,22 @@ class AppServerClient:
             self._closed = True
             raise CodexError(f"could not start codex app-server {self._argv!r} in {self._cwd!r}: {exc}") from exc
         os.set_blocking(_pipe(self._proc.stdin).fileno(), False)
+
+    def launch(self) -> PendingRequest:
+        """Spawn the process (unless ``spawn`` did), start the reader threads and send ``initialize``
+        without waiting for its answer, which the stdout reader takes in; ``finish_start`` completes the
+        handshake once ``PendingRequest.answered``. For a spare started on the worker's scheduler thread,
+        whose jobs must not block (``worker/scheduler.py``). Raises as ``start`` does."""
+        if self._proc is None:
+            self.spawn()
+        if self._stdout_thread is not None:
+            raise CodexError("AppServerClient.start() may be called once")
         self._stdout_thread = self._spawn_thread(self._read_stdout, "stdout")
         self._stderr_thread = self._spawn_thread(self._drain_stderr, "stderr")
         self._dispatch_thread = self._spawn_thread(self._dispatch_server_requests, "server-requests")
         self._watch_thread = self._spawn_thread(self._watch_process, "watch")
         try:
-            result = self.request(
+            return self.send_request(
                 "initialize",
                 {
                     "clientInfo": {
@@ -159,6 +175,15 @@ class AppServerClient:
                     }
                 },
             )
+        except BaseException:
+            self.close()
+            raise
+
+    def finish_start(self, initialize: PendingRequest) -> dict:
+        """Read ``initialize``'s answer (``launch``'s; waits for it unless ``answered``), send
+        ``initialized`` and return the result; on any error the process is closed and the error raised."""
+        try:
+            result = initialize.result()
             self.notify("initialized")
         except BaseException:
             self.close()
@@ -219,6 +244,12 @@ class AppServerClient:
         if self._proc is not None:
             self._kill_group()
         self.close(timeout=1.0)
+
+    def kill_nowait(self) -> None:
+        """SIGKILL the process group and return at once; ``close`` (later, off the caller's path) reaps it
+        and joins the reader threads. For a spare retired on the worker's scheduler thread, whose jobs must
+        not block (``worker/scheduler.py``). Pending requests fail as the stdout reader sees EOF."""
+        self._kill_group()
 
     def pause(self) -> bool:
         """SIGSTOP the app-server process (all its threads stop where they are); ``resume`` goes on. For an
@@ -611,6 +642,14 @@ class PendingRequest:
         """The answer's ``result``; raises as ``AppServerClient.request`` does (``RequestTimeout`` at the
         deadline set when it was sent, moved on by ``extend``)."""
         return self._client._await(self.request_id, self.method, self._deadline, self._timeout)
+
+    def answered(self) -> bool:
+        """Whether ``result()`` would return (or raise) without waiting: the answer is in, the process is
+        gone or the deadline passed."""
+        client = self._client
+        with client._cv:
+            return (client._pending.get(self.request_id) is not None or self.request_id not in client._pending
+                    or client._failure is not None or time.monotonic() >= self._deadline)
 
     def extend(self, seconds: float) -> None:
         """Move the deadline ``seconds`` later: for time codex could not answer in because it was stopped

@@ -101,18 +101,41 @@ class TurnSpec:
 
 
 class TurnControl:
-    """Signals from outside the runner (the lease heartbeat): ``interrupt`` asks codex to stop the
-    turn (``turn/interrupt``; it then ends ``interrupted``); ``abandon`` means this worker no longer
-    holds the turn — stop at once and commit nothing."""
+    """Signals from outside the runner (the lease heartbeat, the worker's time limits): ``interrupt``
+    asks codex to stop the turn (``turn/interrupt``; it then ends ``interrupted``); ``abandon`` means
+    this worker no longer holds the turn — stop at once and commit nothing; ``time_limit`` (a reason,
+    ``""`` while within it) means the worker's time limit ended the turn: ``out_of_time`` ends the
+    app-server the turn runs on (``attach``), so whatever read of it is blocked raises
+    ``TransportError``, and the worker fails the turn with that reason (``worker/time_limits.py``)."""
 
     def __init__(self) -> None:
         self.interrupt = threading.Event()
         self.abandon = threading.Event()
         self.running: tuple[str, str] | None = None  # (thread id, codex turn id) once turn/start answered
+        self.time_limit = ""
+        self._end_codex: Callable[[], None] | None = None
+        self._lock = threading.Lock()
 
     def stopping(self) -> bool:
-        """True once either signal is set: no point retrying."""
-        return self.interrupt.is_set() or self.abandon.is_set()
+        """True once a signal is set or the time limit passed: no point retrying."""
+        return self.interrupt.is_set() or self.abandon.is_set() or bool(self.time_limit)
+
+    def attach(self, end_codex: Callable[[], None] | None) -> None:
+        """``end_codex`` ends the app-server the turn runs on from now (``None``: none any more); called at
+        once when the time limit passed already. Must not block (a scheduler job calls it)."""
+        with self._lock:
+            self._end_codex = end_codex
+            late = end_codex if self.time_limit else None
+        if late is not None:
+            late()
+
+    def out_of_time(self, reason: str) -> None:
+        """The worker's time limit passed: record ``reason`` and end the attached app-server, if any."""
+        with self._lock:
+            self.time_limit = reason
+            end = self._end_codex
+        if end is not None:
+            end()
 
 
 class TurnAbandoned(CodexError):

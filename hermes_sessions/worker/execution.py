@@ -1,6 +1,6 @@
 """Running a claimed turn on a fresh ``codex app-server`` process: claim → codex → finalize.
 
-No transaction is open while codex works. A heartbeat thread renews the claim's lease and relays
+No transaction is open while codex works. A heartbeat job (``heartbeats.py``) renews the claim's lease and relays
 cancel requests; if the claim is lost (the sweep took the turn back after the lease expired), the
 run stops and commits nothing.
 
@@ -68,11 +68,11 @@ from ..services.turns import (
     turn_requeue,
 )
 from . import affinity, wake
-from .heartbeats import HEARTBEATS
+from .heartbeats import process_heartbeats
 from .retry_policy import RetryPolicy, retry_policy
-from .time_limits import thread_time_limits, turn_time_limits
+from .time_limits import TIME_LIMIT_REASON, TimeLimits, thread_time_limits, turn_time_limits
 from .warm.early_start import EarlyStart, early_start
-from .warm.kept import Keeper, KeptThread, current_keeper, keeper, rollout_stamp
+from .warm.kept import Keeper, KeptThread, keeper_if_made, keeper_make, rollout_stamp
 from .warm.spares import Spare, die_with_parent, spare_pool
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ WOKEN_TASK_ID = "wake"  # the end line's task= of a turn run on its wake-up (tur
 
 
 def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False,
-                 session_id: str = "", hint: routing.WakeHint | None = None) -> Turn | None:
+                 session_id: str = "", hint: routing.WakeHint | None = None,
+                 limits: TimeLimits | None = None) -> Turn | None:
     """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
     this call's to run (not the session's next turn, already running or finished — a duplicate
     delivery changes nothing), when it went back to the queue, or when this worker lost its claim
@@ -91,7 +92,8 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
     none escapes. ``task_id``: the Celery task delivering it, named in the turn's end line
     (``turn_log.py``). ``woken``: run by the wake listener (``wake``), recorded as ``timings["woken"]``;
     with the wake's ``session_id`` and ``hint`` (``routing.WakeHint``), ``turn/start`` may go to the kept
-    thread while the turn is claimed (``early_start.py``; recorded as ``timings["early_start"]``)."""
+    thread while the turn is claimed (``early_start.py``; recorded as ``timings["early_start"]``).
+    ``limits``: a woken turn's time limits (``time_limits.thread_time_limits``), which watch its control."""
     with delivery(task_id):
         t0 = time.monotonic()
         early = None
@@ -109,9 +111,11 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
                 claim.timings["early_start_paused"] = 1  # the claim was late: codex waited for it
         try:
             control = TurnControl()
+            if limits is not None:
+                limits.watch(control)
             stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                      attempt=claim.attempt)
-            with HEARTBEATS.beating(claim, control):
+            with process_heartbeats().beating(claim, control):
                 return _run_with_retries(claim, control, retry_policy(), stream, early)
         finally:
             if early is not None:
@@ -139,15 +143,15 @@ def _claim_with(turn_id: uuid.UUID | str, early: EarlyStart | None) -> tuple[Tur
 
 def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
                       stream: TurnEventWriter, early: EarlyStart | None = None) -> Turn | None:
-    held = _Held()
+    handover = _Handover()
     try:
-        return _run_with_retries_on(claim, control, budget, stream, held, early)
+        return _run_with_retries_on(claim, control, budget, stream, handover, early)
     finally:
-        held.close()  # an app-server the keeper did not take is closed, whatever happened
+        handover.close()  # an app-server the keeper did not take is closed, whatever happened
 
 
 def _run_with_retries_on(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
-                         stream: TurnEventWriter, held: _Held, early: EarlyStart | None = None) -> Turn | None:
+                         stream: TurnEventWriter, handover: _Handover, early: EarlyStart | None = None) -> Turn | None:
     started = time.monotonic()
     retries = 0
     while True:
@@ -156,24 +160,25 @@ def _run_with_retries_on(claim: TurnClaim, control: TurnControl, budget: RetryPo
             if retries:
                 claim.timings.pop("early_start", None)
                 claim.timings.pop("early_start_paused", None)
-            outcome = _run_once(claim, control, stream, held, early=early if retries == 0 else None)
-        except TurnRunError as exc:
+            outcome = _run_once(claim, control, stream, handover, early=early if retries == 0 else None)
+        except (TurnRunError, _StartupError) as exc:
+            ids = {"turn_id": claim.turn_id, "token": claim.token}
+            if control.time_limit:  # a woken turn's soft limit ended its codex (time_limits.py): no retry
+                return _commit(budget, turn_fail, **ids, reason=control.time_limit, result=getattr(exc, "outcome", None))
             if not _backoff(claim, control, budget, exc, retries=retries, started=started, stream=stream):
-                return _after_run_error(claim, control, budget, exc)
-        except _StartupError as exc:
-            if not _backoff(claim, control, budget, exc, retries=retries, started=started, stream=stream):
-                return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token, reason=str(exc))
+                if isinstance(exc, TurnRunError):
+                    return _after_run_error(claim, control, budget, exc)
+                return _commit(budget, turn_fail, **ids, reason=str(exc))
         except SoftTimeLimitExceeded:
             # Celery's soft limit (a backstop behind CODEX_TURN_TIMEOUT): the app-server is already
             # closed (``_run_once``'s finally), so codex has stopped; end the turn with the reason.
-            return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token,
-                           reason="the turn exceeded the worker's time limit; codex was stopped — the binding is kept")
+            return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token, reason=TIME_LIMIT_REASON)
         else:
             mark("finalize.start", claim.turn_id)
             turn = _commit(budget, turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome,
-                           warm_queue=held.queue())
+                           warm_queue=handover.queue())
             mark("finalize.end", claim.turn_id)
-            held.settle(claim, outcome, turn)
+            handover.settle(claim, outcome, turn)
             return turn
         retries += 1
 
@@ -341,17 +346,17 @@ def _codex_version(init: object) -> str:
 
 
 def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | None = None,
-              held: _Held | None = None, *, early: EarlyStart | None = None) -> TurnOutcome:
+              handover: _Handover | None = None, *, early: EarlyStart | None = None) -> TurnOutcome:
     """One try: on this process's loaded copy of the thread when it is usable (``worker/warm/kept.py``), else
     fresh home + restore, spawn (or a spare), drive the turn; then read what codex appended to the
-    rollout (checked against the stored prefix) and close the app-server — or, when ``held`` may keep
-    it (session affinity), leave it running in ``held``. ``stream`` receives what codex streams (a
+    rollout (checked against the stored prefix) and close the app-server — or, when ``handover`` may keep
+    it (session affinity), leave it running in ``handover``. ``stream`` receives what codex streams (a
     writer of the claim's own when not given). ``early``: a confirmed early ``turn/start``
     (``early_start.py``) — its copy runs the turn, its answer is read instead of sending one."""
     if stream is None:
         stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                  attempt=claim.attempt)
-    held = held if held is not None else _Held(may_keep=False)
+    handover = handover if handover is not None else _Handover(may_keep=False)
     try:
         check_sandbox()  # cached per process; never run commands on a host whose sandbox fails
     except SandboxUnavailable as exc:
@@ -364,20 +369,20 @@ def _run_once(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter | 
             workdir = policy.session_workdir(claim.session_id)
             workdir.mkdir(parents=True, exist_ok=True)
             return _drive(claim, control, stream, kept.client, kept.version, workdir, kept.home, kept.base, t0,
-                          restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, held=held,
+                          restore_ms=0.0, initialize_ms=0.0, spare=False, release=kept.close, handover=handover,
                           turns=kept.turns + 1, thread_loaded=True,
                           turn_start=early.pending if early is not None else None)
         except TurnRunError as exc:
             _unless_recorded(exc, kept)
             raise
         finally:
-            if not held.owns(kept.client):
+            if not handover.owns(kept.client):
                 kept.close()  # also when the turn failed: a former spare's home goes with it (idempotent)
     spare = _take_spare(claim)
     try:
-        return _run_on(claim, control, stream, spare, t0, held)
+        return _run_on(claim, control, stream, spare, t0, handover)
     finally:
-        if spare is not None and not held.owns(spare.client):
+        if spare is not None and not handover.owns(spare.client):
             spare.discard()  # one session per spare: its home and process go (after the rollout was read)
 
 
@@ -398,7 +403,7 @@ def _take_kept(claim: TurnClaim) -> KeptThread | None:
     rollout generation as PostgreSQL, same config, alive, the rollout file untouched since
     (``KeptThread.usable_for``); a re-run after a lost worker always runs cold (the lost run's
     leftovers are looked for in the session's home, ``_restore``). A copy that may not is closed."""
-    k = current_keeper()
+    k = keeper_if_made()
     kept = k.take(claim.session_id) if k is not None else None
     if kept is None:
         return None
@@ -419,7 +424,7 @@ def _take_spare(claim: TurnClaim) -> Spare | None:
 
 
 def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spare: Spare | None,
-            t0: float, held: _Held) -> TurnOutcome:
+            t0: float, handover: _Handover) -> TurnOutcome:
     config = claim.config
     home, base = _restore(claim, control, spare)
     restore_ms = round((time.monotonic() - t0) * 1000, 1)
@@ -432,7 +437,7 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
             if not client.alive():
                 raise _StartupError("the spare codex app-server died before the turn", cause=TransportError("spare gone"))
         else:
-            client, version = _spawn(claim, workdir, die_with_worker=held.may_keep)
+            client, version = _spawn(claim, workdir, die_with_worker=handover.may_keep)
     except _StartupError:
         raise
     except Exception as exc:  # noqa: BLE001 — any start-up trouble fails (or retries) the turn, not the worker
@@ -441,13 +446,13 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
     initialize_ms = round((time.monotonic() - t0) * 1000, 1) - restore_ms
     return _drive(claim, control, stream, client, version, workdir, home, base, t0,
                   restore_ms=restore_ms, initialize_ms=initialize_ms, spare=spare is not None,
-                  release=spare.discard if spare is not None else client.close, held=held)
+                  release=spare.discard if spare is not None else client.close, handover=handover)
 
 
 def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) -> tuple[AppServerClient, str]:
     """A fresh app-server for the claim's session, started and initialized; and codex's version.
     ``die_with_worker``: it may be kept after the turn, so it gets ``PR_SET_PDEATHSIG`` (it must not
-    outlive a worker killed with SIGKILL; spawned on the process's main thread, ``_Held``)."""
+    outlive a worker killed with SIGKILL; spawned on the process's main thread, ``_Handover``)."""
     config = claim.config
     client = AppServerClient(
         app_server_argv(sandbox=config["sandbox"], workdir=workdir),
@@ -464,11 +469,11 @@ def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) ->
 
 def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, client: AppServerClient, version: str,
            workdir: Path, home: Path, base: RolloutBase | None, t0: float, *, restore_ms: float,
-           initialize_ms: float, spare: bool, release: Callable[[], None], held: _Held,
+           initialize_ms: float, spare: bool, release: Callable[[], None], handover: _Handover,
            turns: int = 1, thread_loaded: bool = False, turn_start: PendingRequest | None = None) -> TurnOutcome:
     """Drive the claim's turn on ``client`` (started), read what codex appended, and close it with
-    ``release`` — unless the turn completed and ``held`` may keep the process: then it is left running
-    in ``held`` (``turns``: how many turns it has run, this one included). ``thread_loaded``: the
+    ``release`` — unless the turn completed and ``handover`` may keep the process: then it is left running
+    in ``handover`` (``turns``: how many turns it has run, this one included). ``thread_loaded``: the
     claim's thread is loaded in ``client`` (a kept thread): ``turn/start`` without ``thread/resume``;
     ``turn_start``: that ``turn/start`` was sent already (``early_start.py``)."""
     config = claim.config
@@ -497,10 +502,11 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         on_tick=stream.tick,
     )
     keep = completed = False
+    control.attach(client.kill_nowait)  # a woken turn's soft limit ends this app-server (time_limits.py)
     try:
         outcome = drive_turn(client, spec)
         completed = True
-        keep = held.may_keep and outcome.status == "completed" and client.alive()
+        keep = handover.may_keep and outcome.status == "completed" and client.alive()
     except TurnRunError as exc:
         exc.outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
         raise
@@ -513,6 +519,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
                 logger.info("turn %s: turn/interrupt at the soft time limit got no answer", claim.turn_id)
         raise
     finally:
+        control.attach(None)
         # Not kept: close before reading the rollout and committing, so codex has exited and the
         # thread's writer lock is free (docs/codex.md §1, §7). Kept: the file is already complete at
         # turn/completed (§7, checked below: it ends with a whole line).
@@ -537,7 +544,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         if running is None or not running.client.alive():
             release()
             running = None
-    held.running = running
+    handover.running = running
     outcome.timings["capture_ms"] = round((time.monotonic() - t1) * 1000, 1)  # read + check the appended bytes
     outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
     return outcome
@@ -578,7 +585,7 @@ def _read_appended(outcome: TurnOutcome, home: Path, base: RolloutBase | None, v
 
 @dataclass
 class _Running:
-    """An app-server left running after a completed turn, until ``_Held.settle`` keeps it or closes it."""
+    """An app-server left running after a completed turn, until ``_Handover.settle`` keeps it or closes it."""
 
     client: AppServerClient
     home: Path
@@ -587,17 +594,18 @@ class _Running:
     turns: int
 
 
-class _Held:
-    """The app-server one turn ran on, between ``turn/completed`` and the finalize commit.
+class _Handover:
+    """The hand-over of the app-server one turn ran on to this process's keeper: from ``turn/completed``
+    (``running``) to the finalize commit, after which ``settle`` hands it over (a commit that succeeded
+    and stored the rollout) and ``close`` closes whatever was not handed over.
 
     ``may_keep``: this process keeps threads loaded (a route — a one-turn-at-a-time worker,
     ``worker/affinity.py`` —, keeping on, and the main thread or the wake listener's:
-    ``PR_SET_PDEATHSIG`` follows the spawning thread, ``wake.in_long_lived_thread``). ``settle`` hands the process to the keeper after a commit that succeeded and
-    stored the rollout; ``close`` closes whatever was not handed over."""
+    ``PR_SET_PDEATHSIG`` follows the spawning thread, ``wake.in_long_lived_thread``)."""
 
     def __init__(self, *, may_keep: bool | None = None) -> None:
         if may_keep is None:
-            may_keep = bool(routing.own_route()) and keeper() is not None and wake.in_long_lived_thread()
+            may_keep = bool(routing.own_route()) and keeper_make() is not None and wake.in_long_lived_thread()
         self.may_keep = may_keep
         self.running: _Running | None = None
 
@@ -609,7 +617,7 @@ class _Held:
         return routing.own_route() if self.running is not None else ""
 
     def settle(self, claim: TurnClaim, outcome: TurnOutcome, turn: Turn | None) -> None:
-        running, k = self.running, keeper()
+        running, k = self.running, keeper_make()
         delta = outcome.rollout
         if (running is None or k is None or turn is None or turn.status != Turn.Status.SUCCEEDED
                 or delta is None or not outcome.thread_id):
@@ -646,7 +654,7 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHi
     shared queue (``recovery.turns_dispatch_unclaimed``), for any worker.
     The thread's database connection is checked as a task's is (``close_old_connections``), and the turn
     has a task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only
-    in its tasks). ``session_id``: from the wake's payload, for the log.
+    in its tasks; the soft one ends the turn's codex and the turn fails with ``TIME_LIMIT_REASON``). ``session_id``: from the wake's payload, for the log.
     """
     asked = time.monotonic()
     with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
@@ -661,12 +669,13 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHi
             return None
         close_old_connections()
         soft, hard = turn_time_limits()
-        with thread_time_limits(soft=soft, hard=hard, what=f"woken turn {turn_id}"):
-            return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True, session_id=session_id, hint=hint)
+        with thread_time_limits(soft=soft, hard=hard, what=f"woken turn {turn_id}") as limits:
+            return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True, session_id=session_id, hint=hint,
+                                limits=limits)
 
 
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:
-    """This worker process's affinity loop (once; at the pool process's start, ``project/celery.py``, and
+    """This worker process's affinity job (once; at the pool process's start, ``process.start``, and
     at a kept turn) and its wake listener (``wake.wake_start``; runs ``turn_execute_woken``); ``None``
     without a route."""
     loop = affinity.affinity_start(k)

@@ -1,7 +1,7 @@
 """The sweep: nothing stays stuck. Path 3 of the delivery table (docs/architecture.md §4).
 
-Every worker process runs ``sweep_round`` every ``sweep_round_seconds()`` (≤ 1 s) on its loop thread
-(``affinity.AffinityLoop`` or ``SweepLoop``), and Celery beat runs ``turns_sweep`` (the same, with larger
+Every worker process runs ``sweep_round`` every ``sweep_round_seconds()`` (≤ 1 s) as a job on its
+scheduler thread (``affinity.AffinityLoop`` or ``SweepLoop``, ``scheduler.py``), and Celery beat runs ``turns_sweep`` (the same, with larger
 limits, plus the ``Idempotency-Key`` purge) every ``HERMES_SWEEP_SECONDS``:
 
 * A ``running`` turn whose lease expired (its worker died: kill -9, OOM, lost host) is taken back:
@@ -34,7 +34,6 @@ per-run lines for this task are dropped by ``project/logfilters.py``.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import uuid
 from dataclasses import dataclass
@@ -50,7 +49,8 @@ from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
 from ..services import dispatch, events, routing, turns
 from ..services.locks import lock_session_and_turn
 from ..services.turn_log import turn_ended_on_commit
-from .periodic import PeriodicLoop
+from .process import runtime
+from .scheduler import Job, Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -203,50 +203,42 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
     return requeued, failed
 
 
-class SweepLoop(PeriodicLoop):
+class SweepLoop:
     """A worker process's sweep when it runs no affinity loop (more than one turn slot, or keeping off):
-    ``sweep_round`` every ``sweep_round_seconds()``, named ``by`` — so that such a worker, too, takes back
-    a dead worker's turns and dispatches unclaimed ones without beat (``affinity.AffinityLoop`` does it for
-    the keeping workers)."""
-
-    name = "hermes-sweep"
-    what = "sweep round"
-    tick_at_start = False
+    ``sweep_round`` every ``sweep_round_seconds()``, named ``by``, as a job on the process's scheduler
+    (``scheduler.py``) — so that such a worker, too, takes back a dead worker's turns and dispatches
+    unclaimed ones without beat (``affinity.AffinityLoop`` does it for the keeping workers)."""
 
     def __init__(self, by: str) -> None:
         self.by = by
-        super().__init__()
-
-    def interval(self) -> float:
-        return sweep_round_seconds()
+        self.job: Job | None = None
 
     def tick(self) -> None:
         sweep_round(by=self.by)
 
-
-_sweep_loop: tuple[int, SweepLoop] | None = None
-_sweep_loop_lock = threading.Lock()
+    def start(self, scheduler: Scheduler) -> None:
+        self.job = scheduler.every(sweep_round_seconds, self.tick, name="sweep round",
+                                   first_after=sweep_round_seconds(), slow=True)
 
 
 def sweep_loop_start(*, by: str) -> SweepLoop:
-    """Start this process's ``SweepLoop`` once (after any fork: a loop of the parent's is not this
-    process's); returns it."""
-    global _sweep_loop
-    with _sweep_loop_lock:
-        if _sweep_loop is None or _sweep_loop[0] != os.getpid():
-            loop = SweepLoop(by)
-            loop.start()
-            _sweep_loop = (os.getpid(), loop)
-        return _sweep_loop[1]
+    """Start this process's ``SweepLoop`` once (``process.runtime().sweep``); returns it."""
+    rt = runtime()
+    with rt.lock:
+        if rt.sweep is None:
+            rt.sweep = SweepLoop(by)
+            rt.sweep.start(rt.scheduler)
+        return rt.sweep
 
 
 def sweep_loop_stop() -> None:
-    """Worker process shutdown: stop this process's ``SweepLoop``, if it runs one."""
-    global _sweep_loop
-    with _sweep_loop_lock:
-        loop, _sweep_loop = _sweep_loop, None
-    if loop is not None and loop[0] == os.getpid():
-        loop[1].stop()
+    """Worker process shutdown: stop this process's ``SweepLoop``, if it runs one (a round under way
+    ends first)."""
+    rt = runtime()
+    with rt.lock:
+        loop, rt.sweep = rt.sweep, None
+    if loop is not None:
+        rt.scheduler.cancel(loop.job, wait=10.0)
 
 
 def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:

@@ -1,31 +1,37 @@
 """Celery's time limits for a turn that runs outside a Celery task (the wake listener's thread, ``wake.py``).
 
-``run_turn`` has a soft limit (``SoftTimeLimitExceeded`` raised in the task, a backstop behind
+``run_turn`` has a soft limit (Celery raises ``SoftTimeLimitExceeded`` in the task, a backstop behind
 ``CODEX_TURN_TIMEOUT``: the turn ends failed with a reason, ``execution._run_with_retries``) and a hard one
 (Celery kills the pool process; the pool starts another and the turn's lease brings the turn back). Celery
 enforces both only for its own tasks — by a signal to the pool process's main thread — so a woken turn
-gets the same two here: ``thread_time_limits`` raises ``SoftTimeLimitExceeded`` in the turn's thread and,
-should that not end it, kills this process as Celery's hard limit would — one watcher thread per process.
+gets the same two here, as two due jobs on the process's scheduler (``scheduler.py``):
+
+* **soft**: the turn's ``TurnControl.out_of_time`` records the reason ``TIME_LIMIT_REASON`` and SIGKILLs
+  the app-server the turn runs on (``AppServerClient.kill_nowait``: no wait on the scheduler). The turn's
+  own blocked read of codex then raises ``TransportError`` and the turn ends failed with that reason, not
+  retried (``execution._run_with_retries``). No exception is raised into another thread.
+* **hard**: this process is killed (SIGKILL, logged first), as Celery's hard limit would.
+
+Pinned by ``tests/services/test_wake.py`` (the time-limit tests).
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import math
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from ..services.due_threads import DueThread
+from ..codex.runner import TurnControl
+from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
+
+TIME_LIMIT_REASON = "the turn exceeded the worker's time limit; codex was stopped — the binding is kept"
 
 
 def turn_time_limits() -> tuple[int, int]:
@@ -34,96 +40,54 @@ def turn_time_limits() -> tuple[int, int]:
     return math.ceil(settings.CODEX_TURN_TIMEOUT + 60), math.ceil(settings.CODEX_TURN_TIMEOUT + 120)
 
 
-def _raise_in(ident: int, exc: type[BaseException] | None) -> None:
-    """``PyThreadState_SetAsyncExc``: raise ``exc`` in thread ``ident`` at its next Python instruction
-    (every wait on a turn's path has a timeout, so it gets there); ``None`` clears a pending one."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+class TimeLimits:
+    """One ``thread_time_limits`` block: ``watch`` the turn's control; ``exceeded`` once the soft limit
+    passed."""
 
+    def __init__(self, *, soft: float, hard: float, what: str) -> None:
+        self.soft, self.hard, self.what = soft, hard, what
+        self.exceeded = threading.Event()
+        self._controls: list[TurnControl] = []
+        self._lock = threading.Lock()
 
-@dataclass
-class _Block:
-    """One ``thread_time_limits`` block: the thread, its two deadlines (monotonic), what it does."""
+    def watch(self, control: TurnControl) -> None:
+        """End ``control``'s turn at the soft limit (at once, if it passed already)."""
+        with self._lock:
+            self._controls.append(control)
+            late = self.exceeded.is_set()
+        if late:
+            control.out_of_time(TIME_LIMIT_REASON)
 
-    ident: int
-    soft_at: float
-    hard_at: float
-    what: str
-    soft: float
-    hard: float
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    done: bool = False
-    soft_sent: bool = False
+    def _soft(self) -> None:
+        logger.warning("%s: past the soft time limit (%.0f s); its codex app-server is stopped", self.what, self.soft)
+        with self._lock:
+            self.exceeded.set()
+            controls = list(self._controls)
+        for control in controls:
+            control.out_of_time(TIME_LIMIT_REASON)
 
-    def next_at(self) -> float:
-        return self.hard_at if self.soft_sent else self.soft_at
-
-
-class _Watcher(DueThread):
-    """The one thread per process (``hermes-time-limits``) that watches every open block's deadlines. A
-    thread per block was started and joined on every woken turn's way to codex (~0.2 ms of its ~5 ms from
-    the wake to ``turn/start`` on 2 cores, ``make bench-warm``)."""
-
-    thread_name = "hermes-time-limits"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._blocks: list[_Block] = []
-
-    def add(self, block: _Block) -> None:
-        with self._cond:
-            if self._ensure_started():
-                self._blocks = []  # a forked child's: the parent's blocks are not its threads
-            self._blocks.append(block)
-            self._cond.notify()
-
-    def remove(self, block: _Block) -> None:
-        with self._cond:
-            if block in self._blocks:
-                self._blocks.remove(block)
-
-    def _take_due(self, now: float) -> list[_Block]:
-        return [b for b in self._blocks if b.next_at() <= now]
-
-    def _next_at(self) -> float | None:
-        return min((b.next_at() for b in self._blocks), default=None)
-
-    def _run_due(self, block: _Block) -> None:
-        self._fire(block)
-
-    def _fire(self, block: _Block) -> None:
-        with block.lock:
-            if block.done:
-                return
-            if not block.soft_sent:
-                block.soft_sent = True
-                logger.warning("%s: past the soft time limit (%.0f s); raising SoftTimeLimitExceeded", block.what,
-                               block.soft)
-                _raise_in(block.ident, SoftTimeLimitExceeded)
-                return
-        self.remove(block)  # once: the kill ends the process
+    def _hard(self) -> None:
         logger.error("%s: past the hard time limit (%.0f s); killing this worker process, as Celery's hard "
-                     "limit would (the pool starts another; the turn's lease brings the turn back)", block.what,
-                     block.hard)
+                     "limit would (the pool starts another; the turn's lease brings the turn back)", self.what,
+                     self.hard)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-_WATCHER = _Watcher()
-
-
 @contextlib.contextmanager
-def thread_time_limits(*, soft: float, hard: float, what: str) -> Iterator[None]:
-    """For the block, in this thread: after ``soft`` seconds ``SoftTimeLimitExceeded`` is raised in it;
-    after ``hard`` seconds this process is killed (SIGKILL, logged first: ``what`` names the work). The
-    process's one watcher thread (``_Watcher``) keeps the deadlines; one raised as the block ends is
-    cleared, never leaks out after it."""
-    now = time.monotonic()
-    block = _Block(ident=threading.get_ident(), soft_at=now + soft, hard_at=now + max(hard, soft), what=what,
-                   soft=soft, hard=hard)
-    _WATCHER.add(block)
+def thread_time_limits(*, soft: float, hard: float, what: str,
+                       scheduler: Scheduler | None = None) -> Iterator[TimeLimits]:
+    """For the block: after ``soft`` seconds the turns it ``watch``es end (module docstring); after
+    ``hard`` seconds this process is killed (SIGKILL, logged first: ``what`` names the work). Both are
+    jobs on ``scheduler`` (default: this process's); cancelled when the block ends."""
+    if scheduler is None:
+        from .process import runtime
+
+        scheduler = runtime().scheduler
+    limits = TimeLimits(soft=soft, hard=max(hard, soft), what=what)
+    soft_job = scheduler.after(soft, limits._soft, name=f"soft time limit of {what}")
+    hard_job = scheduler.after(max(hard, soft), limits._hard, name=f"hard time limit of {what}")
     try:
-        yield
+        yield limits
     finally:
-        with block.lock:
-            block.done = True
-            _raise_in(block.ident, None)
-        _WATCHER.remove(block)
+        soft_job.cancel()
+        hard_job.cancel()

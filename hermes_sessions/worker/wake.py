@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import uuid
@@ -40,6 +39,7 @@ from ..latency_marks import mark
 from ..listener import Listener
 from ..services import routing
 from ..services.routing import WakeHint
+from .process import runtime
 
 logger = logging.getLogger(__name__)
 
@@ -144,52 +144,49 @@ class WakeListener:
 
 
 def in_long_lived_thread() -> bool:
-    """Whether this thread lives as long as its process (the main thread, a ``WakeListener``): only
+    """Whether this thread lives as long as its process (the main thread, a ``WakeListener``, the
+    scheduler's): only
     such a thread may spawn app-servers that outlive the turn, as ``PR_SET_PDEATHSIG`` kills a child
     when the thread that spawned it ends (``codex/launch.py``)."""
     current = threading.current_thread()
     return current is threading.main_thread() or bool(getattr(current, "hermes_long_lived", False))
 
 
-_listener: tuple[int, WakeListener] | None = None
-_listener_lock = threading.Lock()
-
-
 def wake_start(queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> WakeListener | None:
-    """Start this process's ``WakeListener`` for route ``queue`` once (after any fork); ``None`` when
-    ``queue`` is empty."""
-    global _listener
+    """Start this process's ``WakeListener`` for route ``queue`` once (``process.runtime().listener``);
+    ``None`` when ``queue`` is empty."""
     if not queue:
         return None
-    with _listener_lock:
-        if _listener is None or _listener[0] != os.getpid():
+    rt = runtime()
+    with rt.lock:
+        if rt.listener is None:
             listener = WakeListener(queue, run)
             listener.start()
-            _listener = (os.getpid(), listener)
-        return _listener[1]
+            rt.listener = listener
+        return rt.listener
 
 
 def wake_listening_now() -> bool:
     """Whether this process's ``WakeListener`` has its ``LISTEN`` in place now (the heartbeat's
     ``TurnWorker.wakeable``)."""
-    listener = _listener
-    return listener is not None and listener[0] == os.getpid() and listener[1].listening.is_set()
+    listener = runtime().listener
+    return listener is not None and listener.listening.is_set()
 
 
 def wake_listening() -> bool:
     """Whether this process has a running ``WakeListener`` (its deliveries may find turns already run)."""
-    return _listener is not None and _listener[0] == os.getpid()
+    return runtime().listener is not None
 
 
 def wake_stop(*, turn_timeout: float) -> None:
     """Worker shutdown: stop this process's listener, then wait (``turn_timeout`` seconds at most) for a
     turn it may be running to end, so the app-servers are closed after it, not under it."""
-    global _listener
-    with _listener_lock:
-        listener, _listener = _listener, None
-    if listener is None or listener[0] != os.getpid():
+    rt = runtime()
+    with rt.lock:
+        listener, rt.listener = rt.listener, None
+    if listener is None:
         return
-    listener[1].stop()
+    listener.stop()
     if _slot.acquire(timeout=turn_timeout):
         _slot.release()
     else:

@@ -14,15 +14,17 @@ from pathlib import Path
 import pytest
 
 from hermes_sessions.codex.rollout_files import RolloutBase
+from hermes_sessions.worker import process as process_mod
 from hermes_sessions.worker.warm import kept as kept_mod
-from hermes_sessions.worker.warm.kept import Keeper, KeptThread, keeper, resident_mb, rollout_stamp
+from hermes_sessions.worker.warm.kept import Keeper, KeptThread, keeper_make, resident_mb, rollout_stamp
 
 THREAD = "019a0000-0000-7000-8000-000000000001"
 CONFIG = {"sandbox": "workspace-write", "approval_policy": "never"}
 
 
 class FakeClient:
-    """What the keeper uses of an ``AppServerClient``: ``alive()``, ``pid``, ``close()``."""
+    """What the keeper and a turn use of an ``AppServerClient``: ``alive()``, ``pid``, ``close()``,
+    ``kill_nowait()`` (a time limit's end of it)."""
 
     def __init__(self, pid: int | None = None) -> None:
         self.pid, self.running, self.closes = pid, True, 0
@@ -32,6 +34,9 @@ class FakeClient:
 
     def close(self) -> None:
         self.closes += 1
+        self.running = False
+
+    def kill_nowait(self) -> None:
         self.running = False
 
 
@@ -92,7 +97,7 @@ def test_past_max_threads_the_least_recently_kept_is_closed_and_returned():
     assert k.keep(a) == [] and k.keep(b) == []
     assert k.keep(c) == [a]
     assert a.client.closes == 1 and (b.client.closes, c.client.closes) == (0, 0)
-    assert [s for s, _, _ in k.held()] == ["b", "c"]
+    assert [s for s, _, _ in k.kept_threads()] == ["b", "c"]
 
 
 def test_keeping_a_session_again_closes_its_old_copy_and_makes_it_most_recent():
@@ -102,23 +107,23 @@ def test_keeping_a_session_again_closes_its_old_copy_and_makes_it_most_recent():
     k.keep(b)
     assert k.keep(a2) == [a1] and a1.client.closes == 1
     assert k.keep(c) == [b]  # b is now the least recently kept
-    assert [s for s, _, _ in k.held()] == ["a", "c"] and a2.client.closes == 0
+    assert [s for s, _, _ in k.kept_threads()] == ["a", "c"] and a2.client.closes == 0
 
 
 def test_a_copy_that_ran_max_turns_is_recycled():
     k = make_keeper(max_turns=3)
     old = make_kept("a", turns=3)
     assert k.keep(old) == [old]
-    assert old.client.closes == 1 and k.held() == []
+    assert old.client.closes == 1 and k.kept_threads() == []
     young = make_kept("b", turns=2)
-    assert k.keep(young) == [] and k.held() == [("b", THREAD, 1)]
+    assert k.keep(young) == [] and k.kept_threads() == [("b", THREAD, 1)]
 
 
 def test_a_copy_above_max_rss_is_refused(sleeper):
     assert 0.5 <= resident_mb(sleeper.pid) < 64  # read from /proc/<pid>/status (VmRSS)
     k = make_keeper(max_rss_mb=0.25)
     big = make_kept("a", client=FakeClient(pid=sleeper.pid))
-    assert k.keep(big) == [big] and big.client.closes == 1 and k.held() == []
+    assert k.keep(big) == [big] and big.client.closes == 1 and k.kept_threads() == []
     roomy = make_keeper(max_rss_mb=512)
     ok = make_kept("b", client=FakeClient(pid=sleeper.pid))
     assert roomy.keep(ok) == [] and roomy.pids() == [sleeper.pid]
@@ -135,13 +140,13 @@ def test_a_dead_copy_is_not_kept():
     k = make_keeper()
     dead = make_kept("a")
     dead.client.running = False
-    assert k.keep(dead) == [dead] and k.held() == []
+    assert k.keep(dead) == [dead] and k.kept_threads() == []
 
 
 def test_keeping_off_keeps_nothing():
     for k in (make_keeper(max_threads=0), make_keeper(idle_seconds=0)):
         copy = make_kept("a")
-        assert k.keep(copy) == [copy] and copy.client.closes == 1 and k.held() == []
+        assert k.keep(copy) == [copy] and copy.client.closes == 1 and k.kept_threads() == []
 
 
 # --- expiry, release, take, shutdown ----------------------------------------------------------------
@@ -156,7 +161,7 @@ def test_expired_closes_idle_and_dead_copies_only():
     gone = k.expired()
     assert {g.session_id for g in gone} == {"idle", "dead"}
     assert idle.client.closes == 1 and dead.client.closes == 1 and fresh.client.closes == 0
-    assert [s for s, _, _ in k.held()] == ["fresh"]
+    assert [s for s, _, _ in k.kept_threads()] == ["fresh"]
     assert k.expired() == []
 
 
@@ -165,7 +170,7 @@ def test_release_closes_and_returns_the_copy():
     copy = make_kept("a")
     k.keep(copy)
     assert k.release("a", reason="taken elsewhere") is copy and copy.client.closes == 1
-    assert k.release("a", reason="again") is None and k.held() == []
+    assert k.release("a", reason="again") is None and k.kept_threads() == []
 
 
 def test_take_hands_the_copy_out_without_closing_it():
@@ -173,7 +178,7 @@ def test_take_hands_the_copy_out_without_closing_it():
     copy = make_kept("a")
     k.keep(copy)
     assert k.take("a") is copy and copy.client.closes == 0
-    assert k.take("a") is None and k.held() == [] and k.expired() == []
+    assert k.take("a") is None and k.kept_threads() == [] and k.expired() == []
 
 
 def test_close_all_closes_every_copy():
@@ -182,7 +187,7 @@ def test_close_all_closes_every_copy():
     for copy in copies:
         k.keep(copy)
     assert set(map(id, k.close_all())) == set(map(id, copies))
-    assert [c.client.closes for c in copies] == [1, 1, 1] and k.held() == [] and k.close_all() == []
+    assert [c.client.closes for c in copies] == [1, 1, 1] and k.kept_threads() == [] and k.close_all() == []
 
 
 def test_a_close_that_raises_does_not_stop_the_others():
@@ -203,32 +208,33 @@ def test_a_close_that_raises_does_not_stop_the_others():
 @pytest.mark.parametrize("setting", ["HERMES_WARM_IDLE_SECONDS", "HERMES_WARM_MAX_THREADS"])
 def test_no_keeper_when_keeping_is_off(settings, no_keeper, setting):
     setattr(settings, setting, 0)
-    assert keeper() is None and kept_mod.current_keeper() is None
+    assert keeper_make() is None and kept_mod.keeper_if_made() is None
 
 
 def test_the_keeper_is_made_once_per_process_with_the_settings(settings, no_keeper, monkeypatch):
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 30, 3
     settings.HERMES_WARM_MAX_TURNS, settings.HERMES_WARM_MAX_RSS_MB = 7, 100
-    assert kept_mod.current_keeper() is None
-    k = keeper()
-    assert k is not None and keeper() is k and kept_mod.current_keeper() is k
+    assert kept_mod.keeper_if_made() is None
+    k = keeper_make()
+    assert k is not None and keeper_make() is k and kept_mod.keeper_if_made() is k
     assert (k.max_threads, k.idle_seconds, k.max_turns, k.max_rss_mb) == (3, 30.0, 7, 100.0)
     # After a fork the child's pid differs: the parent's keeper (and its copies) is not the child's.
     parent_pid = os.getpid()
-    monkeypatch.setattr(kept_mod.os, "getpid", lambda: parent_pid + 1)
-    assert kept_mod.current_keeper() is None
-    child = keeper()
+    monkeypatch.setattr(process_mod, "_runtime", process_mod._runtime)  # the parent's comes back after the test
+    monkeypatch.setattr(process_mod.os, "getpid", lambda: parent_pid + 1)
+    assert kept_mod.keeper_if_made() is None
+    child = keeper_make()
     assert child is not None and child is not k
 
 
 def test_close_keeper_closes_this_process_copies(settings, no_keeper):
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 30, 3
-    k = keeper()
+    k = keeper_make()
     assert k is not None
     copy = make_kept("a")
     k.keep(copy)
     assert kept_mod.close_keeper() == [copy] and copy.client.closes == 1
-    assert kept_mod.current_keeper() is None
+    assert kept_mod.keeper_if_made() is None
 
 
 # --- usable_for -------------------------------------------------------------------------------------

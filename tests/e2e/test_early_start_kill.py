@@ -1,4 +1,4 @@
-"""A woken worker whose claim is late — codex stopped by the early turn/start's watchdog
+"""A woken worker whose claim is late — codex stopped by the early turn/start's pause
 (``worker/warm/early_start.py``) — killed with SIGKILL: no process of codex's may be left behind, stopped or
 not. ``pause`` stops the app-server process only: stopping codex's whole process group would stop sandbox
 helpers too (``bwrap … --die-with-parent`` being started then), and a helper stopped before it registered to
@@ -49,7 +49,7 @@ def test_a_worker_killed_while_codex_is_paused_leaves_no_process_of_codex_behind
     queue = workers.queue("a")
     _wait(lambda: TurnWorker.objects.filter(queue=queue, wakeable=True).exists(), 10, "not listening")
     # The test sends the wake itself, below, once another transaction holds the session's row lock (any writer
-    # of the session): the claim waits, and the watchdog stops codex 20 ms after turn/start.
+    # of the session): the claim waits, and the pause job stops codex 20 ms after turn/start.
     monkeypatch.setattr(dispatch, "routes_to_workers", lambda: False)  # the enqueue wakes nobody
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
     turn = services.turn_enqueue(session=session, input_text="paused", user=user)

@@ -1,6 +1,6 @@
 """Session affinity's database and broker side (``worker/affinity.py``, ``dispatch._route``, the
 ``warm_queue`` of ``turn_finalize``, the sweep of dead workers) and the execution steps that hand a
-loaded app-server to the keeper and back (``execution._take_kept``, ``execution._Held``).
+loaded app-server to the keeper and back (``execution._take_kept``, ``execution._Handover``).
 
 Real PostgreSQL and, where messages are sent, the real Redis broker; no codex runs: a kept copy's
 client is ``tests/codex/test_kept.FakeClient``. The end-to-end behaviour with real workers and the
@@ -32,7 +32,7 @@ from hermes_sessions.codex.runner import TurnControl, TurnOutcome, TurnRunError
 from hermes_sessions.models import CodexRollout, Turn, TurnWorker, WarmThread
 from hermes_sessions.services import dispatch, rollouts, routing
 from hermes_sessions.services.turns import TurnClaim
-from hermes_sessions.worker import affinity, execution
+from hermes_sessions.worker import affinity, execution, process
 from hermes_sessions.worker.warm import kept as kept_mod
 from project.celery import app as celery_app
 from tests.codex.test_kept import CONFIG, FakeClient, make_kept, write_rollout_file
@@ -81,7 +81,7 @@ def fresh_keeper(settings):
     """This process's keeper, made afresh for the test and closed after it."""
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 60.0, 4
     kept_mod.close_keeper()
-    k = kept_mod.keeper()
+    k = kept_mod.keeper_make()
     assert k is not None
     yield k
     kept_mod.close_keeper()
@@ -462,7 +462,7 @@ def test_a_tick_beats_releases_taken_copies_and_forgets_expired_ones(fresh_keepe
 
     affinity.AffinityLoop(fresh_keeper, queue).tick()
 
-    assert [s for s, _, _ in fresh_keeper.held()] == [keeps.pk]
+    assert [s for s, _, _ in fresh_keeper.kept_threads()] == [keeps.pk]
     assert copies[taken.pk].client.closes == 1 and copies[idle.pk].client.closes == 1
     assert copies[keeps.pk].client.closes == 0
     assert set(WarmThread.objects.values_list("session_id", "queue")) == {(keeps.pk, queue), (taken.pk, other)}
@@ -531,7 +531,7 @@ def test_a_usable_kept_copy_is_taken_for_the_turn(fresh_keeper, tmp_path):
     copy = _kept_on_disk(tmp_path, "s-use")
     fresh_keeper.keep(copy)
     assert execution._take_kept(_claim("s-use")) is copy
-    assert copy.client.closes == 0 and fresh_keeper.held() == []
+    assert copy.client.closes == 0 and fresh_keeper.kept_threads() == []
 
 
 @pytest.mark.parametrize("claim_kwargs", [
@@ -543,7 +543,7 @@ def test_an_unusable_kept_copy_is_closed_and_the_turn_runs_cold(fresh_keeper, tm
     copy = _kept_on_disk(tmp_path, "s-cold")
     fresh_keeper.keep(copy)
     assert execution._take_kept(_claim("s-cold", **claim_kwargs)) is None
-    assert copy.client.closes == 1 and fresh_keeper.held() == []
+    assert copy.client.closes == 1 and fresh_keeper.kept_threads() == []
 
 
 def test_no_kept_copy_without_a_keeper(settings):
@@ -552,14 +552,14 @@ def test_no_kept_copy_without_a_keeper(settings):
     assert execution._take_kept(_claim("s-none")) is None
 
 
-def _held_running(tmp_path: Path) -> tuple[execution._Held, FakeClient]:
+def _handover_running(tmp_path: Path) -> tuple[execution._Handover, FakeClient]:
     client = FakeClient(pid=None)
-    held = execution._Held(may_keep=True)
+    handover = execution._Handover(may_keep=True)
     home = tmp_path / "home"
     write_rollout_file(home, THREAD)
-    held.running = execution._Running(client=client, home=home, version="0.171.0",
+    handover.running = execution._Running(client=client, home=home, version="0.171.0",
                                       release=client.close, turns=2)
-    return held, client
+    return handover, client
 
 
 def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_keeper, tmp_path, monkeypatch):
@@ -568,15 +568,15 @@ def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_
     queue = own("a")
     monkeypatch.setenv(routing.OWN_ROUTE_ENV, queue)
     session = SessionFactory(owner=user)
-    held, client = _held_running(tmp_path)
+    handover, client = _handover_running(tmp_path)
     claim = _claimed(session, user, sent)
     outcome = _outcome(session)
-    assert held.queue() == queue
-    turn = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome, warm_queue=held.queue())
-    held.settle(claim, outcome, turn)
-    held.close()
+    assert handover.queue() == queue
+    turn = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome, warm_queue=handover.queue())
+    handover.settle(claim, outcome, turn)
+    handover.close()
     assert client.closes == 0 and started == [fresh_keeper]
-    [(session_id, thread_id, generation)] = fresh_keeper.held()
+    [(session_id, thread_id, generation)] = fresh_keeper.kept_threads()
     row = WarmThread.objects.get(session=session)
     assert (session_id, thread_id) == (session.pk, THREAD) and (row.queue, row.thread_id) == (queue, THREAD)
     assert generation == row.generation == CodexRollout.objects.get(thread_id=THREAD).generation
@@ -588,23 +588,23 @@ def test_settle_keeps_the_app_server_after_a_succeeded_commit(user, sent, fresh_
 def test_settle_closes_the_app_server_otherwise(user, sent, fresh_keeper, tmp_path, monkeypatch, case):
     monkeypatch.setattr(affinity, "affinity_start", lambda k, **_: None)
     session = SessionFactory(owner=user)
-    held, client = _held_running(tmp_path)
+    handover, client = _handover_running(tmp_path)
     claim = _claimed(session, user, sent)
     outcome = _outcome(session, status="failed" if case == "failed" else "completed")
     if case == "no rollout":
         outcome.rollout = None
     turn = services.turn_finalize(turn_id=claim.turn_id, token=claim.token, result=outcome, warm_queue=own("a"))
-    held.settle(claim, outcome, None if case == "not committed" else turn)
-    assert fresh_keeper.held() == [] and client.closes == 0
-    held.close()
-    assert client.closes == 1 and held.running is None
+    handover.settle(claim, outcome, None if case == "not committed" else turn)
+    assert fresh_keeper.kept_threads() == [] and client.closes == 0
+    handover.close()
+    assert client.closes == 1 and handover.running is None
 
 
-def test_a_held_app_server_may_not_be_kept_without_a_route(fresh_keeper, monkeypatch):
+def test_an_app_server_may_not_be_kept_without_a_route(fresh_keeper, monkeypatch):
     monkeypatch.delenv(routing.OWN_ROUTE_ENV, raising=False)
-    assert execution._Held().may_keep is False
+    assert execution._Handover().may_keep is False
     monkeypatch.setenv(routing.OWN_ROUTE_ENV, own("a"))
-    assert execution._Held().may_keep is True
+    assert execution._Handover().may_keep is True
 
 
 def test_a_turn_that_fails_on_a_kept_copy_releases_it(fresh_keeper, scripted_codex, tmp_path, monkeypatch):
@@ -625,16 +625,16 @@ def test_a_turn_that_fails_on_a_kept_copy_releases_it(fresh_keeper, scripted_cod
         raise TurnRunError("codex exited mid-turn", TurnOutcome(), before_turn_start=False)
 
     monkeypatch.setattr(execution, "drive_turn", fails)
-    held = execution._Held(may_keep=True)
+    handover = execution._Handover(may_keep=True)
     with pytest.raises(TurnRunError):
-        execution._run_once(_claim("s-fail"), TurnControl(), held=held)
-    assert copy.client.closes >= 1 and held.running is None
+        execution._run_once(_claim("s-fail"), TurnControl(), handover=handover)
+    assert copy.client.closes >= 1 and handover.running is None
     assert not spare_home.parent.exists()
 
 
 def test_a_turn_completed_on_a_kept_copy_is_held_for_keeping_again(fresh_keeper, scripted_codex, tmp_path, monkeypatch):
     """The warm path end to end but for codex: the copy runs the turn (no restore, no spawn), what the
-    turn appended is read while the process still runs, and the process is left in ``held``."""
+    turn appended is read while the process still runs, and the process is left in ``handover``."""
     home = tmp_path / "warm" / "home"
     before = b'{"turn":1}\n'
     path = write_rollout_file(home, THREAD, data=before)
@@ -650,12 +650,12 @@ def test_a_turn_completed_on_a_kept_copy_is_held_for_keeping_again(fresh_keeper,
         return TurnOutcome(thread_action="resumed", thread_id=THREAD, codex_turn_id="t2", status="completed")
 
     monkeypatch.setattr(execution, "drive_turn", completes)
-    held = execution._Held(may_keep=True)
-    outcome = execution._run_once(_claim("s-warm"), TurnControl(), held=held)
+    handover = execution._Handover(may_keep=True)
+    outcome = execution._run_once(_claim("s-warm"), TurnControl(), handover=handover)
     assert outcome.rollout.data == b'{"turn":2}\n' and outcome.rollout.base == copy.base
     assert (outcome.timings["warm"], outcome.timings["restore_ms"]) == (1, 0.0)
-    assert held.owns(copy.client) and held.running.turns == 2 and copy.client.closes == 0
-    held.close()
+    assert handover.owns(copy.client) and handover.running.turns == 2 and copy.client.closes == 0
+    handover.close()
     assert copy.client.closes == 1
 
 
@@ -736,12 +736,12 @@ def test_a_loop_that_finds_a_live_namesake_closes_its_copies_and_stops_keeping(
 
     loop.tick()
 
-    assert fresh_keeper.held() == [] and copies[s.pk].client.closes == 1
-    assert routing.own_route() == ""  # no more keeping in this process: _Held.may_keep is False
-    assert loop._stop.is_set()
+    assert fresh_keeper.kept_threads() == [] and copies[s.pk].client.closes == 1
+    assert routing.own_route() == ""  # no more keeping in this process: _Handover.may_keep is False
+    assert loop.yielded
     from hermes_sessions.worker import recovery
 
-    assert recovery._sweep_loop is not None  # it still sweeps, as a process without a route does
+    assert process.runtime().sweep is not None  # it still sweeps, as a process without a route does
     recovery.sweep_loop_stop()
     assert TurnWorker.objects.get(queue=queue).pid == live_namesake
     routing.worker_gone(queue=queue)  # this process's clean stop leaves the namesake's rows alone
@@ -840,15 +840,15 @@ def test_a_pool_process_starts_its_affinity_loop_or_else_a_sweep_loop(monkeypatc
     from project import celery as celery_module
 
     started: list = []
-    monkeypatch.setattr(kept, "keeper", lambda: fresh_keeper)
+    monkeypatch.setattr(kept, "keeper_make", lambda: fresh_keeper)
     monkeypatch.setattr(warm, "spare_pool", lambda: None)
     monkeypatch.setattr(recovery, "sweep_loop_start", lambda by: started.append(("sweep", by)))
     monkeypatch.setattr(execution, "start_affinity", lambda k: started.append(("affinity", k)) or "loop")
-    celery_module._fill_spares()
+    celery_module._start_worker_process()
     assert started == [("affinity", fresh_keeper)]
     started.clear()
     monkeypatch.setattr(execution, "start_affinity", lambda k: None)  # no route
-    celery_module._fill_spares()
+    celery_module._start_worker_process()
     assert started == [("sweep", f"worker process {os.getpid()}")]
 
 

@@ -2,7 +2,7 @@
 kept thread while it claims it — and kills that app-server when the claim does not let it stand.
 
 Real PostgreSQL, the pinned codex binary and the model stand-in, in this process: the session's first turn
-runs here and its app-server is kept (``execution._Held``, this process's keeper), then the second turn is
+runs here and its app-server is kept (``execution._Handover``, this process's keeper), then the second turn is
 run as its wake would run it (``turn_execute`` with the wake's ``WakeHint``). The whole path with real
 workers and the API: ``tests/e2e/test_affinity.py`` (``timings["early_start"]``).
 """
@@ -46,7 +46,7 @@ def keeping(settings, codex_dirs, real_codex_bin, stand_in, monkeypatch):
     monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
     monkeypatch.setattr(execution, "start_affinity", lambda k: None)  # no loop, no listener threads
     kept_mod.close_keeper()
-    k = kept_mod.keeper()
+    k = kept_mod.keeper_make()
     assert k is not None
     yield k
     kept_mod.close_keeper()
@@ -58,7 +58,7 @@ def _first_turn(user, *, sandbox: str = "read-only"):
     first = services.turn_enqueue(session=session, input_text="first", user=user)
     done = execution.turn_execute(turn_id=first.pk)
     assert done is not None and done.status == Turn.Status.SUCCEEDED, done and done.error
-    copy = kept_mod.current_keeper().peek(session.pk)
+    copy = kept_mod.keeper_if_made().peek(session.pk)
     assert copy is not None and copy.client.alive()
     return session, copy
 

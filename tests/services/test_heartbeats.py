@@ -1,4 +1,4 @@
-"""worker/heartbeats.py: the leases of a process's running turns, renewed by one thread per process."""
+"""worker/heartbeats.py: the leases of a process's running turns, renewed by jobs on its one scheduler thread."""
 from __future__ import annotations
 
 import threading
@@ -40,7 +40,7 @@ def test_each_claim_is_renewed_every_beat_while_it_runs_and_never_after(settings
     assert 6 <= n_a <= 9 and 4 <= n_b <= 6, (n_a, n_b)
     time.sleep(0.3)
     assert len(calls) == n_a + n_b  # nothing after the blocks ended
-    assert [t.name for t in threading.enumerate()].count("hermes-turn-heartbeats") >= 1
+    assert [t.name for t in threading.enumerate()].count("hermes-scheduler") == 1  # no thread per turn
 
 
 def test_a_claim_found_gone_is_abandoned_and_a_cancel_request_interrupts(settings, monkeypatch):
@@ -75,16 +75,17 @@ def test_a_failed_renewal_is_logged_and_tried_again_at_the_next_beat(settings, m
     assert f"turn {claim.turn_id}: heartbeat failed" in caplog.text
 
 
-def test_the_thread_lets_go_of_its_connection_once_no_turn_is_left(settings, monkeypatch):
-    """``_quiet`` (closing the thread's database connection) runs once after the last renewal, not while
-    turns run and not again while nothing happens (``due_threads.DueThread``)."""
+def test_the_heartbeats_of_many_turns_share_the_one_scheduler_thread(settings, monkeypatch):
     settings.HERMES_HEARTBEAT_SECONDS = 0.05
-    _answers(monkeypatch, lambda token: Heartbeat(held=True, cancel_requested=False))
-    quiet: list[int] = []
-    hb = heartbeats.TurnHeartbeats()
-    monkeypatch.setattr(hb, "_quiet", lambda: quiet.append(1))
-    with hb.beating(_claim(), TurnControl()):
+    threads: set[str] = set()
+
+    def beat(*, turn_id, token):
+        threads.add(threading.current_thread().name)
+        return Heartbeat(held=True, cancel_requested=False)
+
+    monkeypatch.setattr(heartbeats, "turn_heartbeat", beat)
+    hb = heartbeats.process_heartbeats()
+    assert heartbeats.process_heartbeats() is hb
+    with hb.beating(_claim(), TurnControl()), hb.beating(_claim(), TurnControl()):
         time.sleep(0.3)
-        assert quiet == []
-    time.sleep(0.4)
-    assert quiet == [1]
+    assert threads == {"hermes-scheduler"}

@@ -1,5 +1,5 @@
 """Lease recovery without beat: ``recovery.leases_take_back``, shared by the sweep and
-every keeping worker's affinity loop (``affinity.AffinityLoop``; its tick: ``test_affinity.py``), takes back running turns whose lease
+every keeping worker's affinity job (``affinity.AffinityLoop``; its tick: ``test_affinity.py``), takes back running turns whose lease
 expired — once, however many callers race, none waiting on another, none taking a live turn.
 
 Real PostgreSQL (transactional: the take-back is a durable transaction; racing callers need their own
@@ -221,7 +221,7 @@ def test_a_turn_cancelled_while_its_worker_was_lost_ends_cancelled_without_a_ret
 
 # --- workers without an affinity loop (more than one turn slot, keeping off): recovery.SweepLoop -----------
 
-def test_a_sweep_loop_takes_back_an_expired_turn_on_its_own_thread(sent, settings):
+def test_a_sweep_loop_takes_back_an_expired_turn_on_the_scheduler(sent, settings):
     settings.HERMES_WORKER_HEARTBEAT_SECONDS = 0.05
     lost = running_turn(expires_in=-1)
     loop = recovery.sweep_loop_start(by="worker process test")
@@ -234,7 +234,7 @@ def test_a_sweep_loop_takes_back_an_expired_turn_on_its_own_thread(sent, setting
     finally:
         recovery.sweep_loop_stop()
     assert sent == [lost.pk] and take_back_events(lost) == 1
-    assert not loop._thread.is_alive()
+    assert loop.job is not None and loop.job.cancelled
 
 
 def test_a_pool_process_without_a_route_runs_the_sweep_loop(monkeypatch):
@@ -250,9 +250,9 @@ def test_a_pool_process_without_a_route_runs_the_sweep_loop(monkeypatch):
     monkeypatch.setattr(recovery, "sweep_loop_start", lambda by: started.append(by))
     for keeper, affinity_loop, expected in [(None, None, 1), (object(), None, 1), (object(), object(), 0)]:
         started.clear()
-        monkeypatch.setattr(kept, "keeper", lambda k=keeper: k)
+        monkeypatch.setattr(kept, "keeper_make", lambda k=keeper: k)
         monkeypatch.setattr(execution, "start_affinity", lambda k, loop=affinity_loop: loop)
-        celery_module._fill_spares()
+        celery_module._start_worker_process()
         assert len(started) == expected, (keeper, affinity_loop)
 
 

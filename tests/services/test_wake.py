@@ -21,7 +21,7 @@ from hermes_sessions import services, tasks, worker
 from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Turn, TurnWorker
 from hermes_sessions.services import pipelining, routing
-from hermes_sessions.worker import execution, wake
+from hermes_sessions.worker import execution, process, wake
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory
 
@@ -334,7 +334,7 @@ def test_a_wake_sent_1_5_s_after_the_listeners_backend_is_killed_is_received():
 def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkeypatch):
     started: list = []
     monkeypatch.setattr(wake.WakeListener, "start", lambda self: started.append(self))
-    monkeypatch.setattr(wake, "_listener", None)
+    monkeypatch.setattr(process.runtime(), "listener", None)
     assert wake.wake_start("", run=lambda *_: None) is None  # no own queue
     queue = own("once")
     one = wake.wake_start(queue, run=lambda *_: None)
@@ -342,11 +342,11 @@ def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkey
     assert wake.wake_listening() and not wake.wake_listening_now()  # started, not yet listening
     one.listening.set()
     assert wake.wake_listening_now()
-    monkeypatch.setattr(wake, "_listener", (os.getpid() + 1, one))  # a forked child sees its parent's
+    monkeypatch.setattr(process, "_runtime", process.Runtime(pid=os.getpid() + 1, listener=one))  # a forked child's
     assert not wake.wake_listening() and not wake.wake_listening_now()
-    monkeypatch.setattr(wake, "_listener", (os.getpid(), one))
+    monkeypatch.setattr(process.runtime(), "listener", one)
     wake.wake_stop(turn_timeout=1)
-    assert wake._listener is None and not wake.wake_listening() and one.stopping
+    assert process.runtime().listener is None and not wake.wake_listening() and one.stopping
 
 
 # --- one turn at a time ---------------------------------------------------------------------------------
@@ -386,7 +386,9 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
         assert free
     hint = routing.WakeHint(text="hi", sent_at=time.time())
     execution.turn_execute_woken(turn_id, "s-1", hint)
+    [limits] = [r.pop("limits") for r in ran]
     assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True, "session_id": "s-1", "hint": hint}]
+    assert limits is not None and limits.what == f"woken turn {turn_id}"  # the task's time limits watch it
 
 
 def test_a_woken_turn_that_waited_for_the_slot_loses_its_hint(settings, monkeypatch):
@@ -402,10 +404,10 @@ def test_a_woken_turn_that_waited_for_the_slot_loses_its_hint(settings, monkeypa
 def test_a_celery_delivery_waits_for_a_woken_turn_only_where_a_listener_runs(monkeypatch):
     _, release = _held_slot()
     try:
-        monkeypatch.setattr(wake, "_listener", None)
+        monkeypatch.setattr(process.runtime(), "listener", None)
         with wake.delivery_slot():  # no listener: nothing else runs turns here
             pass
-        monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
+        monkeypatch.setattr(process.runtime(), "listener", object())
         entered = threading.Event()
 
         def deliver() -> None:
@@ -431,7 +433,7 @@ def test_a_delivery_stuck_behind_a_woken_turn_leaves_its_turn_to_the_sweep(user,
     ran: list = []
     sent: list = []
     monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
-    monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
+    monkeypatch.setattr(process.runtime(), "listener", object())
     queued = TurnFactory(session=SessionFactory(owner=user), seq=1, status=Turn.Status.QUEUED,
                          dispatched_at=timezone.now())
     _, release = _held_slot()  # the woken turn runs on the listener's thread
@@ -453,13 +455,13 @@ def test_a_delivery_stuck_behind_a_woken_turn_leaves_its_turn_to_the_sweep(user,
 
 def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
     listener = wake.WakeListener(own("stop"), lambda *_: None)
-    monkeypatch.setattr(wake, "_listener", (os.getpid(), listener))
+    monkeypatch.setattr(process.runtime(), "listener", listener)
     _, release = _held_slot()
     threading.Timer(0.3, release.set).start()
     t0 = time.monotonic()
     wake.wake_stop(turn_timeout=5)
     assert 0.2 < time.monotonic() - t0 < 4 and "still runs" not in caplog.text
-    monkeypatch.setattr(wake, "_listener", (os.getpid(), listener))
+    monkeypatch.setattr(process.runtime(), "listener", listener)
     _, release = _held_slot()
     try:
         wake.wake_stop(turn_timeout=0.1)
@@ -471,7 +473,7 @@ def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
 def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypatch, django_assert_num_queries):
     ran: list = []
     monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
-    monkeypatch.setattr(wake, "_listener", (os.getpid(), object()))
+    monkeypatch.setattr(process.runtime(), "listener", object())
     session = SessionFactory(owner=user)
     done = TurnFactory(session=session, seq=1, status=Turn.Status.SUCCEEDED)
     queued = TurnFactory(session=session, seq=2, status=Turn.Status.QUEUED)
@@ -479,39 +481,74 @@ def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypa
         assert tasks.run_turn.run(str(done.pk))["turn_status"] == "skipped"
     tasks.run_turn.run(str(queued.pk))
     assert ran == [str(queued.pk)]
-    monkeypatch.setattr(wake, "_listener", None)
+    monkeypatch.setattr(process.runtime(), "listener", None)
     tasks.run_turn.run(str(done.pk))  # no listener: the claim decides, as always
     assert ran == [str(queued.pk), str(done.pk)]
 
 
 # --- a woken turn's time limits (Celery enforces its own only in its tasks) ----------------------------
 
-def test_past_the_soft_limit_a_woken_turn_gets_soft_time_limit_exceeded_in_its_thread(monkeypatch):
-    from celery.exceptions import SoftTimeLimitExceeded
+class _Codex:
+    """An app-server the turn blocks on: ``kill_nowait`` ends the blocked read (as a SIGKILL's EOF does)."""
 
+    def __init__(self) -> None:
+        self.killed = threading.Event()
+
+    def kill_nowait(self) -> None:
+        self.killed.set()
+
+    def read(self, timeout: float) -> None:
+        """A blocked read of codex: ``TransportError`` once the process is killed."""
+        from hermes_sessions.codex.errors import TransportError
+
+        if self.killed.wait(timeout):
+            raise TransportError("codex app-server exited")
+
+
+def test_past_the_soft_limit_a_woken_turns_codex_is_ended_and_its_blocked_read_raises(monkeypatch):
+    from hermes_sessions.codex.errors import TransportError
+    from hermes_sessions.codex.runner import TurnControl
     from hermes_sessions.worker import time_limits
 
     killed: list = []
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    codex, control = _Codex(), TurnControl()
     t0 = time.monotonic()
-    with pytest.raises(SoftTimeLimitExceeded):
-        with time_limits.thread_time_limits(soft=0.2, hard=30, what="test"):
-            while time.monotonic() - t0 < 10:
-                time.sleep(0.01)  # a turn waiting in short steps, as codex's client does
+    with pytest.raises(TransportError):
+        with time_limits.thread_time_limits(soft=0.2, hard=30, what="test") as limits:
+            limits.watch(control)
+            control.attach(codex.kill_nowait)
+            codex.read(timeout=10)  # one long blocked read: nothing is raised into this thread
     assert 0.15 < time.monotonic() - t0 < 2 and killed == []
+    assert control.time_limit == time_limits.TIME_LIMIT_REASON and control.stopping()
+
+
+def test_a_control_attached_after_the_soft_limit_ends_its_codex_at_once(monkeypatch):
+    from hermes_sessions.codex.runner import TurnControl
+    from hermes_sessions.worker import time_limits
+
+    monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: None)
+    with time_limits.thread_time_limits(soft=0.05, hard=30, what="test") as limits:
+        assert limits.exceeded.wait(2)
+        control, codex = TurnControl(), _Codex()
+        limits.watch(control)  # e.g. the soft limit passed while the turn was being claimed
+        control.attach(codex.kill_nowait)
+        assert codex.killed.is_set() and control.time_limit
 
 
 def test_a_block_that_ends_in_time_gets_nothing_after_it(monkeypatch):
+    from hermes_sessions.codex.runner import TurnControl
     from hermes_sessions.worker import time_limits
 
     killed: list = []
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
-    with time_limits.thread_time_limits(soft=0.2, hard=0.4, what="test"):
+    control, codex = TurnControl(), _Codex()
+    with time_limits.thread_time_limits(soft=0.2, hard=0.4, what="test") as limits:
+        limits.watch(control)
+        control.attach(codex.kill_nowait)
         time.sleep(0.01)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 0.6:  # past both limits: no exception, no kill
-        time.sleep(0.01)
-    assert killed == []
+    time.sleep(0.6)  # past both limits: no kill of codex, none of the process
+    assert killed == [] and not codex.killed.is_set() and not control.time_limit
 
 
 def test_past_the_hard_limit_the_process_is_killed_as_celery_would(monkeypatch, caplog):
@@ -522,14 +559,32 @@ def test_past_the_hard_limit_the_process_is_killed_as_celery_would(monkeypatch, 
     killed: list = []
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: killed.append((pid, sig)))
     with time_limits.thread_time_limits(soft=0.1, hard=0.3, what="woken turn t"):
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 1.0:
-            try:
-                time.sleep(0.01)
-            except BaseException:  # noqa: BLE001 — a turn that swallows the soft limit (a bug) meets the hard one
-                pass
+        time.sleep(1.0)  # a turn that does not notice its codex ended (a bug) meets the hard limit
     assert killed == [(os.getpid(), signals.SIGKILL)]
     assert "past the hard time limit" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_woken_turn_past_its_soft_limit_ends_failed_with_the_reason(settings, monkeypatch, user, scripted_codex):
+    """The real run: a turn whose codex never completes is ended at the soft limit — its app-server
+    killed, the turn ``failed`` with ``TIME_LIMIT_REASON``, not retried — before the runner's own
+    deadline (``CODEX_TURN_TIMEOUT``)."""
+    from hermes_sessions.worker import time_limits
+
+    monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: None)
+    settings.CODEX_TURN_TIMEOUT = 30
+    monkeypatch.setattr(execution, "turn_time_limits", lambda: (1, 60))
+    from hermes_sessions.services import dispatch
+
+    monkeypatch.setattr(dispatch, "turn_dispatch_on_commit", lambda *a, **kw: None)
+    scripted_codex.script({"turn/start": [{"no_completion": True}]})
+    session = services.session_create(owner=user, session_id="soft-limit")
+    turn = services.turn_enqueue(session=session, input_text="hang", user=user)
+    t0 = time.monotonic()
+    execution.turn_execute_woken(turn.pk, session.pk)
+    turn.refresh_from_db()
+    assert (turn.status, turn.error) == ("failed", time_limits.TIME_LIMIT_REASON)
+    assert time.monotonic() - t0 < 15 and turn.attempt == 1
 
 
 def test_a_woken_turn_runs_under_the_tasks_time_limits(settings, monkeypatch):
@@ -545,28 +600,28 @@ def test_a_woken_turn_runs_under_the_tasks_time_limits(settings, monkeypatch):
     assert limits["soft"] >= settings.CODEX_TURN_TIMEOUT + 60
 
 
-def test_blocks_share_one_watcher_thread_per_process(monkeypatch):
-    """No thread started per block (it was one per woken turn, on its way to codex): one watcher for all."""
-    from celery.exceptions import SoftTimeLimitExceeded
-
+def test_blocks_share_the_one_scheduler_thread(monkeypatch):
+    """No thread started per block (it was one per woken turn, on its way to codex): the time limits are
+    jobs on the process's scheduler."""
+    from hermes_sessions.codex.runner import TurnControl
     from hermes_sessions.worker import time_limits
 
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: None)
-    results: list[bool] = []
+    ended: list[str] = []
 
     def block() -> None:
-        try:
-            with time_limits.thread_time_limits(soft=0.2, hard=30, what="test"):
-                t0 = time.monotonic()
-                while time.monotonic() - t0 < 5:
-                    time.sleep(0.01)  # in short steps, as codex's client waits
-        except SoftTimeLimitExceeded:
-            results.append(True)
+        control, codex = TurnControl(), _Codex()
+        with time_limits.thread_time_limits(soft=0.2, hard=30, what="test") as limits:
+            limits.watch(control)
+            control.attach(codex.kill_nowait)
+            if codex.killed.wait(5):
+                ended.append(control.time_limit)
 
     threads = [threading.Thread(target=block) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
-    assert results == [True, True, True]
-    assert [t.name for t in threading.enumerate()].count("hermes-time-limits") == 1
+    assert ended == [time_limits.TIME_LIMIT_REASON] * 3
+    names = [t.name for t in threading.enumerate()]
+    assert names.count("hermes-scheduler") == 1 and "hermes-time-limits" not in names

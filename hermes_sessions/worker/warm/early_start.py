@@ -16,7 +16,8 @@ stored thread, generation, config or input is not the kept copy's — the app-se
 still this worker's, then runs cold. Killed within a claim's round trip, codex has not reached the
 model (above), so an abandoned early start costs nothing but the copy. A claim can be late (a lock
 held by another writer of the session, a slow database, a busy host): ``PAUSE_AFTER_SECONDS`` after
-``turn/start`` a watchdog thread (``Watchdog``) stops the app-server process (SIGSTOP; not its group, whose
+``turn/start`` a job on the process's scheduler (``worker/scheduler.py``, whose jobs never block for
+long, so nothing delays it) stops the app-server process (SIGSTOP; not its group, whose
 sandbox helpers could be stopped before they registered to die with their parent — ``AppServerClient.pause``)
 until the claim is confirmed (SIGCONT, ``timings["early_start_paused"]``; the stopped time extends
 ``turn/start``'s deadline) or not (SIGKILL): unpaused, a claim 60 ms late would let codex ask the model, and run a
@@ -41,11 +42,9 @@ first as before:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -57,7 +56,9 @@ from ...codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ...latency_marks import mark
 from ...services.routing import WakeHint
 from ...services.turns import TurnClaim
-from .kept import KeptThread, current_keeper, rollout_stamp
+from ..process import runtime
+from ..scheduler import Job
+from .kept import KeptThread, keeper_if_made, rollout_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +88,13 @@ class EarlyStart:
     text: str
     taken: bool = False
     paused: bool = False  # the claim was late: codex is (or was) stopped until it is confirmed
-    settled: bool = False  # confirmed or aborted: the watchdog leaves it alone
+    settled: bool = False  # confirmed or aborted: the pause job leaves it alone
     _paused_at: float = 0.0  # time.monotonic() of the pause
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _pause_job: Job | None = field(default=None, repr=False)
 
     def _late(self) -> None:
-        """The watchdog's: the claim is not confirmed ``PAUSE_AFTER_SECONDS`` after ``turn/start`` — stop
+        """The pause job's (on the scheduler): the claim is not confirmed ``PAUSE_AFTER_SECONDS`` after ``turn/start`` — stop
         codex before it can ask the model or run anything."""
         with self._lock:
             if self.settled:
@@ -104,7 +106,8 @@ class EarlyStart:
     def _settle(self) -> None:
         with self._lock:
             self.settled = True
-        WATCHDOG.disarm(self._late)
+        if self._pause_job is not None:
+            self._pause_job.cancel()
 
     def confirm(self, claim: TurnClaim | None) -> str:
         """Why the claim does not let this start stand (``""``: it does): no claim, a re-run, another
@@ -161,7 +164,7 @@ def early_start(*, turn_id: uuid.UUID, session_id: str, hint: WakeHint | None) -
     age = time.time() - hint.sent_at
     if not -CLOCK_SLACK_SECONDS <= age < max_age():
         return None
-    k = current_keeper()
+    k = keeper_if_made()
     kept = k.peek(session_id) if k is not None else None
     if k is None or kept is None or kept.config.get("sandbox") != "read-only" or not kept.client.alive():
         return None
@@ -172,7 +175,7 @@ def early_start(*, turn_id: uuid.UUID, session_id: str, hint: WakeHint | None) -
     if rollout_stamp(kept.home, kept.thread_id) != kept.stamp:
         return None
     taken = k.take(session_id)
-    if taken is not kept:  # released or replaced since the look (the affinity loop's thread)
+    if taken is not kept:  # released or replaced since the look (the affinity job, on the scheduler)
         if taken is not None:
             k.keep(taken)
         return None
@@ -181,7 +184,8 @@ def early_start(*, turn_id: uuid.UUID, session_id: str, hint: WakeHint | None) -
         mark("codex.turn_start.sent", turn_id)
         pending = kept.client.send_request("turn/start", params, timeout=settings.CODEX_REQUEST_TIMEOUT)
         early = EarlyStart(turn_id=turn_id, kept=kept, pending=pending, text=hint.text)
-        WATCHDOG.arm(PAUSE_AFTER_SECONDS, early._late)
+        early._pause_job = runtime().scheduler.after(PAUSE_AFTER_SECONDS, early._late,
+                                                     name=f"early-start pause of turn {turn_id}")
     except CodexError as exc:
         logger.info("turn %s: early turn/start not sent (%s); the turn runs cold", turn_id, exc)
         _drop(kept)
@@ -197,50 +201,3 @@ def _drop(kept: KeptThread) -> None:
         kept.client.kill()
     finally:
         kept.close()
-
-
-class Watchdog:
-    """One daemon thread per process that calls an armed function once its time has come, unless it was
-    disarmed first; one armed at a time (a process runs one woken turn at a time, ``wake.turn_slot``).
-    The thread is started on first use after any fork."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._armed: tuple[float, Callable[[], None]] | None = None
-        self._pid = 0
-
-    def arm(self, after: float, fire: Callable[[], None]) -> None:
-        """Call ``fire`` (on the watchdog's thread) ``after`` seconds from now, replacing what was armed."""
-        with self._cv:
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="hermes-early-start", daemon=True).start()
-            self._armed = (time.monotonic() + after, fire)
-            self._cv.notify()
-
-    def disarm(self, fire: Callable[[], None]) -> None:
-        """Forget ``fire`` if it is still armed (a no-op once it ran)."""
-        with self._cv:
-            if self._armed is not None and self._armed[1] == fire:
-                self._armed = None
-                self._cv.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                if self._armed is None:
-                    self._cv.wait()
-                    continue
-                at, fire = self._armed
-                left = at - time.monotonic()
-                if left > 0:
-                    self._cv.wait(left)
-                    continue
-                self._armed = None
-            try:
-                fire()
-            except Exception:  # noqa: BLE001 — the watchdog must outlive one failing call
-                logger.exception("early start watchdog: %r failed", fire)
-
-
-WATCHDOG = Watchdog()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +37,7 @@ from django.conf import settings
 
 from ...codex.client import AppServerClient
 from ...codex.rollout_files import RolloutBase, find_rollout
+from ..process import runtime
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Keeper:
             _close(kept)
         return kept
 
-    def held(self) -> list[tuple[str, str, int]]:
+    def kept_threads(self) -> list[tuple[str, str, int]]:
         """``(session id, thread id, generation)`` of every kept copy."""
         with self._lock:
             return [(k.session_id, k.thread_id, k.base.generation) for k in self._kept.values()]
@@ -206,41 +206,34 @@ def _close(kept: KeptThread) -> None:
         logger.exception("session %s: closing its kept app-server failed", kept.session_id)
 
 
-_keeper: tuple[int, Keeper] | None = None
-_keeper_lock = threading.Lock()
-
-
-def keeper() -> Keeper | None:
-    """This process's keeper (made on first use, after any fork), or ``None`` when keeping is off:
-    ``HERMES_WARM_IDLE_SECONDS`` or ``HERMES_WARM_MAX_THREADS`` is 0."""
-    global _keeper
+def keeper_make() -> Keeper | None:
+    """This process's keeper, made now if it was not (``process.runtime().keeper``), or ``None`` when
+    keeping is off: ``HERMES_WARM_IDLE_SECONDS`` or ``HERMES_WARM_MAX_THREADS`` is 0."""
     if float(settings.HERMES_WARM_IDLE_SECONDS) <= 0 or int(settings.HERMES_WARM_MAX_THREADS) <= 0:
         return None
-    with _keeper_lock:
-        if _keeper is None or _keeper[0] != os.getpid():  # a keeper made before a fork belongs to the parent
-            _keeper = (os.getpid(), Keeper(
+    rt = runtime()
+    with rt.lock:
+        if rt.keeper is None:
+            rt.keeper = Keeper(
                 max_threads=int(settings.HERMES_WARM_MAX_THREADS),
                 idle_seconds=float(settings.HERMES_WARM_IDLE_SECONDS),
                 max_turns=int(settings.HERMES_WARM_MAX_TURNS),
                 max_rss_mb=float(settings.HERMES_WARM_MAX_RSS_MB),
-            ))
-        return _keeper[1]
+            )
+        return rt.keeper
 
 
-def current_keeper() -> Keeper | None:
-    """This process's keeper if one was made (no side effect)."""
-    k = _keeper
-    return k[1] if k is not None and k[0] == os.getpid() else None
+def keeper_if_made() -> Keeper | None:
+    """This process's keeper if one was made (``keeper_make``); makes none."""
+    return runtime().keeper
 
 
 def close_keeper() -> list[KeptThread]:
     """Close every kept app-server of this process (worker shutdown, tests); returns them."""
-    global _keeper
-    with _keeper_lock:
-        k, _keeper = _keeper, None
-    if k is not None and k[0] == os.getpid():
-        return k[1].close_all()
-    return []
+    rt = runtime()
+    with rt.lock:
+        k, rt.keeper = rt.keeper, None
+    return k.close_all() if k is not None else []
 
 
 atexit.register(close_keeper)

@@ -10,12 +10,17 @@ thread moved onto a spare gets one more skills developer message on its next mod
 
 Lifecycle (one pool per worker *process*; ``spare_pool()``):
 
-* ``size`` spares at most, spawned by the pool's own filler thread (a daemon thread that lives as long
-  as the process: ``PR_SET_PDEATHSIG`` fires when the *thread* that spawned a child ends, so spawning
-  from short-lived threads would kill the spares at once);
+* ``size`` spares at most, started by a job on the process's scheduler (``worker/scheduler.py``; its
+  thread lives as long as the process: ``PR_SET_PDEATHSIG`` fires when the *thread* that spawned a child
+  ends, so spawning from short-lived threads would kill the spares at once). The scheduler's jobs must
+  not block, so a start only spawns the process and sends ``initialize`` (``AppServerClient.launch``);
+  the codex client's reader thread takes the answer in, and the next check (``CHECK_STARTING_SECONDS``
+  later) counts the spare ready once its answer is in (``Spare.started``);
 * a spare is used for one turn (``take``), then closed and its home removed by the caller
   (``Spare.discard``): nothing of one session is ever in a process that later serves another;
-* a spare older than ``max_age`` seconds, or whose process died, is replaced, never handed out;
+* a spare older than ``max_age`` seconds, or whose process died, is replaced, never handed out; it is
+  retired without waiting: SIGKILL now (``AppServerClient.kill_nowait``), reaped and its home removed
+  by a job ``REAP_AFTER_SECONDS`` later;
 * ``close()`` (the worker's ``worker_process_shutdown``, and ``atexit``) closes them all; a worker
   killed with SIGKILL takes them with it (each spare is spawned with ``PR_SET_PDEATHSIG = SIGKILL``,
   and in its own process group, which ``AppServerClient.close`` kills);
@@ -39,21 +44,28 @@ from typing import Any
 
 from django.conf import settings
 
-from ...codex.client import AppServerClient, ServerRequestHandler
+from ...codex.client import AppServerClient, PendingRequest, ServerRequestHandler
 from ...codex.launch import SessionHome, app_server_argv, app_server_env, write_home_config
+from ..process import runtime
+from ..scheduler import Job, Scheduler
 
 logger = logging.getLogger(__name__)
 
 UNLOAD_AT_ONCE = ["-c", "thread_unload_delay_secs=0"]  # docs/codex.md §11
 SPARE_PREFIX = ".spare-"
+CHECK_STARTING_SECONDS = 0.02  # how often a starting spare's initialize answer is looked for
+REAP_AFTER_SECONDS = 0.2  # a retired (SIGKILLed) spare is reaped and its home removed this much later
+FAILED_START_PAUSE_SECONDS = 5.0  # after a spare that could not start: do not spin on a broken binary
 _PR_SET_PDEATHSIG = 1
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up once: the child of a fork only calls it
+
+
 def die_with_parent() -> None:
-    """``preexec_fn`` of a spare: SIGKILL it when the thread that spawned it (the filler) ends, i.e.
+    """``preexec_fn`` of a spare: SIGKILL it when the thread that spawned it (the scheduler's) ends, i.e.
     when the worker process dies, however it dies (kill -9 included). Linux only."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclass
@@ -67,7 +79,33 @@ class Spare:
     init: dict[str, Any]
     born: float
     handler: ServerRequestHandler | None = None
+    launched: bool = True  # its readers run and ``initialize`` was sent (``launch``); a new spare's is False
+    initialize: PendingRequest | None = None  # ``launch``'s, until ``started`` read it
     _discarded: bool = field(default=False, repr=False)
+
+    def launch(self) -> None:
+        """Start the client's reader threads and send ``initialize`` (``AppServerClient.launch``: no wait)."""
+        self.launched = True
+        self.initialize = self.client.launch()
+
+    def started(self) -> bool | None:
+        """Whether its ``initialize`` answer is in and good (``init`` is set, ``initialized`` sent);
+        ``None`` while it is not in yet (or not ``launch``ed). Never waits. ``False``: the start failed
+        (the caller retires it)."""
+        if not self.launched:
+            return None
+        if self.initialize is None:
+            return True
+        if not self.initialize.answered():
+            return None
+        pending, self.initialize = self.initialize, None
+        try:
+            self.init = pending.result()  # in already: no wait
+            self.client.notify("initialized")
+        except Exception as exc:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
+            logger.warning("codex spare app-server did not start: %s", exc)
+            return False
+        return True
 
     def answer(self, method: str, params: dict) -> dict:
         if self.handler is None:
@@ -85,31 +123,37 @@ class Spare:
 
 class SparePool:
     """At most ``size`` spares kept ready; see the module docstring. ``take`` never waits: no ready
-    spare means ``None`` (the caller runs the turn cold)."""
+    spare means ``None`` (the caller runs the turn cold). Its jobs run on ``scheduler`` (default: this
+    process's, ``process.runtime()``); ``start`` (default ``start_spare``) must not block."""
 
-    def __init__(self, size: int, *, max_age: float, spawn: Callable[[SessionHome], Spare] | None = None) -> None:
+    def __init__(self, size: int, *, max_age: float, start: Callable[[SessionHome], Spare] | None = None,
+                 scheduler: Scheduler | None = None) -> None:
         self.size, self.max_age = size, max_age
-        self._spawn = spawn or spawn_spare
+        self._start = start or start_spare
+        self._scheduler = scheduler or runtime().scheduler
+        self._starting: list[Spare] = []
         self._ready: list[Spare] = []
+        self._retiring: list[Spare] = []  # SIGKILLed, not yet reaped
         self._cv = threading.Condition()
         self._closed = False
         self._counter = 0
+        self._job: Job | None = None
         self.spawned = 0  # how many spares this pool started (tests, bench)
         _remove_orphaned_homes()
-        self._filler = threading.Thread(target=self._fill_forever, name="codex-spare-filler", daemon=True)
-        self._filler.start()
+        self._check_in(0.0)
 
     def take(self) -> Spare | None:
-        """A ready, live spare (removed from the pool), or ``None``. Wakes the filler to replace it."""
+        """A ready, live spare (removed from the pool), or ``None``. Asks for a replacement at once."""
         with self._cv:
-            while self._ready:
-                spare = self._ready.pop(0)
-                if spare.client.alive() and time.monotonic() - spare.born < self.max_age:
-                    self._cv.notify_all()
-                    return spare
-                self._retire(spare)
-            self._cv.notify_all()
-            return None
+            spare = None
+            while self._ready and spare is None:
+                candidate = self._ready.pop(0)
+                if self._fresh(candidate, time.monotonic()):
+                    spare = candidate
+                else:
+                    self._retire(candidate)
+        self._check_in(0.0)
+        return spare
 
     def ready(self) -> int:
         with self._cv:
@@ -131,60 +175,121 @@ class SparePool:
             return [pid for s in self._ready if (pid := s.client.pid) is not None]
 
     def close(self) -> None:
-        """Stop the filler and close every ready spare (idempotent)."""
+        """Stop checking and close every spare, ready or starting (idempotent; waits for them: worker
+        shutdown, not a scheduler job)."""
         with self._cv:
             self._closed = True
-            spares, self._ready = self._ready, []
+            job, self._job = self._job, None  # the check under way, if one is: it ends first
             self._cv.notify_all()
+        self._scheduler.cancel(job, wait=5.0)
+        with self._cv:
+            spares = self._ready + self._starting + self._retiring
+            self._ready, self._starting, self._retiring = [], [], []
         for spare in spares:
             spare.discard()
-        if self._filler is not threading.current_thread():
-            self._filler.join(timeout=30)
 
-    def _retire(self, spare: Spare) -> None:
-        # Closing takes ~30 ms; do it off the caller's path.
-        threading.Thread(target=spare.discard, name="codex-spare-retire", daemon=True).start()
+    # ------------------------------------------------------------------ the scheduler's jobs
 
-    def _fill_forever(self) -> None:
-        while True:
-            with self._cv:
-                while not self._closed and len(self._ready) >= self.size and not self._stale_locked():
-                    self._cv.wait(timeout=max(1.0, self.max_age / 4))
-                if self._closed:
-                    return
-                now = time.monotonic()
-                for spare in [s for s in self._ready if not s.client.alive() or now - s.born >= self.max_age]:
-                    self._ready.remove(spare)
-                    self._retire(spare)
-                if len(self._ready) >= self.size:
-                    continue
+    def _check_in(self, seconds: float) -> None:
+        """(Re)schedule the check ``seconds`` from now, unless one is due sooner. A slow job: it may spawn
+        or launch a spare (``scheduler.py``'s rule)."""
+        due = time.monotonic() + seconds
+        with self._cv:
+            if self._closed or (self._job is not None and not self._job.cancelled and self._job.due <= due):
+                return
+            if self._job is not None:
+                self._job.cancel()
+            self._job = self._scheduler.at(due, self._check, name="spares: check and start", slow=True)
+
+    def _check(self) -> None:
+        """One round (a slow scheduler job, a few ms): count started spares ready, retire failed, dead
+        and stale ones, then one step of a start — ``launch`` a spawned spare, or spawn one more — and
+        schedule the next round (at once after a spawn, so its launch is the next step)."""
+        with self._cv:
+            if self._closed:
+                return
+            current = self._job  # stays set while it runs: ``close`` waits for it
+            self._sort_locked(time.monotonic())
+            spawned = next((s for s in self._starting if not s.launched), None)
+            home = None
+            if spawned is None and len(self._ready) + len(self._starting) < self.size:
                 self._counter += 1
                 home = _spare_home(self._counter)
-            try:
-                spare = self._spawn(home)
-            except Exception:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
-                logger.exception("codex spare app-server did not start")
-                shutil.rmtree(home.home.parent, ignore_errors=True)
-                with self._cv:
-                    self._cv.wait(timeout=5.0)  # do not spin on a broken binary
-                continue
-            if not self._keep(spare):
-                spare.discard()
-                return
+            self._cv.notify_all()
+        delay = self._step(spawned, home)
+        with self._cv:
+            if self._job is current:
+                self._job = None
+            if delay is None:
+                busy = bool(self._starting) or len(self._ready) < self.size
+                delay = CHECK_STARTING_SECONDS if busy else max(1.0, self.max_age / 4)
+        self._check_in(delay)
 
-    def _keep(self, spare: Spare) -> bool:
-        """Add a new spare to the ready list; False when the pool closed meanwhile."""
+    def _step(self, spawned: Spare | None, home: SessionHome | None) -> float | None:
+        """``launch`` ``spawned``, or spawn a spare on ``home``; the delay of the next round when it is not
+        the usual one (0 after a spawn: its launch; ``FAILED_START_PAUSE_SECONDS`` after a failure)."""
+        try:
+            if spawned is not None:
+                spawned.launch()
+                return None
+            if home is None:
+                return None
+            spare = self._start(home)
+        except Exception:  # noqa: BLE001 — a spare that cannot start is no spare; turns run cold
+            logger.exception("codex spare app-server did not start")
+            with self._cv:
+                if spawned is not None and spawned in self._starting:
+                    self._starting.remove(spawned)
+                    self._retire(spawned)
+            if home is not None and spawned is None:
+                shutil.rmtree(home.home.parent, ignore_errors=True)
+            return FAILED_START_PAUSE_SECONDS
+        if not self._add_starting(spare):
+            spare.discard()  # closed meanwhile (shutdown): not left to a reap the scheduler may drop
+        return 0.0
+
+    def _add_starting(self, spare: Spare) -> bool:
+        """Count ``spare`` as starting; ``False`` when the pool closed meanwhile."""
         with self._cv:
             self.spawned += 1
             if self._closed:
                 return False
-            self._ready.append(spare)
-            self._cv.notify_all()
+            self._starting.append(spare)
             return True
 
-    def _stale_locked(self) -> bool:
-        now = time.monotonic()
-        return any(not s.client.alive() or now - s.born >= self.max_age for s in self._ready)
+    def _sort_locked(self, now: float) -> None:
+        """Starting spares whose answer is in become ready (or retire when it failed or they died);
+        dead and stale ready ones retire. Holding ``_cv``."""
+        for spare in list(self._starting):
+            state = spare.started()
+            if state is None and spare.client.alive():
+                continue
+            self._starting.remove(spare)
+            if state:
+                self._ready.append(spare)
+            else:
+                self._retire(spare)
+        for spare in [s for s in self._ready if not self._fresh(s, now)]:
+            self._ready.remove(spare)
+            self._retire(spare)
+
+    def _fresh(self, spare: Spare, now: float) -> bool:
+        return spare.client.alive() and now - spare.born < self.max_age
+
+    def _retire(self, spare: Spare) -> None:
+        """SIGKILL now, reap and remove its home later (a slow job): closing waits (~30 ms), a job must
+        not. Holding ``_cv``; ``close`` reaps what is still retiring."""
+        spare.client.kill_nowait()
+        self._retiring.append(spare)
+        self._scheduler.after(REAP_AFTER_SECONDS, lambda: self._reap(spare), name="spares: reap a retired one",
+                              slow=True)
+
+    def _reap(self, spare: Spare) -> None:
+        with self._cv:
+            if spare not in self._retiring:
+                return  # ``close`` did
+            self._retiring.remove(spare)
+        spare.discard()
 
 
 def _spare_home(n: int) -> SessionHome:
@@ -214,10 +319,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def spawn_spare(home: SessionHome) -> Spare:
+def start_spare(home: SessionHome) -> Spare:
     """Make ``home`` (a config naming no session), spawn the app-server on it with
-    ``thread_unload_delay_secs=0`` and ``PR_SET_PDEATHSIG``, and initialize it. Raises what
-    ``AppServerClient.start`` raises."""
+    ``thread_unload_delay_secs=0`` and ``PR_SET_PDEATHSIG`` (``AppServerClient.spawn``), nothing more:
+    ``Spare.launch`` sends ``initialize`` (a step of its own, ``SparePool._check``), ``Spare.started``
+    reads the answer. Raises what ``AppServerClient.spawn`` raises."""
     shutil.rmtree(home.home.parent, ignore_errors=True)
     home.home.mkdir(parents=True)
     home.user_home.mkdir(parents=True)
@@ -238,36 +344,32 @@ def spawn_spare(home: SessionHome) -> Spare:
         preexec_fn=die_with_parent,
     )
     born = time.monotonic()
-    spare = Spare(client=client, home=home, init={}, born=born)
+    spare = Spare(client=client, home=home, init={}, born=born, launched=False)
     holder.append(spare)
-    spare.init = client.start()
+    client.spawn()
     return spare
 
 
-_pool: tuple[int, SparePool] | None = None
-_pool_lock = threading.Lock()
-
-
 def spare_pool() -> SparePool | None:
-    """This process's pool (made on first use, after any fork), or ``None`` when
+    """This process's pool (``process.runtime().spares``, made on first use), or ``None`` when
     ``settings.HERMES_WARM_POOL`` is 0 (the default: every turn spawns its own app-server)."""
-    global _pool
     size = int(settings.HERMES_WARM_POOL)
     if size <= 0:
         return None
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():  # a pool made before a fork belongs to the parent
-            _pool = (os.getpid(), SparePool(size, max_age=float(settings.HERMES_WARM_POOL_MAX_AGE)))
-        return _pool[1]
+    rt = runtime()
+    with rt.lock:
+        if rt.spares is None:
+            rt.spares = SparePool(size, max_age=float(settings.HERMES_WARM_POOL_MAX_AGE), scheduler=rt.scheduler)
+        return rt.spares
 
 
 def close_spare_pool() -> None:
     """Close this process's pool, if it has one (worker shutdown, tests)."""
-    global _pool
-    with _pool_lock:
-        pool, _pool = _pool, None
-    if pool is not None and pool[0] == os.getpid():
-        pool[1].close()
+    rt = runtime()
+    with rt.lock:
+        pool, rt.spares = rt.spares, None
+    if pool is not None:
+        pool.close()
 
 
 atexit.register(close_spare_pool)
