@@ -84,7 +84,7 @@ def event_notify_on_commit(event: TurnEvent | HeldEvents) -> None:
     the ``queued`` event's wake-up after the turn's task: the API process's own event-stream read it
     triggers then does not compete with that send (~2 ms of a warm turn on 2 cores, ``make bench-warm``);
     the one-trip enqueue sends it with its COMMIT instead (``turns._enqueue_in_one_trip``). If it cannot be sent, nothing is lost — streams re-read on their heartbeat.
-    ``event``: a written event, or ``event_append_held``'s events (their last id, read after the commit)."""
+    ``event``: a written event, or ``event_append_batched``'s events (their last id, read after the commit)."""
 
     def send() -> None:
         last = event.pk if isinstance(event, TurnEvent) else event.last_id()
@@ -101,7 +101,7 @@ def event_notify_on_commit(event: TurnEvent | HeldEvents) -> None:
 
 @dataclass(frozen=True)
 class HeldEvents:
-    """Events written by a statement held in a ``pipelining.Batch`` (``event_append_held``): their ids
+    """Events written by a statement batched in a ``pipelining.Batch`` (``event_append_batched``): their ids
     are known once its round trip is done."""
 
     session_id: str
@@ -276,9 +276,9 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
     return None if found is None else list(found[0])
 
 
-def event_append_held(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
+def event_append_batched(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
                       notify: bool = True, data_sql: Mapping[int, str] | None = None) -> HeldEvents:
-    """``event_append_many`` as a statement held in ``batch`` (``pipelining``): it goes with
+    """``event_append_many`` as a statement batched in ``batch`` (``pipelining``): it goes with
     the batch's next round trip (the claim's and the finalize's: the one carrying the COMMIT), and its
     ids are read from the result afterwards. For writers that hold the session lock already (the
     enqueue, the claim, the finalize). Raises
@@ -299,7 +299,7 @@ def event_append_held(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, di
 
 
 def queued_seq_sql() -> str:
-    """``event_append_held``'s ``data_sql`` for a ``queued`` event whose turn's ``seq`` is drawn in the same
+    """``event_append_batched``'s ``data_sql`` for a ``queued`` event whose turn's ``seq`` is drawn in the same
     round trip: ``{"seq": <the turn row's seq>}``, read from the row inserted before it."""
     q = connection.ops.quote_name
     return (f"jsonb_build_object('seq', (SELECT {q('seq')} FROM {q(Turn._meta.db_table)} "
@@ -310,9 +310,9 @@ def _event_ids(rows: list[tuple[Any, ...]]) -> list[int] | None:
     return list(rows[0][0]) if rows else None
 
 
-def event_append_claimed_held(batch: Batch, *, turn_id: uuid.UUID, token: uuid.UUID,
+def event_append_claimed_batched(batch: Batch, *, turn_id: uuid.UUID, token: uuid.UUID,
                               items: Sequence[tuple[str, dict[str, Any] | None]]) -> Later[list[int] | None]:
-    """``event_append_held`` for a claim whose writes travel in the same round trip (``turns._claim_in_one_trip``):
+    """``event_append_batched`` for a claim whose writes travel in the same round trip (``turns._claim_in_one_trip``):
     the events are written only if claim ``token`` holds the running turn once the statements
     before it have run — nothing when the claim did not happen — in the turn's session and at its ``attempt``
     as the claim set it (both read from the turn row: the caller knows neither before the round trip). Their
@@ -328,7 +328,7 @@ def _events_statement(session_id: str, turn_id: uuid.UUID | str, attempt: int, r
                       data_sql: Mapping[int, str] | None = None) -> tuple[str, dict[str, Any]]:
     """``_insert_events``'s statement (PostgreSQL, ``_events_sql``) and its parameters. ``attempt_of_claim``
     (with ``token``): the events' attempt is the claimed turn row's, not ``attempt``. ``data_sql``: SQL
-    expressions for some rows' data (``event_append_held``)."""
+    expressions for some rows' data (``event_append_batched``)."""
     json_field = TurnEvent._meta.get_field("data")
     params: dict[str, Any] = {"session": session_id, "turn": turn_id, "attempt": attempt, "now": now,
                               "token": token, "running": Turn.Status.RUNNING, "channel": CHANNEL,
@@ -355,7 +355,7 @@ def _events_sql(*, claimed: bool, notify: bool = True, attempt_of_claim: bool = 
     sees it and is dropped), which its ``LockRows`` takes only after ``l`` has given its locked row: session row, then turn row (I3). The insert draws
     its ids (in ``ord`` order) from rows that exist only once both locks are held: ids in commit order
     (§8). ``HAVING``: no row (nothing written) sends no NOTIFY. ``attempt_of_claim`` (a claim's own round
-    trip, ``event_append_claimed_held``): the session is the turn's and the attempt the turn row's, read
+    trip, ``event_append_claimed_batched``): the session is the turn's and the attempt the turn row's, read
     by the statement — the caller knows neither before the round trip."""
     q = connection.ops.quote_name
     sessions, turns, events_table = (q(m._meta.db_table) for m in (Session, Turn, TurnEvent))

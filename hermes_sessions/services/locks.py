@@ -35,7 +35,7 @@ def bound_lock_waits(batch: Batch | None = None) -> None:
     PostgreSQL's ``lock_timeout`` error (SQLSTATE 55P03, ``psycopg.errors.LockNotAvailable`` as the
     ``__cause__`` of Django's ``OperationalError``); until the transaction ends (``set_config(…, true)``).
     For the API's POSTs, so that requests waiting on another's lock do not pile up holding pooled
-    connections. ``batch``: held there (``pipelining``: it travels with the transaction's first
+    connections. ``batch``: batched there (``pipelining``: it travels with the transaction's first
     statements) instead of run now. Raises ``TransactionManagementError`` outside a transaction."""
     _require_transaction("bound_lock_waits")
     statement = ("SELECT set_config('lock_timeout', %s, true)", [f"{int(settings.HERMES_POST_LOCK_TIMEOUT_MS)}ms"])
@@ -89,7 +89,7 @@ def lock_session_and_turn(turn_id: uuid.UUID | str, *, skip_locked: bool = False
 
 
 def lock_session_and_turn_later(batch: Batch, turn_id: uuid.UUID | str) -> Later[tuple[Session, Turn] | None]:
-    """``lock_session_and_turn`` as a statement held in ``batch`` (``pipelining``): it goes to the server
+    """``lock_session_and_turn`` as a statement batched in ``batch`` (``pipelining``): it goes to the server
     with the batch's next round trip, so statements added after it (the claim's reads, the finalize's
     rollout store) run under both locks in the same round trip. Raises ``ValidationError`` for an id that is not a UUID, ``TransactionManagementError``
     outside ``transaction.atomic``."""

@@ -165,8 +165,8 @@ def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str =
             raise RolloutFenced(fenced_reason(delta))
 
 
-def rollout_store_held(batch: Batch, *, delta: RolloutDelta, codex_version: str = "") -> Later[bool] | None:
-    """``rollout_store`` of a rollout stored before (generation ≥ 1) as a statement held in ``batch``
+def rollout_store_batched(batch: Batch, *, delta: RolloutDelta, codex_version: str = "") -> Later[bool] | None:
+    """``rollout_store`` of a rollout stored before (generation ≥ 1) as a statement batched in ``batch``
     (``pipelining``): the finalize sends it with its locks. Its value: ``False`` when fenced
     out (the caller raises ``RolloutFenced``, ``fenced_reason``, and rolls back). ``None`` for what must
     run as ``rollout_store`` once the locks are held: a first store (it checks for another writer's row

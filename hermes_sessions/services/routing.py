@@ -296,7 +296,7 @@ def wake_payload(*, turn_id: uuid.UUID, session_id: str, text: str | None = None
     return full if len(full.encode("utf-8")) <= NOTIFY_PAYLOAD_MAX_BYTES else head
 
 
-def wake_held(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str, text: str | None = None) -> None:
+def wake_batched(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str, text: str | None = None) -> None:
     """Hold, in ``batch``'s transaction, the ``pg_notify`` that wakes the worker of route ``queue`` for
     turn ``turn_id`` of ``session_id`` — delivered by PostgreSQL at the commit, never if it rolls back —
     with the turn's ``text`` as its hint (``wake_payload``) when ``HERMES_EARLY_START`` is on. A no-op

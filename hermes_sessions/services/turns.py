@@ -140,13 +140,13 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         turn = Turn(session_id=session_id, seq=seq, input=text, created_by=created_by, dispatched_at=timezone.now())
         _insert_turn(turn, batch)
         # Its event lock: held already (above). Its NOTIFY goes out after the task (event_notify_on_commit).
-        queued = events.event_append_held(batch, turn=turn, items=[(events.QUEUED, {"seq": turn.seq})], notify=False)
+        queued = events.event_append_batched(batch, turn=turn, items=[(events.QUEUED, {"seq": turn.seq})], notify=False)
         # Dispatched only as its session's next turn (a turn queued behind another is dispatched by that
         # one's end): a holder whose wake listener listens hears of it by NOTIFY at the commit (``wake``),
         # any other worker by the shared queue.
         if busy_id is None:
             if route is not None and route.wakeable and dispatch.routes_to_workers():
-                routing.wake_held(batch, queue=route.queue, turn_id=turn.id, session_id=session_id, text=text)
+                routing.wake_batched(batch, queue=route.queue, turn_id=turn.id, session_id=session_id, text=text)
             else:
                 dispatch.turn_dispatch_on_commit(turn.id, stamped=True, wake=False)
         events.event_notify_on_commit(queued)
@@ -191,7 +191,7 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
         turn._state.adding, turn._state.db = False, connection.alias
         if interrupt:  # the running turn is asked to stop (only once the new turn exists: the caller's session)
             batch.add(_interrupt_sql(), [now, session_id, Turn.Status.RUNNING, turn.id])
-        events.event_append_held(batch, turn=turn, items=[(events.QUEUED, None)],
+        events.event_append_batched(batch, turn=turn, items=[(events.QUEUED, None)],
                                  data_sql={0: events.queued_seq_sql()})
         route_sql, route_params = routing.session_route_sql(session_id)
         reads: Later[Any] = batch.add(_enqueue_reads_and_wake_sql(route_sql), [
@@ -270,7 +270,7 @@ def _busy_turn_sql(*, but_one: bool) -> str:
 def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
     """The one-trip enqueue's reads after its writes, and its wake, as one statement: ``_enqueue_reads_sql``'s
     columns (the busy turn leaves the new one out) and how many wakes were sent (0 or 1) — the ``pg_notify``
-    of ``routing.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
+    of ``routing.wake_batched``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
     session is running or queued, the caller allows it (``dispatch.routes_to_workers``: not in-process) and the turn row
     exists (a session that is not the caller's gets no wake)."""
     q = connection.ops.quote_name
@@ -309,7 +309,7 @@ def _enqueue_reads_sql(route_sql: str) -> str:
 
 def _insert_turn(turn: Turn, batch: Batch) -> None:
     """``turn.save()`` of a new turn without the ORM's compile: one INSERT of every concrete field
-    (``created_at``, ``auto_now_add``, set now as ``save`` would), held in ``batch``."""
+    (``created_at``, ``auto_now_add``, set now as ``save`` would), batched in ``batch``."""
     touch(turn, "created_at")
     batch.add(*rows_insert_sql([turn], _TURN_FIELDS))
     turn._state.adding, turn._state.db = False, connection.alias
@@ -409,7 +409,7 @@ def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None
         lock = lock_session_and_turn_later(batch, pk)
         decided: Later[Any] = batch.add(claim_statement.claim_sql(), claim_statement.claim_params(
             turn_id=pk, token=token, lease=_lease_deadline()))
-        events.event_append_claimed_held(batch, turn_id=pk, token=token, items=[(events.RUNNING, {})])
+        events.event_append_claimed_batched(batch, turn_id=pk, token=token, items=[(events.RUNNING, {})])
         sent.append(token)
     locked = lock.get()
     if locked is None:
@@ -669,7 +669,7 @@ def _commit_turn_once(
         lock = lock_session_and_turn_later(batch, turn_id)
         t0 = time.monotonic()
         # Sent with the locks and run under them; rolled back below if the claim is no longer held.
-        fence = (rollouts.rollout_store_held(batch, delta=result.rollout, codex_version=result.codex_version)
+        fence = (rollouts.rollout_store_batched(batch, delta=result.rollout, codex_version=result.codex_version)
                  if result.rollout is not None else None)
         store_ms = (time.monotonic() - t0) * 1000
         locked = _claimed(lock.get(), turn_id, token)
@@ -770,7 +770,7 @@ def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "", batch: 
     if turn.usage:
         items.append((events.USAGE, turn.usage))
     items.append(events.terminal_item(turn))
-    events.event_append_held(batch, turn=turn, items=items)
+    events.event_append_batched(batch, turn=turn, items=items)
 
 
 def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:

@@ -30,7 +30,7 @@ def test_held_statements_and_the_commit_go_in_one_round_trip_and_callbacks_run_a
             first = batch.add(TITLE + " RETURNING title", ["one", session.pk])
             batch.add(TITLE, ["two", session.pk])
             transaction.on_commit(lambda: ran.append(_title(session.pk)))
-            assert batch.held == 2 and not ran
+            assert batch.unsent == 2 and not ran
     assert trips == [2]  # BEGIN + both + COMMIT; then the callback's own read
     assert first.one() == ("one",) and first.rowcount == 1
     assert ran == ["two"]  # after the commit, and it sees it
@@ -42,9 +42,9 @@ def test_another_statement_sends_what_is_held_first(user):
     session = services.session_create(owner=user)
     with pipelined_atomic() as batch:
         batch.add(TITLE, ["held", session.pk])
-        assert batch.held == 1
+        assert batch.unsent == 1
         assert _title(session.pk) == "held"  # the ORM read ran after the held UPDATE
-        assert batch.held == 0
+        assert batch.unsent == 0
     assert _title(session.pk) == "held"
 
 
