@@ -28,17 +28,20 @@ logger = logging.getLogger(__name__)
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
     def pool(self) -> Any:
+        # Django 5.2's own store of its pools (``close_pool`` reads it) and its connection set-up callback,
+        # which the stubs do not declare.
+        pools: dict[str, ConnectionPool[Any]] = self._connection_pools  # type: ignore[attr-defined]
         options = self.settings_dict["OPTIONS"].get("pool")
         if (self.alias == NO_DB_ALIAS or not options or not self.settings_dict["CONN_HEALTH_CHECKS"]
-                or self.settings_dict.get("CONN_MAX_AGE", 0) != 0 or self.alias in self._connection_pools):
+                or self.settings_dict.get("CONN_MAX_AGE", 0) != 0 or self.alias in pools):
             return super().pool  # no pool, Django's refusal of persistent connections, or the pool built
         params = self.get_connection_params()
         params["autocommit"] = True  # as Django: it sets the mode itself later on
-        pool = ConnectionPool(kwargs=params, open=False, configure=self._configure_connection,
-                              check=_check_or_sweep, **({} if options is True else options))
+        pool: ConnectionPool[Any] = ConnectionPool(
+            kwargs=params, open=False, configure=self._configure_connection,  # type: ignore[attr-defined]
+            check=_check_or_sweep, **({} if options is True else options))
         # setdefault: two threads may build one at start-up; the first stored wins (the pool is not open yet).
-        self._connection_pools.setdefault(self.alias, pool)
-        return self._connection_pools[self.alias]
+        return pools.setdefault(self.alias, pool)
 
 
 def _check_or_sweep(conn: Any) -> None:
