@@ -156,9 +156,9 @@ class Batch:
             if begin:
                 raw.autocommit = True
             # Errors surface when the pipeline ends, outside the cursors' own wrapping: wrapped here.
-            with connection.wrap_database_errors, raw.pipeline():
+            with connection.wrap_database_errors, _server_binding(raw), raw.pipeline():
                 for sql, params in texts:
-                    cursor = _prepared_cursor(raw)
+                    cursor = connection.cursor()
                     cursors.append(cursor)
                     cursor.execute(sql, params)
             self.round_trips += 1
@@ -175,26 +175,31 @@ class Batch:
         return execute(sql, params, many, context)
 
 
-def _prepared_cursor(raw: Any) -> Any:
-    """A Django-wrapped cursor (so ``connection.queries``, ``execute_wrapper`` and the error wrapping see its
-    statements) that binds its parameters server-side, on ``raw`` with ``DATABASE_PREPARE_THRESHOLD`` set:
-    the batch's statements, the same texts on every turn, are prepared there after that many runs instead of
-    parsed and planned each time (Django's own cursors bind client-side, inlining the values: every text
-    differs, psycopg's ``ClientCursor`` never prepares). 0: server-side binding, nothing prepared."""
+@contextmanager
+def _server_binding(raw: Any) -> Iterator[None]:
+    """Within the block, Django's cursors (``connection.cursor()``: ``connection.queries``, ``execute_wrapper``
+    and the error wrapping see their statements) bind their parameters server-side — psycopg's public
+    ``cursor_factory``, set back after — on ``raw`` with ``DATABASE_PREPARE_THRESHOLD`` set: the batch's
+    statements, the same texts on every turn, are prepared there after that many runs instead of parsed
+    and planned each time (Django's own cursors bind client-side, inlining the values: every text differs,
+    psycopg's ``ClientCursor`` never prepares). 0: server-side binding, nothing prepared."""
     from django.db.backends.postgresql.base import ServerBindingCursor
 
     threshold = settings.DATABASE_PREPARE_THRESHOLD or None
     if raw.prepare_threshold != threshold:
         raw.prepare_threshold = threshold
-    # Django wraps its own cursors this way (BaseDatabaseWrapper.cursor); the stubs know neither name.
-    return connection._prepare_cursor(ServerBindingCursor(raw))  # type: ignore[attr-defined,call-arg]
+    factory, raw.cursor_factory = raw.cursor_factory, ServerBindingCursor
+    try:
+        yield
+    finally:
+        raw.cursor_factory = factory
 
 
 def _idle() -> bool:
     """No transaction open on the connection (psycopg's view of the server's last status)."""
     from psycopg import pq
 
-    return bool(connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE)
+    return bool(connection.connection.info.transaction_status == pq.TransactionStatus.IDLE)
 
 
 def _rows(cursor: Any) -> list[tuple[Any, ...]] | None:
