@@ -47,6 +47,8 @@ import psycopg
 from django.conf import settings
 from psycopg import sql
 
+from .sql import query
+
 logger = logging.getLogger(__name__)
 
 #: Attempts to connect are at least this far apart; the first after a break is at once.
@@ -105,7 +107,7 @@ class Listener:
             self._call(self.on_down)
             return None
         try:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            conn.execute(sql.SQL(query("listen")).format(channel=sql.Identifier(self.channel)))
         except psycopg.Error as exc:
             conn.close()
             logger.warning("%s: LISTEN %s failed (%s); trying again in %.1f s",

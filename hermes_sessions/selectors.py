@@ -34,6 +34,7 @@ from .models import (
     Turn,
     TurnEvent,
 )
+from .sql import query
 
 # ``request.user`` as Django and DRF type it. Lookups go by ``user.pk``: an anonymous user (pk None)
 # owns nothing, although the API's IsAuthenticated never lets one get here.
@@ -346,7 +347,7 @@ def _check_tsquery(text: str) -> None:
     the search ran. One tiny query in a savepoint, so the refusal leaves the caller's transaction usable."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT numnode(websearch_to_tsquery(%s::regconfig, %s))", [MESSAGE_SEARCH_CONFIG, text])
+            cursor.execute(query("message_search_nodes"), [MESSAGE_SEARCH_CONFIG, text])
     except DatabaseError as exc:
         raise InvalidSearch(f"q cannot be searched: {str(exc).strip()}") from exc
 

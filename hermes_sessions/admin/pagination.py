@@ -7,6 +7,8 @@ from django.core.paginator import Paginator
 from django.db import connections
 from django.utils.functional import cached_property
 
+from .. import sql
+
 
 class EstimatedCountPaginator(Paginator):
     """Django's ``Paginator``, except that an **unfiltered** queryset is not counted with
@@ -29,7 +31,7 @@ class EstimatedCountPaginator(Paginator):
         if query is None or query.where:
             return super().count
         with connections[queryset.db].cursor() as cursor:
-            cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [queryset.model._meta.db_table])
+            cursor.execute(sql.query("table_row_estimate"), [queryset.model._meta.db_table])
             row: Any = cursor.fetchone()
         if row is None or row[0] < self.exact_below:
             return super().count

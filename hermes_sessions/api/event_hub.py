@@ -50,8 +50,8 @@ from psycopg.rows import dict_row
 from .. import selectors
 from ..latency_marks import mark
 from ..listener import Listener, connection_params
-from ..models import TurnEvent
 from ..services.events import CHANNEL
+from ..sql import query
 
 logger = logging.getLogger(__name__)
 
@@ -86,19 +86,6 @@ async def in_thread(read: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def _session_rows(session_id: str, after: int) -> list[dict[str, Any]]:
     found = selectors.turn_events_after(after_id=after, limit=READ_PAGE, session_id=session_id)
     return [dict(row) for row in found.values(*ROW_FIELDS)]
-
-
-@functools.cache
-def session_rows_sql() -> str:
-    """``selectors.turn_events_after(session_id=…)`` as one statement for the hub's own connection,
-    built from the model's metadata: parameters ``(session_id, after_id, limit)``, rows keyed by
-    ``ROW_FIELDS`` (psycopg loads ``data`` from jsonb and ``turn_id`` as ``uuid.UUID``, as the ORM does)."""
-    meta = TurnEvent._meta
-    q = connection.ops.quote_name
-    by_name = {key: str(f.column) for f in meta.concrete_fields for key in (f.name, f.attname)}
-    column = {name: q(by_name[name]) for name in (*ROW_FIELDS, "session")}
-    return (f"SELECT {', '.join(f'{column[n]} AS {q(n)}' for n in ROW_FIELDS)} FROM {q(meta.db_table)} "
-            f"WHERE {column['session']} = %s AND {column['id']} > %s ORDER BY {column['id']} LIMIT %s")
 
 
 @dataclass(eq=False)
@@ -280,7 +267,7 @@ class EventHub:
         reader = await self._open_reader()
         if reader is None:
             return await in_thread(_session_rows, session_id, after)
-        cursor = await reader.execute(session_rows_sql(), (session_id, after, READ_PAGE))
+        cursor = await reader.execute(query("turn_events_after"), (session_id, after, READ_PAGE))
         return await cursor.fetchall()
 
     async def _open_reader(self) -> psycopg.AsyncConnection[dict[str, Any]] | None:

@@ -15,7 +15,6 @@ the ``turns`` queue) and honours ``CELERY_TASK_ALWAYS_EAGER`` (tests, the demo),
 """
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from typing import Any
@@ -26,6 +25,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from ..models import Session, Turn
+from ..sql import query
 from . import routing
 
 logger = logging.getLogger(__name__)
@@ -79,8 +79,8 @@ def turn_undispatched(turn_id: uuid.UUID | str) -> None:
 def _wake(queue: str, *, turn_id: uuid.UUID, session_id: str) -> None:
     """``pg_notify`` the worker of route ``queue`` now, outside any transaction (the turn is committed)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [routing.wake_channel(queue),
-                                                    routing.wake_payload(turn_id=turn_id, session_id=session_id)])
+        cursor.execute(query("notify"), [routing.wake_channel(queue),
+                                         routing.wake_payload(turn_id=turn_id, session_id=session_id)])
 
 
 def routes_to_workers() -> bool:
@@ -116,22 +116,17 @@ def session_dispatch_next_on_commit(session: Session) -> None:
 
 
 def session_next_turn_sql(session_id: str) -> tuple[str, list[Any]]:
-    """PostgreSQL: ``UPDATE … SET dispatched_at = now … RETURNING id`` of the session's oldest queued
-    turn (no row: none queued) and its parameters — ``session_dispatch_next_on_commit``'s read and
-    ``turn_dispatch_on_commit``'s stamp in one statement, for the caller to hand the id to
-    ``turn_dispatch_on_commit(id, stamped=True)``. The finalize sends it as a CTE of its last statement
-    (``turns._end_turn``). Text built once per process from the model's metadata."""
-    dispatched = Turn._meta.get_field("dispatched_at")
-    return _next_turn_sql(), [dispatched.get_db_prep_save(timezone.now(), connection), session_id,
-                              Turn.Status.QUEUED]
+    """``UPDATE … SET dispatched_at = now … RETURNING id`` of the session's oldest queued turn (``queries.sql``:
+    ``session_next_turn_dispatch``; no row: none queued) and its parameters — ``session_dispatch_next_on_commit``'s
+    read and ``turn_dispatch_on_commit``'s stamp in one statement, for the caller to hand the id to
+    ``turn_dispatch_on_commit(id, stamped=True)``. The finalize runs the same as a CTE of its last statement
+    (``turns._end_turn``: ``session_next_turn_params``)."""
+    return query("session_next_turn_dispatch"), session_next_turn_params(session_id)
 
 
-@functools.cache
-def _next_turn_sql() -> str:
-    q = connection.ops.quote_name
-    turns = q(Turn._meta.db_table)
-    return (f"UPDATE {turns} SET {q('dispatched_at')} = %s WHERE {q('id')} = (SELECT {q('id')} FROM {turns} "
-            f"WHERE {q('session_id')} = %s AND {q('status')} = %s ORDER BY {q('seq')} LIMIT 1) RETURNING {q('id')}")
+def session_next_turn_params(session_id: str) -> list[Any]:
+    """``session_next_turn_dispatch``'s parameters: the stamp (now), the session, the queued status."""
+    return [timezone.now(), session_id, Turn.Status.QUEUED]
 
 
 def _run_turn_task() -> Task:

@@ -22,7 +22,7 @@ for that row). The transaction also sends
 limited to 8,000 bytes, ``../shared/pitfalls.md``); PostgreSQL delivers it at commit, and listeners
 read the rows from the table. Nothing depends on the notification arriving: streams re-read on their
 heartbeat tick. The lock, the claim check, the insert and the NOTIFY are one statement
-(``_events_sql``), in that order.
+(``queries.sql``: ``events_append``), in that order.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,8 +40,9 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from ..models import Session, Turn, TurnEvent
+from ..models import Turn, TurnEvent
 from ..sanitize import clean_json, clean_text
+from ..sql import query
 from .locks import lock_session_and_turn
 from .pipelining import Batch, Later
 
@@ -77,21 +78,21 @@ def event_append(*, turn: Turn, kind: str, data: dict[str, Any] | None = None, n
     return event
 
 
-def event_notify_on_commit(event: TurnEvent | HeldEvents) -> None:
+def event_notify_on_commit(event: TurnEvent | BatchedEvents) -> None:
     """Once the current transaction commits (and after the commit callbacks registered before this
     one), wake the listeners for ``event``, written with ``notify=False``: one ``pg_notify`` of its own.
     The two-trip enqueue (``turns._enqueue``: ``on_busy=reject``, or inside a caller's transaction) sends
     the ``queued`` event's wake-up after the turn's task: the API process's own event-stream read it
     triggers then does not compete with that send (~2 ms of a warm turn on 2 cores, ``make bench-warm``);
     the one-trip enqueue sends it with its COMMIT instead (``turns._enqueue_in_one_trip``). If it cannot be sent, nothing is lost — streams re-read on their heartbeat.
-    ``event``: a written event, or ``event_append_held``'s events (their last id, read after the commit)."""
+    ``event``: a written event, or ``event_append_batched``'s events (their last id, read after the commit)."""
 
     def send() -> None:
         last = event.pk if isinstance(event, TurnEvent) else event.last_id()
         payload = f"{event.session_id} {event.turn_id} {last if last is not None else ''}".rstrip()
         try:
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+                cursor.execute(query("notify"), [CHANNEL, payload])
         except DatabaseError:
             logger.warning("event %s of turn %s: the wake-up NOTIFY could not be sent; streams re-read on their "
                            "heartbeat", last, event.turn_id, exc_info=True)
@@ -100,8 +101,8 @@ def event_notify_on_commit(event: TurnEvent | HeldEvents) -> None:
 
 
 @dataclass(frozen=True)
-class HeldEvents:
-    """Events written by a statement held in a ``pipelining.Batch`` (``event_append_held``): their ids
+class BatchedEvents:
+    """Events written by a statement batched in a ``pipelining.Batch`` (``event_append_batched``): their ids
     are known once its round trip is done."""
 
     session_id: str
@@ -276,43 +277,33 @@ def _insert_events(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows
     return None if found is None else list(found[0])
 
 
-def event_append_held(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
-                      notify: bool = True, data_sql: Mapping[int, str] | None = None) -> HeldEvents:
-    """``event_append_many`` as a statement held in ``batch`` (``pipelining``): it goes with
+def event_append_batched(batch: Batch, *, turn: Turn, items: Sequence[tuple[str, dict[str, Any] | None]],
+                         notify: bool = True, drawn_seq: bool = False) -> BatchedEvents:
+    """``event_append_many`` as a statement batched in ``batch`` (``pipelining``): it goes with
     the batch's next round trip (the claim's and the finalize's: the one carrying the COMMIT), and its
     ids are read from the result afterwards. For writers that hold the session lock already (the
     enqueue, the claim, the finalize). Raises
     ``TransactionManagementError`` outside a transaction.
 
-    ``data_sql``: ``{index in items: SQL expression}`` giving that event's ``jsonb`` data
-    from the database instead of ``items``' dict, for data the caller learns only from its round trip (the
-    one-trip enqueue's ``queued`` event and its drawn ``seq``: ``queued_seq_sql``). The expression may use
-    ``%(turn)s``, the turn's id."""
+    ``drawn_seq``: ``items`` is the one-trip enqueue's ``queued`` event, whose data (``{"seq": …}``) is read
+    from the turn row inserted before it in the same round trip (``queries.sql``: ``events_append_queued``)."""
     if not connection.in_atomic_block:
         raise TransactionManagementError("event_append runs inside the transaction of the change it reports")
     rows = [(kind, clean_json(data or {})) for kind, data in items]
     if not rows:
-        return HeldEvents(turn.session_id, turn.pk, Later.ready([]))
+        return BatchedEvents(turn.session_id, turn.pk, Later.ready([]))
     statement = _events_statement(turn.session_id, turn.pk, turn.attempt, rows, now=timezone.now(), notify=notify,
-                                  data_sql=data_sql)
-    return HeldEvents(turn.session_id, turn.pk, batch.add(*statement, convert=_event_ids))
-
-
-def queued_seq_sql() -> str:
-    """``event_append_held``'s ``data_sql`` for a ``queued`` event whose turn's ``seq`` is drawn in the same
-    round trip: ``{"seq": <the turn row's seq>}``, read from the row inserted before it."""
-    q = connection.ops.quote_name
-    return (f"jsonb_build_object('seq', (SELECT {q('seq')} FROM {q(Turn._meta.db_table)} "
-            f"WHERE {q('id')} = %(turn)s))")
+                                  drawn_seq=drawn_seq)
+    return BatchedEvents(turn.session_id, turn.pk, batch.add(*statement, convert=_event_ids))
 
 
 def _event_ids(rows: list[tuple[Any, ...]]) -> list[int] | None:
     return list(rows[0][0]) if rows else None
 
 
-def event_append_claimed_held(batch: Batch, *, turn_id: uuid.UUID, token: uuid.UUID,
+def event_append_claimed_batched(batch: Batch, *, turn_id: uuid.UUID, token: uuid.UUID,
                               items: Sequence[tuple[str, dict[str, Any] | None]]) -> Later[list[int] | None]:
-    """``event_append_held`` for a claim whose writes travel in the same round trip (``turns._claim_in_one_trip``):
+    """``event_append_batched`` for a claim whose writes travel in the same round trip (``turns._claim_in_one_trip``):
     the events are written only if claim ``token`` holds the running turn once the statements
     before it have run — nothing when the claim did not happen — in the turn's session and at its ``attempt``
     as the claim set it (both read from the turn row: the caller knows neither before the round trip). Their
@@ -324,59 +315,32 @@ def event_append_claimed_held(batch: Batch, *, turn_id: uuid.UUID, token: uuid.U
 
 def _events_statement(session_id: str, turn_id: uuid.UUID | str, attempt: int, rows: list[tuple[str, Any]], *,
                       now: datetime, token: uuid.UUID | None = None, notify: bool = True,
-                      attempt_of_claim: bool = False,
-                      data_sql: Mapping[int, str] | None = None) -> tuple[str, dict[str, Any]]:
-    """``_insert_events``'s statement (PostgreSQL, ``_events_sql``) and its parameters. ``attempt_of_claim``
-    (with ``token``): the events' attempt is the claimed turn row's, not ``attempt``. ``data_sql``: SQL
-    expressions for some rows' data (``event_append_held``)."""
-    json_field = TurnEvent._meta.get_field("data")
+                      attempt_of_claim: bool = False, drawn_seq: bool = False) -> tuple[str, dict[str, Any]]:
+    """``_insert_events``'s statement and its parameters: one of ``queries.sql``'s ``events_append*``, its
+    ``{values}`` the rows' placeholders. One round trip where the ORM needs four (the lock, the claim check,
+    the insert, the NOTIFY), each compiled. ``token``: only while that claim holds the running turn
+    (``events_append_claimed``); ``attempt_of_claim`` (with ``token``): the session and attempt are the
+    claimed turn row's (``events_append_of_claim``); ``notify`` False: no NOTIFY (``events_append``'s
+    ``%(notify)s``); ``drawn_seq``: the one-trip enqueue's ``queued`` event
+    (``events_append_queued``, one row)."""
+    json_field = TurnEvent._meta.get_field("data")  # the ORM's adaptation of the jsonb value (no SQL)
     params: dict[str, Any] = {"session": session_id, "turn": turn_id, "attempt": attempt, "now": now,
                               "token": token, "running": Turn.Status.RUNNING, "channel": CHANNEL,
-                              "prefix": f"{session_id} {turn_id} ", "turn_part": f" {turn_id} "}
+                              "prefix": f"{session_id} {turn_id} ", "turn_part": f" {turn_id} ", "notify": notify}
+    if drawn_seq:
+        assert len(rows) == 1 and token is None and notify
+        params["k0"] = rows[0][0]
+        return query("events_append_queued"), params
     values = []
     for i, (kind, data) in enumerate(rows):
-        params[f"k{i}"] = kind
-        if data_sql and i in data_sql:
-            values.append(f"({i}, %(k{i})s, {data_sql[i]})")
-            continue
-        params[f"d{i}"] = json_field.get_db_prep_value(data, connection)
+        params[f"k{i}"], params[f"d{i}"] = kind, json_field.get_db_prep_value(data, connection)
         values.append(f"({i}, %(k{i})s, %(d{i})s::jsonb)")
-    sql = _events_sql(claimed=token is not None, notify=notify, attempt_of_claim=attempt_of_claim and token is not None)
-    return sql.replace("{values}", ", ".join(values)), params
-
-
-def _events_sql(*, claimed: bool, notify: bool = True, attempt_of_claim: bool = False) -> str:
-    """The event write as one statement (raw SQL: one round trip where the ORM needs four — the lock,
-    the claim check, the insert, the NOTIFY — and compiles each). Its order:
-    CTE ``l`` locks the session row (``FOR NO KEY UPDATE``, ``locks.lock_session_for_events``; a no-op
-    for a caller that holds it ``FOR UPDATE``); ``c`` reads the turn through ``l`` — with ``claimed``, it
-    checks the claim token under ``FOR SHARE`` of the turn row (it conflicts with the ``FOR UPDATE`` that
-    claim, requeue, finalize and the sweep take, so a write either happens before a take-back commits or
-    sees it and is dropped), which its ``LockRows`` takes only after ``l`` has given its locked row: session row, then turn row (I3). The insert draws
-    its ids (in ``ord`` order) from rows that exist only once both locks are held: ids in commit order
-    (§8). ``HAVING``: no row (nothing written) sends no NOTIFY. ``attempt_of_claim`` (a claim's own round
-    trip, ``event_append_claimed_held``): the session is the turn's and the attempt the turn row's, read
-    by the statement — the caller knows neither before the round trip."""
-    q = connection.ops.quote_name
-    sessions, turns, events_table = (q(m._meta.db_table) for m in (Session, Turn, TurnEvent))
-    check = f" AND t.{q('claim_token')} = %(token)s AND t.{q('status')} = %(running)s FOR SHARE OF t" if claimed else ""
-    if attempt_of_claim:
-        session, attempt = f"(SELECT {q('session_id')} FROM {turns} WHERE {q('id')} = %(turn)s)", f"c.{q('attempt')}"
-        prefix = f"max(e.{q('session_id')}) || %(turn_part)s"  # '<session> <turn> ' as %(prefix)s spells it
+    if token is None:
+        name = "events_append"
     else:
-        session, attempt, prefix = "%(session)s", "%(attempt)s", "%(prefix)s"
-    return (
-        f"WITH l AS (SELECT {q('id')} FROM {sessions} WHERE {q('id')} = {session} FOR NO KEY UPDATE), "
-        f"c AS (SELECT t.{q('id')}, t.{q('attempt')}, t.{q('session_id')} FROM {turns} t "
-        f"JOIN l ON t.{q('session_id')} = l.{q('id')} WHERE t.{q('id')} = %(turn)s{check}), "
-        "v (ord, kind, data) AS (VALUES {values}), "
-        f"e AS (INSERT INTO {events_table} ({q('session_id')}, {q('turn_id')}, {q('attempt')}, {q('kind')}, "
-        f"{q('data')}, {q('created_at')}) SELECT c.{q('session_id')}, c.{q('id')}, {attempt}, v.kind, v.data, %(now)s "
-        f"FROM c CROSS JOIN v ORDER BY v.ord RETURNING {q('id')}, {q('session_id')}) "
-        f"SELECT array_agg(e.{q('id')} ORDER BY e.{q('id')})"
-        + (f", pg_notify(%(channel)s, {prefix} || max(e.{q('id')}))" if notify else "")
-        + " FROM e HAVING count(*) > 0"
-    )
+        assert notify  # a claimed write always notifies
+        name = "events_append_of_claim" if attempt_of_claim else "events_append_claimed"
+    return query(name).replace("{values}", ", ".join(values)), params
 
 
 def _clean_data(data: dict[str, Any]) -> dict[str, Any]:

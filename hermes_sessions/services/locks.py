@@ -20,8 +20,9 @@ from django.db.transaction import TransactionManagementError
 from psycopg.errors import LockNotAvailable
 
 from ..models import Session, Turn
+from ..sql import query
+from ..sql.rows import instance_from_row
 from .pipelining import Batch, Later
-from .rows import columns, instance_from_row
 
 
 def _require_transaction(what: str) -> None:
@@ -35,10 +36,10 @@ def bound_lock_waits(batch: Batch | None = None) -> None:
     PostgreSQL's ``lock_timeout`` error (SQLSTATE 55P03, ``psycopg.errors.LockNotAvailable`` as the
     ``__cause__`` of Django's ``OperationalError``); until the transaction ends (``set_config(…, true)``).
     For the API's POSTs, so that requests waiting on another's lock do not pile up holding pooled
-    connections. ``batch``: held there (``pipelining``: it travels with the transaction's first
+    connections. ``batch``: batched there (``pipelining``: it travels with the transaction's first
     statements) instead of run now. Raises ``TransactionManagementError`` outside a transaction."""
     _require_transaction("bound_lock_waits")
-    statement = ("SELECT set_config('lock_timeout', %s, true)", [f"{int(settings.HERMES_POST_LOCK_TIMEOUT_MS)}ms"])
+    statement = (query("lock_timeout_bound"), [f"{int(settings.HERMES_POST_LOCK_TIMEOUT_MS)}ms"])
     if batch is not None:
         batch.add(*statement)
         return
@@ -57,7 +58,7 @@ def advisory_xact_lock(name: str) -> None:
     _require_transaction("advisory_xact_lock")
     key = int.from_bytes(hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()[:8], "big", signed=True)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+        cursor.execute(query("advisory_xact_lock"), [key])
 
 
 def lock_session_for_events(session_id: str) -> bool:
@@ -76,7 +77,7 @@ def lock_session_and_turn(turn_id: uuid.UUID | str, *, skip_locked: bool = False
     """Lock the turn's session row, then the turn row (``SELECT … FOR UPDATE``), and return both,
     freshly read; ``None`` when the turn does not exist. Raises ``TransactionManagementError``
     outside ``transaction.atomic``, and Django's ``ValidationError`` for an id that is not a UUID.
-    One statement (``_lock_sql``).
+    One statement (``queries.sql``: ``lock_session_and_turn``).
 
     ``skip_locked``: never wait — ``None`` also when another transaction holds either row (``SKIP
     LOCKED`` on both, still session first): for callers that race for the same work and may leave a
@@ -84,50 +85,24 @@ def lock_session_and_turn(turn_id: uuid.UUID | str, *, skip_locked: bool = False
     _require_transaction("lock_session_and_turn")
     pk = Turn._meta.pk.to_python(turn_id)  # ValidationError for an id that is not a UUID
     with connection.cursor() as cursor:
-        cursor.execute(_lock_sql(skip_locked=skip_locked), {"turn": pk})
+        cursor.execute(query("lock_session_and_turn_skip_locked" if skip_locked else "lock_session_and_turn"),
+                       {"turn": pk})
         return _locked_rows(cursor.fetchall())
 
 
 def lock_session_and_turn_later(batch: Batch, turn_id: uuid.UUID | str) -> Later[tuple[Session, Turn] | None]:
-    """``lock_session_and_turn`` as a statement held in ``batch`` (``pipelining``): it goes to the server
+    """``lock_session_and_turn`` as a statement batched in ``batch`` (``pipelining``): it goes to the server
     with the batch's next round trip, so statements added after it (the claim's reads, the finalize's
     rollout store) run under both locks in the same round trip. Raises ``ValidationError`` for an id that is not a UUID, ``TransactionManagementError``
     outside ``transaction.atomic``."""
     _require_transaction("lock_session_and_turn")
     pk = Turn._meta.pk.to_python(turn_id)
-    return batch.add(_lock_sql(), {"turn": pk}, convert=_locked_rows)
+    return batch.add(query("lock_session_and_turn"), {"turn": pk}, convert=_locked_rows)
 
 
 def _locked_rows(rows: list[tuple[Any, ...]]) -> tuple[Session, Turn] | None:
-    """The session and turn of ``_lock_sql``'s one row (``None``: no row)."""
+    """The session and turn of ``lock_session_and_turn``'s one row (``None``: no row)."""
     if not rows:
         return None
     split = len(Session._meta.concrete_fields)
     return instance_from_row(Session, rows[0][:split]), instance_from_row(Turn, rows[0][split:])
-
-
-def _lock_sql(*, skip_locked: bool = False) -> str:
-    """Both rows in one round trip, the session's locked first. Raw SQL: the ORM cannot order the locks
-    of one statement (``select_related(...).select_for_update(of=...)`` locks the rows of a join in the
-    order PostgreSQL's executor picks), and ``Turn`` ordering by ``session`` made the old first lookup a
-    join with an ``ORDER BY`` on the session table. Here the session row is locked inside the
-    ``MATERIALIZED`` CTE, whose rows the join must read before the top ``LockRows`` node can lock the
-    turn row: session, then turn, whatever the join order. Under READ COMMITTED each ``FOR UPDATE``
-    returns the row's latest committed version (a claim or finalize committed while this one waited is
-    seen). With ``skip_locked`` both locks are ``SKIP LOCKED``: a held session row empties the CTE, a
-    held turn row the join — no row, no wait."""
-    sql = _LOCK_SQL.get(skip_locked)
-    if sql is None:
-        q = connection.ops.quote_name
-        sessions, turns = q(Session._meta.db_table), q(Turn._meta.db_table)
-        skip = " SKIP LOCKED" if skip_locked else ""
-        sql = _LOCK_SQL[skip_locked] = (
-            f"WITH s AS MATERIALIZED (SELECT * FROM {sessions} WHERE {q('id')} = "
-            f"(SELECT {q('session_id')} FROM {turns} WHERE {q('id')} = %(turn)s) FOR UPDATE{skip}) "
-            f"SELECT {columns(Session, 's')}, {columns(Turn, 't')} FROM s JOIN {turns} t ON t.{q('session_id')} = s.{q('id')} "
-            f"WHERE t.{q('id')} = %(turn)s FOR UPDATE OF t{skip}"
-        )
-    return sql
-
-
-_LOCK_SQL: dict[bool, str] = {}

@@ -10,16 +10,16 @@ go in one round trip; the server still runs them one after another, in order, in
 Use::
 
     with pipelined_atomic(durable=True) as batch:
-        lock = batch.add(sql, params)          # held, not sent
+        lock = batch.add(sql, params)          # batched, not sent yet
         reads = batch.add(sql2, params2)
         row = lock.one()                       # sends BEGIN, both statements and a Sync: one round trip
-        batch.add(write_sql, write_params)     # held …
+        batch.add(write_sql, write_params)     # batched …
     # … and sent with the COMMIT: one round trip; then Django's on_commit callbacks run
 
 Rules that keep it safe, enforced here rather than left to callers:
 
-* **Order.** Any other statement run on the connection while statements are held (an ORM query, a
-  raw cursor) first sends the held ones (a Django ``execute_wrapper``), so statements always reach
+* **Order.** Any other statement run on the connection while statements wait in a batch (an ORM query, a
+  raw cursor) first sends the batched ones (a Django ``execute_wrapper``), so statements always reach
   the server in program order.
 * **Row counts.** psycopg knows a statement's row count only once its results arrived (in pipeline
   mode ``rowcount`` is -1 right after ``execute``; an ORM ``save(update_fields=…)`` would raise). Only
@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 class Later(Generic[T]):
     """The result of a statement added to a ``Batch``, read once its round trip is done. ``one()`` /
-    ``all()`` / ``rowcount`` / ``get()`` send the batch first when it is still held. ``convert`` turns
+    ``all()`` / ``rowcount`` / ``get()`` send the batch first when it is still unsent. ``convert`` turns
     the fetched rows (a list of tuples) into the value ``get()`` returns."""
 
     def __init__(self, batch: Batch | None, convert: Callable[[list[tuple[Any, ...]]], T] | None = None,
@@ -95,12 +95,12 @@ class Later(Generic[T]):
 
 
 class Batch:
-    """Statements held for one round trip (see the module docstring). ``pipelined``: False on other
+    """Statements batched for one round trip (see the module docstring). ``pipelined``: False on other
     databases and inside another transaction — then ``add`` runs each statement at once."""
 
     def __init__(self, *, pipelined: bool) -> None:
         self.pipelined = pipelined
-        self._held: list[tuple[str, Sequence[Any] | dict[str, Any], Later[Any]]] = []
+        self._unsent: list[tuple[str, Sequence[Any] | dict[str, Any], Later[Any]]] = []
         self._sending = False
         self.round_trips = 0  # batches sent (tests and the bench read it)
 
@@ -109,99 +109,97 @@ class Batch:
         """Hold ``sql`` (a single statement; ``%s`` / ``%(name)s`` parameters as Django's cursors take
         them) for the next round trip; its ``Later`` result."""
         later: Later[T] = Later(self, convert)
-        self._held.append((sql, params, later))
+        self._unsent.append((sql, params, later))
         if not self.pipelined:
             self.send()
         return later
 
     @property
-    def held(self) -> int:
-        return len(self._held)
+    def unsent(self) -> int:
+        return len(self._unsent)
 
     def send(self, *, commit: bool = False) -> None:
-        """Send what is held (and ``COMMIT`` after it when ``commit``) in one round trip and set each
+        """Send what is batched (and ``COMMIT`` after it when ``commit``) in one round trip and set each
         statement's ``Later``. Raises the first failing statement's error as Django's database exceptions
         (``IntegrityError``, ``OperationalError``, …), as a statement run alone would."""
-        if not self._held and (not commit or _idle()):
+        if not self._unsent and (not commit or _idle()):
             return  # nothing to send; a transaction that never began has nothing to commit
-        held, self._held = self._held, []
+        unsent, self._unsent = self._unsent, []
         self._sending = True
         try:
             if self.pipelined:
-                self._send_pipelined(held, commit=commit)
+                self._send_pipelined(unsent, commit=commit)
                 return
-            for sql, params, later in held:
+            for sql, params, later in unsent:
                 with connection.cursor() as cursor:
                     cursor.execute(sql, params)
                     later._set(_rows(cursor), cursor.rowcount)
         finally:
             self._sending = False
 
-    def _send_pipelined(self, held: list[tuple[str, Sequence[Any] | dict[str, Any], Later[Any]]], *,
+    def _send_pipelined(self, unsent: list[tuple[str, Sequence[Any] | dict[str, Any], Later[Any]]], *,
                         commit: bool) -> None:
         raw = connection.connection
-        # The transaction's first statements: psycopg would send its own BEGIN followed by a Sync of its own
-        # (psycopg 3.3 ``_start_query`` in pipeline mode), one more round trip; this BEGIN goes with them
-        # instead. psycopg is told it is in autocommit mode for that batch only (a private flag:
-        # tests/services/test_query_counts.py pins the round trips, so a psycopg that changes it fails there).
+        # The transaction's first statements: in its default mode psycopg would send its own BEGIN followed by
+        # a Sync of its own (psycopg 3.3 ``Connection._start_query`` in pipeline mode), one more round trip;
+        # this BEGIN goes with them instead. psycopg's public ``autocommit`` (settable while no transaction is
+        # open, no round trip) is turned on for that and stays on to the block's end: psycopg's commit and
+        # rollback act on the server's transaction status, not on this flag, and the outermost ``atomic``
+        # sets it again on exit (``set_autocommit(True)``). tests/services/test_query_counts.py and
+        # tests/services/test_pipelining.py pin the round trips and the rollback.
         begin = _idle()
         texts: list[tuple[str, Sequence[Any] | dict[str, Any]]] = [("BEGIN", ())] if begin else []
-        texts += [(sql, params) for sql, params, _later in held]
+        texts += [(sql, params) for sql, params, _later in unsent]
         texts += [("COMMIT", ())] if commit else []
         cursors = []
         try:
             if begin:
-                raw._autocommit = True
+                raw.autocommit = True
             # Errors surface when the pipeline ends, outside the cursors' own wrapping: wrapped here.
-            with connection.wrap_database_errors, raw.pipeline():
+            with connection.wrap_database_errors, _server_binding(raw), raw.pipeline():
                 for sql, params in texts:
-                    cursor = _prepared_cursor(raw)
+                    cursor = connection.cursor()
                     cursors.append(cursor)
                     cursor.execute(sql, params)
             self.round_trips += 1
-            for cursor, (_sql, _params, later) in zip(cursors[1:] if begin else cursors, held, strict=False):
+            for cursor, (_sql, _params, later) in zip(cursors[1:] if begin else cursors, unsent, strict=False):
                 later._set(_rows(cursor), cursor.rowcount)
         finally:
-            if begin:
-                raw._autocommit = False
             for cursor in cursors:
                 cursor.close()
 
     def _before_other(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        """Django ``execute_wrapper``: a statement not in the batch first sends what the batch holds."""
-        if self._held and not self._sending:
+        """Django ``execute_wrapper``: a statement not in the batch first sends what the batch has unsent."""
+        if self._unsent and not self._sending:
             self.send()
         return execute(sql, params, many, context)
 
 
-def _prepared_cursor(raw: Any) -> Any:
-    """A Django-wrapped cursor (so ``connection.queries``, ``execute_wrapper`` and the error wrapping see its
-    statements) that binds its parameters server-side, on ``raw`` with ``DATABASE_PREPARE_THRESHOLD`` set:
-    the batch's statements, the same texts on every turn, are prepared there after that many runs instead of
-    parsed and planned each time (Django's own cursors bind client-side, inlining the values: every text
-    differs, psycopg's ``ClientCursor`` never prepares). 0: server-side binding, nothing prepared."""
+@contextmanager
+def _server_binding(raw: Any) -> Iterator[None]:
+    """Within the block, Django's cursors (``connection.cursor()``: ``connection.queries``, ``execute_wrapper``
+    and the error wrapping see their statements) bind their parameters server-side — psycopg's public
+    ``cursor_factory``, set back after — on ``raw`` with ``DATABASE_PREPARE_THRESHOLD`` set: the batch's
+    statements, the same texts on every turn, are prepared there after that many runs instead of parsed
+    and planned each time (Django's own cursors bind client-side, inlining the values: every text differs,
+    psycopg's ``ClientCursor`` never prepares). 0: server-side binding, nothing prepared."""
     from django.db.backends.postgresql.base import ServerBindingCursor
 
     threshold = settings.DATABASE_PREPARE_THRESHOLD or None
     if raw.prepare_threshold != threshold:
         raw.prepare_threshold = threshold
-    # Django wraps its own cursors this way (BaseDatabaseWrapper.cursor); the stubs know neither name.
-    return connection._prepare_cursor(ServerBindingCursor(raw))  # type: ignore[attr-defined,call-arg]
-
-
-def prepared_cursor() -> Any:
-    """A cursor on Django's connection (connected: call ``connection.ensure_connection()`` first) that binds
-    server-side and prepares its statements after ``DATABASE_PREPARE_THRESHOLD`` runs (``_prepared_cursor``),
-    for a hot read whose text is the same on every request. Use it as a context
-    manager. Its parameters must not hold a NUL byte (PostgreSQL refuses them in text)."""
-    return _prepared_cursor(connection.connection)
+    factory, raw.cursor_factory = raw.cursor_factory, ServerBindingCursor
+    try:
+        yield
+    finally:
+        raw.cursor_factory = factory
 
 
 def _idle() -> bool:
     """No transaction open on the connection (psycopg's view of the server's last status)."""
     from psycopg import pq
 
-    return bool(connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE)
+    return bool(connection.connection.info.transaction_status == pq.TransactionStatus.IDLE)
 
 
 def _rows(cursor: Any) -> list[tuple[Any, ...]] | None:
@@ -211,7 +209,7 @@ def _rows(cursor: Any) -> list[tuple[Any, ...]] | None:
 @contextmanager
 def pipelined_atomic(*, durable: bool = False) -> Iterator[Batch]:
     """``transaction.atomic(durable=durable)`` with a ``Batch``: as the outermost block,
-    held statements go in round trips of their own and the block's last ones carry the ``COMMIT``
+    batched statements go in round trips of their own and the block's last ones carry the ``COMMIT``
     (Django's commit then finds the transaction closed and runs the ``on_commit`` callbacks). Raises
     what ``atomic`` raises (``RuntimeError`` for ``durable`` inside another block) and the database
     errors of the statements."""

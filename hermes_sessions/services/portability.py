@@ -52,6 +52,7 @@ from .. import policy, selectors
 from ..codex.rollout_files import RolloutDiverged
 from ..models import CodexBinding, CodexRollout, Message, Notice, RolloutChunk, Session, Turn, session_id_validator
 from ..sanitize import clean_text
+from ..sql import query
 from .bindings import binding_history_insert
 from .events import event_terminal
 from .locks import advisory_xact_lock
@@ -121,7 +122,7 @@ def session_export_record(*, session_id: str) -> dict[str, Any] | None:
     with transaction.atomic():
         if len(connection.atomic_blocks) == 1:
             with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cursor.execute(query("transaction_repeatable_read"))
         session = Session.objects.select_related("owner").filter(pk=session_id).first()
         if session is None:
             return None

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from ..codex.rollout_files import RolloutBase, RolloutDelta, RolloutDiverged, find_rollout, write_rollout
 from ..models import CodexRollout, RolloutChunk, Session
+from ..sql import query
 from .pipelining import Batch, Later
 from .verbatim import rows_insert_verbatim
 
@@ -165,8 +166,8 @@ def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str =
             raise RolloutFenced(fenced_reason(delta))
 
 
-def rollout_store_held(batch: Batch, *, delta: RolloutDelta, codex_version: str = "") -> Later[bool] | None:
-    """``rollout_store`` of a rollout stored before (generation ≥ 1) as a statement held in ``batch``
+def rollout_store_batched(batch: Batch, *, delta: RolloutDelta, codex_version: str = "") -> Later[bool] | None:
+    """``rollout_store`` of a rollout stored before (generation ≥ 1) as a statement batched in ``batch``
     (``pipelining``): the finalize sends it with its locks. Its value: ``False`` when fenced
     out (the caller raises ``RolloutFenced``, ``fenced_reason``, and rolls back). ``None`` for what must
     run as ``rollout_store`` once the locks are held: a first store (it checks for another writer's row
@@ -183,32 +184,21 @@ def fenced_reason(delta: RolloutDelta) -> str:
 
 
 def _store_fenced_statement(delta: RolloutDelta, *, codex_version: str) -> tuple[str, dict[str, Any]]:
-    """``rollout_store``'s fenced header update and its chunk as one statement (the chunk is
-    inserted from the ``UPDATE … RETURNING id`` of the header, so a fenced-out update inserts nothing and
-    returns no row), and its parameters. Raw SQL: the ORM's ``update()`` returns no id, which cost a
-    third query."""
+    """``rollout_store``'s fenced header update and its chunk as one statement (``queries.sql``:
+    ``rollout_store_fenced_with_chunk``, or ``rollout_store_fenced`` for a delta without bytes), and its
+    parameters. The ORM's ``update()`` returns no id, which cost a third query."""
     base = delta.base
     assert base is not None
-    q = connection.ops.quote_name
     params: dict[str, Any] = {
         "length": delta.length, "sha256": delta.sha256, "next": base.generation + 1, "relpath": delta.relpath,
         "version": codex_version[:64], "now": timezone.now(), "thread": delta.thread_id,
         "generation": base.generation, "base_length": base.length, "base_sha256": base.sha256}
-    update = (f"UPDATE {q(CodexRollout._meta.db_table)} SET {q('length')} = %(length)s, {q('sha256')} = %(sha256)s, "
-              f"{q('generation')} = %(next)s, {q('relpath')} = %(relpath)s, {q('codex_version')} = %(version)s, "
-              f"{q('updated_at')} = %(now)s WHERE {q('thread_id')} = %(thread)s AND {q('generation')} = %(generation)s "
-              f"AND {q('length')} = %(base_length)s AND {q('sha256')} = %(base_sha256)s RETURNING {q('id')}")
-    if delta.data:
-        stored, compression = _encode(delta.data)
-        params.update(seq=base.generation + 1, offset=delta.offset, size=len(delta.data), compression=compression,
-                      data=stored, chunk_sha256=hashlib.sha256(delta.data).hexdigest())
-        sql = (f"WITH u AS ({update}) INSERT INTO {q(RolloutChunk._meta.db_table)} ({q('rollout_id')}, {q('seq')}, "
-               f"{q('offset')}, {q('size')}, {q('compression')}, {q('data')}, {q('sha256')}, {q('created_at')}) "
-               f"SELECT u.{q('id')}, %(seq)s, %(offset)s, %(size)s, %(compression)s, %(data)s, %(chunk_sha256)s, %(now)s "
-               f"FROM u RETURNING {q('rollout_id')}")
-    else:
-        sql = update
-    return sql, params
+    if not delta.data:
+        return query("rollout_store_fenced"), params
+    stored, compression = _encode(delta.data)
+    params.update(seq=base.generation + 1, offset=delta.offset, size=len(delta.data), compression=compression,
+                  data=stored, chunk_sha256=hashlib.sha256(delta.data).hexdigest())
+    return query("rollout_store_fenced_with_chunk"), params
 
 
 def rollout_forget(*, thread_id: str) -> int:

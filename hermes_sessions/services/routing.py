@@ -15,7 +15,6 @@ channel is named by a hash of its route.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import socket
@@ -32,8 +31,8 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from ..models import CodexRollout, Session, TurnWorker, WarmThread
+from ..sql import query
 from .pipelining import Batch
-from .rows import rows_insert_sql
 
 OWN_ROUTE_ENV = "HERMES_OWN_ROUTE"
 
@@ -106,7 +105,7 @@ def turn_route(turn_id: uuid.UUID | str) -> tuple[Route, str] | None:
 
 
 def parse_route(value: str | None) -> Route | None:
-    """``session_route_sql``'s value (``'wake:<queue>'`` or ``'queue:<queue>'``) → ``Route``; ``None``
+    """The enqueue's route value (``'wake:<queue>'`` or ``'queue:<queue>'``) → ``Route``; ``None``
     for ``NULL`` (no route)."""
     if not value:
         return None
@@ -114,27 +113,16 @@ def parse_route(value: str | None) -> Route | None:
     return Route(queue=queue, wakeable=kind == "wake") if queue else None
 
 
-def session_route_sql(session_id: str) -> tuple[str, list[Any]]:
-    """``turn_route`` for a turn of session ``session_id`` as a scalar subquery and its parameters: its
-    value is ``'wake:<queue>'`` (the holder's wake listener listens) or ``'queue:<queue>'``, ``NULL`` for
-    none (``parse_route`` reads it). Lets ``turn_enqueue`` read the route in a query it makes anyway, under
-    the session lock. Raw SQL (text built once per process) on any backend: the ORM's compile of the
-    annotated subquery cost ~1 ms of the POST."""
+def session_route_params(session_id: str) -> list[Any]:
+    """The parameters of the route that ``turn_route`` reads, for a turn of session ``session_id``, as the
+    enqueue's statements read it (``queries.sql``: ``enqueue_reads``, ``enqueue_reads_and_wake``): the
+    session, the time now, the oldest fresh heartbeat. Its value there is ``'wake:<queue>'`` (the holder's
+    wake listener listens) or ``'queue:<queue>'``, ``NULL`` for none (``parse_route`` reads it): the
+    enqueue reads the route in a query it makes anyway, under the session lock (the ORM's compile of the
+    annotated subquery cost ~1 ms of the POST)."""
     now = timezone.now()
-    until, beat = WarmThread._meta.get_field("until"), TurnWorker._meta.get_field("heartbeat_at")
     fresh = now - timedelta(seconds=settings.HERMES_WORKER_STALE_SECONDS)
-    return _session_route_sql(), [session_id, until.get_db_prep_value(now, connection),
-                                  beat.get_db_prep_value(fresh, connection)]
-
-
-@functools.cache
-def _session_route_sql() -> str:
-    """``_routable`` of one session (``%s``: its id, the time now, the oldest fresh heartbeat)."""
-    q = connection.ops.quote_name
-    warm, workers = q(WarmThread._meta.db_table), q(TurnWorker._meta.db_table)
-    return (f"(SELECT CASE WHEN tw.{q('wakeable')} THEN 'wake:' ELSE 'queue:' END || w.{q('queue')} "
-            f"FROM {warm} w JOIN {workers} tw ON tw.{q('queue')} = w.{q('queue')} "
-            f"WHERE w.{q('session_id')} = %s AND w.{q('until')} > %s AND tw.{q('heartbeat_at')} > %s LIMIT 1)")
+    return [session_id, now, fresh]
 
 
 def warm_thread_record(*, session: Session, queue: str, thread_id: str, generation: int) -> None:
@@ -150,35 +138,14 @@ def warm_thread_record(*, session: Session, queue: str, thread_id: str, generati
 
 
 def warm_thread_record_sql(*, session_id: str, queue: str, thread_id: str, generation: int) -> tuple[str, list[Any]]:
-    """``warm_thread_record``'s statement and its parameters: an upsert (``INSERT … ON CONFLICT (session)
-    DO UPDATE``; ``update_or_create`` took a savepoint, a
-    ``SELECT … FOR UPDATE`` and an UPDATE) of the row for ``queue``, or with an empty ``queue`` the
-    ``DELETE`` of the session's row. Raw SQL from the model's metadata: the ORM's ``bulk_create`` compile
-    was ~7 % of a warm finalize (py-spy)."""
+    """``warm_thread_record``'s statement and its parameters: an upsert (``queries.sql``:
+    ``warm_thread_upsert``; ``update_or_create`` took a savepoint, a ``SELECT … FOR UPDATE`` and an UPDATE)
+    of the row for ``queue``, or with an empty ``queue`` the ``DELETE`` of the session's row
+    (``warm_thread_delete``). The ORM's ``bulk_create`` compile was ~7 % of a warm finalize (py-spy)."""
     if not queue:
-        return _warm_delete_sql(), [session_id]
+        return query("warm_thread_delete"), [session_id]
     until = timezone.now() + timedelta(seconds=settings.HERMES_WARM_IDLE_SECONDS)
-    sql, params = rows_insert_sql(
-        [WarmThread(session_id=session_id, queue=queue, thread_id=thread_id, generation=generation, until=until)],
-        _WARM_FIELDS)
-    return sql + _warm_upsert_tail(), params
-
-
-_WARM_FIELDS = ("session", "queue", "thread_id", "generation", "until")
-
-
-@functools.cache
-def _warm_upsert_tail() -> str:
-    q, column = connection.ops.quote_name, {f.name: str(f.column) for f in WarmThread._meta.concrete_fields}
-    key, *rest = (q(column[name]) for name in _WARM_FIELDS)
-    return f" ON CONFLICT ({key}) DO UPDATE SET " + ", ".join(f"{c} = EXCLUDED.{c}" for c in rest)
-
-
-@functools.cache
-def _warm_delete_sql() -> str:
-    q = connection.ops.quote_name
-    key = next(str(f.column) for f in WarmThread._meta.concrete_fields if f.name == "session")
-    return f"DELETE FROM {q(WarmThread._meta.db_table)} WHERE {q(key)} = %s"
+    return query("warm_thread_upsert"), [session_id, queue, thread_id, generation, until]
 
 
 def warm_thread_forget(*, queue: str, session_ids: list[str] | None = None) -> int:
@@ -265,14 +232,8 @@ def wake_channel(queue: str) -> str:
     """The ``LISTEN`` channel of the worker of route ``queue``: ``hermes_wake_`` + 20 hex
     digits of its SHA-256 (a node name can be longer than a channel name may be). SHA-256 because
     PostgreSQL computes it too: the enqueue's one round trip names the channel in SQL from the route it
-    reads there (``wake_channel_sql``)."""
+    reads there (``queries.sql``: ``enqueue_reads_and_wake``)."""
     return CHANNEL_PREFIX + hashlib.sha256(queue.encode()).hexdigest()[:20]
-
-
-def wake_channel_sql(queue_expr: str) -> str:
-    """``wake_channel`` of the queue that the SQL expression ``queue_expr`` names, as a SQL expression
-    (PostgreSQL 11+: ``sha256(bytea)``)."""
-    return f"'{CHANNEL_PREFIX}' || left(encode(sha256(convert_to({queue_expr}, 'UTF8')), 'hex'), 20)"
 
 
 @dataclass(frozen=True)
@@ -296,15 +257,15 @@ def wake_payload(*, turn_id: uuid.UUID, session_id: str, text: str | None = None
     return full if len(full.encode("utf-8")) <= NOTIFY_PAYLOAD_MAX_BYTES else head
 
 
-def wake_held(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str, text: str | None = None) -> None:
+def wake_batched(batch: Batch, *, queue: str, turn_id: uuid.UUID, session_id: str, text: str | None = None) -> None:
     """Hold, in ``batch``'s transaction, the ``pg_notify`` that wakes the worker of route ``queue`` for
     turn ``turn_id`` of ``session_id`` — delivered by PostgreSQL at the commit, never if it rolls back —
     with the turn's ``text`` as its hint (``wake_payload``) when ``HERMES_EARLY_START`` is on. A no-op
     when ``queue`` is empty."""
     if queue:
         hint = text if settings.HERMES_EARLY_START else None
-        batch.add("SELECT pg_notify(%s, %s)", [wake_channel(queue),
-                                               wake_payload(turn_id=turn_id, session_id=session_id, text=hint)])
+        batch.add(query("notify"), [wake_channel(queue),
+                                     wake_payload(turn_id=turn_id, session_id=session_id, text=hint)])
 
 
 def parse_payload(payload: str) -> tuple[uuid.UUID, str, WakeHint | None] | None:

@@ -16,7 +16,6 @@ must never be folded into a caller's transaction. Celery tasks are sent through 
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
@@ -28,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Field
 from django.utils import timezone
 
 from .. import policy
@@ -37,11 +35,12 @@ from ..history_seed import MIN_SEED_ROW_CHARS, TOOL_RESULT_CHARS, render_history
 from ..models import CodexBinding, Message, Session, Turn
 from ..sanitize import clean_json, clean_text
 from ..selectors import is_valid_session_id
-from . import bindings, claim_statement, dispatch, events, rollouts, routing
+from ..sql import query, value_rows
+from ..sql.rows import pk_value, save_values, touch
+from . import bindings, dispatch, events, rollouts, routing
 from .errors import InvalidInput, SessionBusy, SessionLocked
 from .locks import bound_lock_waits, lock_session_and_turn, lock_session_and_turn_later, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
-from .rows import row_update, row_update_sql, rows_insert_sql, touch
 from .turn_log import turn_ended_on_commit
 from .users import require_user
 
@@ -115,17 +114,15 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         # mode of the event lock, locks.lock_session_for_events — held to the commit): every other writer
         # of the session waits here, and this one waits for them (I3, docs/contract.md §8).
         now = timezone.now()
-        updated_at = Session._meta.get_field("updated_at").get_db_prep_save(now, connection)
         drawn: Later[Any]
         if owner_id is None:
-            drawn = batch.add(_draw_seq_sql(), [updated_at, session_id])
+            drawn = batch.add(query("draw_turn_seq"), [now, session_id])
         else:
-            drawn = batch.add(_draw_seq_sql(owned=True), [updated_at, session_id, owner_id])
+            drawn = batch.add(query("draw_turn_seq_owned"), [now, session_id, owner_id])
         # A statement of its own, after the lock: its snapshot has every turn committed while it waited.
-        route_sql, route_params = routing.session_route_sql(session_id)
-        row = batch.add(_enqueue_reads_sql(route_sql), [
+        row = batch.add(query("enqueue_reads"), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, session_id, Turn.Status.RUNNING,
-            Turn.Status.QUEUED, *route_params, session_id]).one()
+            Turn.Status.QUEUED, *routing.session_route_params(session_id), session_id]).one()
         if row is None or drawn.rowcount != 1:  # the UPDATE found no row to lock (or not the owner's)
             raise Session.DoesNotExist(f"no session {session_id!r}")
         seq, busy_id, busy_status, route_value = row
@@ -140,13 +137,13 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         turn = Turn(session_id=session_id, seq=seq, input=text, created_by=created_by, dispatched_at=timezone.now())
         _insert_turn(turn, batch)
         # Its event lock: held already (above). Its NOTIFY goes out after the task (event_notify_on_commit).
-        queued = events.event_append_held(batch, turn=turn, items=[(events.QUEUED, {"seq": turn.seq})], notify=False)
+        queued = events.event_append_batched(batch, turn=turn, items=[(events.QUEUED, {"seq": turn.seq})], notify=False)
         # Dispatched only as its session's next turn (a turn queued behind another is dispatched by that
         # one's end): a holder whose wake listener listens hears of it by NOTIFY at the commit (``wake``),
         # any other worker by the shared queue.
         if busy_id is None:
             if route is not None and route.wakeable and dispatch.routes_to_workers():
-                routing.wake_held(batch, queue=route.queue, turn_id=turn.id, session_id=session_id, text=text)
+                routing.wake_batched(batch, queue=route.queue, turn_id=turn.id, session_id=session_id, text=text)
             else:
                 dispatch.turn_dispatch_on_commit(turn.id, stamped=True, wake=False)
         events.event_notify_on_commit(queued)
@@ -163,7 +160,8 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     two: none of these writes depends on what the reads find (a turn is queued, busy or not), so Python
     has nothing to decide between them. The wake's ``pg_notify`` is the one ``_enqueue`` holds (``wake``),
     sent by the statement itself when the route is a wakeable worker's, no other turn of the session is
-    running or queued and the turn was inserted; its channel named in SQL (``routing.wake_channel_sql``).
+    running or queued and the turn was inserted; its channel named in SQL (``queries.sql``:
+    ``enqueue_reads_and_wake``).
     Every statement after the lock runs after it (a statement's snapshot is taken when it starts): the
     reads see every turn committed while this one waited, as in ``_enqueue``. A session that is not the
     caller's (or no session) matches nothing: nothing is written, no wake is sent, the commit is empty,
@@ -183,20 +181,19 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     owned = owner_id is not None
     with pipelined_atomic() as batch:
         bound_lock_waits(batch)  # the wait for the session's lock below, and any other, until this transaction ends
-        updated_at = Session._meta.get_field("updated_at").get_db_prep_save(now, connection)
         # The session's row lock (as in ``_enqueue``), held to the commit.
-        drawn: Later[Any] = batch.add(_draw_seq_sql(owned=owned), [updated_at, session_id, *([owner_id] if owned else [])])
-        insert, insert_params = _insert_drawn_turn_sql(turn, owned=owned)
-        inserted: Later[Any] = batch.add(insert, [*insert_params, session_id, *([owner_id] if owned else [])])
+        owner = [owner_id] if owned else []
+        drawn: Later[Any] = batch.add(query("draw_turn_seq_owned" if owned else "draw_turn_seq"), [now, session_id, *owner])
+        inserted: Later[Any] = batch.add(query("turn_insert_drawn_owned" if owned else "turn_insert_drawn"),
+                                         [*save_values(turn, _DRAWN_TURN_FIELDS), session_id, *owner])
         turn._state.adding, turn._state.db = False, connection.alias
         if interrupt:  # the running turn is asked to stop (only once the new turn exists: the caller's session)
-            batch.add(_interrupt_sql(), [now, session_id, Turn.Status.RUNNING, turn.id])
-        events.event_append_held(batch, turn=turn, items=[(events.QUEUED, None)],
-                                 data_sql={0: events.queued_seq_sql()})
-        route_sql, route_params = routing.session_route_sql(session_id)
-        reads: Later[Any] = batch.add(_enqueue_reads_and_wake_sql(route_sql), [
+            batch.add(query("turn_interrupt_running"), [now, session_id, Turn.Status.RUNNING, turn.id])
+        events.event_append_batched(batch, turn=turn, items=[(events.QUEUED, None)], drawn_seq=True)
+        reads: Later[Any] = batch.add(query("enqueue_reads_and_wake"), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, turn.id, session_id, Turn.Status.RUNNING,
-            Turn.Status.QUEUED, turn.id, *route_params, session_id, payload, can_wake, turn.id])
+            Turn.Status.QUEUED, turn.id, *routing.session_route_params(session_id), session_id, payload, can_wake,
+            turn.id])
 
         def after_commit() -> None:  # Django runs it after the COMMIT, by then the round trip's results are in
             row = reads.one()
@@ -217,105 +214,21 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
     return turn
 
 
-@functools.cache
-def _interrupt_sql() -> str:
-    """Ask the session's running turn to stop (``on_busy=interrupt``): its ``cancel_requested_at``, once —
-    only when the turn of the last parameter exists (the one-trip enqueue's new turn: inserted only into a
-    session the caller owns, so nobody interrupts another's turn)."""
-    q = connection.ops.quote_name
-    turns = q(Turn._meta.db_table)
-    return (f"UPDATE {turns} SET {q('cancel_requested_at')} = %s WHERE {q('session_id')} = %s "
-            f"AND {q('status')} = %s AND {q('cancel_requested_at')} IS NULL "
-            f"AND EXISTS (SELECT 1 FROM {turns} n WHERE n.{q('id')} = %s)")
-
-
-def _insert_drawn_turn_sql(turn: Turn, *, owned: bool) -> tuple[str, list[Any]]:
-    """The INSERT of the new ``turn`` with its ``seq`` taken from its session row (``last_turn_seq``, as the
-    draw before it left it) — ``INSERT … SELECT … FROM session WHERE id = %s [AND owner_id = %s]``: no row,
-    no turn — and its parameters but the session's id (and owner's), which come last."""
-    sql, targets = _insert_drawn_turn_text(owned=owned)
-    return sql, [f.get_db_prep_save(getattr(turn, f.attname), connection) for f in targets]
-
-
-@functools.cache
-def _insert_drawn_turn_text(*, owned: bool) -> tuple[str, list[Field[Any, Any]]]:
-    q = connection.ops.quote_name
-    fields: list[Field[Any, Any]] = [Turn._meta.get_field(name) for name in _TURN_FIELDS]  # type: ignore[misc]
-    # seq from the locked row; created_at / dispatched_at when the statement runs — after the lock wait, as
-    # _enqueue stamps them (the sweep counts from dispatched_at: a turn whose POST waited for the lock longer
-    # than HERMES_AFFINITY_DEADLINE must not be overdue at birth; test_enqueue_one_trip pins it).
-    # One clock reading for both (a lateral row, evaluated once).
-    stamped = {"created_at", "dispatched_at"}
-    targets = [f for f in fields if f.name != "seq" and f.name not in stamped]
-    values = ["s." + q("last_turn_seq") if f.name == "seq" else "c.now" if f.name in stamped else "%s" for f in fields]
-    sql = (f"INSERT INTO {q(Turn._meta.db_table)} (" + ", ".join(q(str(f.column)) for f in fields) + ") SELECT "
-           + ", ".join(values) + f" FROM {q(Session._meta.db_table)} s CROSS JOIN (SELECT clock_timestamp() AS now) c "
-           f"WHERE s.{q('id')} = %s"
-           + (f" AND s.{q('owner_id')} = %s" if owned else "")
-           + f" RETURNING {q('created_at')}, {q('dispatched_at')}")
-    return sql, targets
-
-
-def _busy_turn_sql(*, but_one: bool) -> str:
-    """``FROM … LIMIT 1`` of a session's running (or else oldest queued) turn — ``"running"`` sorts after
-    ``"queued"``, so ``DESC`` puts it first; parameters: the session, the two statuses and, with ``but_one``,
-    a turn to leave out (the one-trip enqueue's own)."""
-    q = connection.ops.quote_name
-    but = f"AND b.{q('id')} <> %s " if but_one else ""
-    return (f"FROM {q(Turn._meta.db_table)} b WHERE b.{q('session_id')} = %s AND b.{q('status')} IN (%s, %s) "
-            f"{but}ORDER BY b.{q('status')} DESC, b.{q('seq')} LIMIT 1")
-
-
-@functools.cache
-def _enqueue_reads_and_wake_sql(route_sql: str) -> str:
-    """The one-trip enqueue's reads after its writes, and its wake, as one statement: ``_enqueue_reads_sql``'s
-    columns (the busy turn leaves the new one out) and how many wakes were sent (0 or 1) — the ``pg_notify``
-    of ``routing.wake_held``, sent when the route is a wakeable worker's (``'wake:<queue>'``), nothing else of the
-    session is running or queued, the caller allows it (``dispatch.routes_to_workers``: not in-process) and the turn row
-    exists (a session that is not the caller's gets no wake)."""
-    q = connection.ops.quote_name
-    turns = q(Turn._meta.db_table)
-    busy = _busy_turn_sql(but_one=True)
-    channel = routing.wake_channel_sql(f"substr(r.route, {len('wake:') + 1})")
-    return (f"WITH r AS (SELECT s.{q('last_turn_seq')} AS seq, (SELECT b.{q('id')} {busy}) AS busy_id, "
-            f"(SELECT b.{q('status')} {busy}) AS busy_status, {route_sql} AS route "
-            f"FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s), "
-            f"n AS (SELECT pg_notify({channel}, %s) FROM r WHERE %s AND left(r.route, 5) = 'wake:' "
-            f"AND r.busy_id IS NULL AND EXISTS (SELECT 1 FROM {turns} WHERE {q('id')} = %s)) "
-            "SELECT r.seq, r.busy_id, r.busy_status, r.route, (SELECT count(*) FROM n) FROM r")
-
-
-@functools.cache
-def _draw_seq_sql(*, owned: bool = False) -> str:
-    """The enqueue's lock and draw: ``last_turn_seq + 1`` and ``updated_at`` of the session row (an
-    UPDATE: ``FOR NO KEY UPDATE``'s lock, as the ORM's ``update(F(…) + 1)`` took); ``owned``: only
-    when its ``owner_id`` is the third parameter (no row otherwise: nothing locked, nothing changed)."""
-    q = connection.ops.quote_name
-    return (f"UPDATE {q(Session._meta.db_table)} SET {q('last_turn_seq')} = {q('last_turn_seq')} + 1, "
-            f"{q('updated_at')} = %s WHERE {q('id')} = %s" + (f" AND {q('owner_id')} = %s" if owned else ""))
-
-
-@functools.cache
-def _enqueue_reads_sql(route_sql: str) -> str:
-    """The enqueue's reads after its lock, one statement: the drawn ``seq``, the session's running (or
-    else oldest queued) turn — ``"running"`` sorts after ``"queued"``, so ``DESC`` puts it first — its
-    status, and the route (``routing.session_route_sql``). Raw SQL (any backend): the ORM compiled an
-    annotated query with three subqueries per POST."""
-    q = connection.ops.quote_name
-    busy = _busy_turn_sql(but_one=False)
-    return (f"SELECT s.{q('last_turn_seq')}, (SELECT b.{q('id')} {busy}), (SELECT b.{q('status')} {busy}), "
-            f"{route_sql} FROM {q(Session._meta.db_table)} s WHERE s.{q('id')} = %s")
-
-
 def _insert_turn(turn: Turn, batch: Batch) -> None:
     """``turn.save()`` of a new turn without the ORM's compile: one INSERT of every concrete field
-    (``created_at``, ``auto_now_add``, set now as ``save`` would), held in ``batch``."""
+    (``created_at``, ``auto_now_add``, set now as ``save`` would), batched in ``batch``."""
     touch(turn, "created_at")
-    batch.add(*rows_insert_sql([turn], _TURN_FIELDS))
+    batch.add(query("turn_insert"), save_values(turn, _TURN_FIELDS))
     turn._state.adding, turn._state.db = False, connection.alias
 
 
-_TURN_FIELDS = tuple(f.name for f in Turn._meta.concrete_fields)
+# The columns of ``queries.sql``'s ``turn_insert``, in its order; ``turn_insert_drawn`` takes all but the
+# three it reads itself (``seq`` from the session row, the two times from the clock after the lock wait).
+_TURN_FIELDS = ("id", "session", "seq", "status", "input", "thread_action", "codex_thread_id", "codex_turn_id",
+                "codex_methods", "final_text", "error", "usage", "timings", "attempt", "claim_token",
+                "lease_expires_at", "dispatched_at", "cancel_requested_at", "created_by", "created_at",
+                "started_at", "finished_at")
+_DRAWN_TURN_FIELDS = tuple(name for name in _TURN_FIELDS if name not in ("seq", "created_at", "dispatched_at"))
 
 
 # --- turns: claim ----------------------------------------------------------------------------------
@@ -400,16 +313,15 @@ def _claim(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None:
 
 def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None:
     """The claim in one round trip (``pipelining``): ``BEGIN``, the session and turn locks
-    (``lock_session_and_turn_later``), the decision and its writes (``claim_statement``), the ``running``
+    (``lock_session_and_turn_later``), the decision and its writes (``queries.sql``: ``claim``), the ``running``
     event (written only if that claim happened) and the ``COMMIT``. A turn that may not run commits nothing
     (its locks are released); one whose cancel was asked for while its worker was lost is ended by a second
     transaction (``_end_cancelled_unrun``: rare, not worth its own SQL)."""
     token = uuid.uuid4()
     with pipelined_atomic(durable=True) as batch:
         lock = lock_session_and_turn_later(batch, pk)
-        decided: Later[Any] = batch.add(claim_statement.claim_sql(), claim_statement.claim_params(
-            turn_id=pk, token=token, lease=_lease_deadline()))
-        events.event_append_claimed_held(batch, turn_id=pk, token=token, items=[(events.RUNNING, {})])
+        decided: Later[Any] = batch.add(query("claim"), _claim_params(turn_id=pk, token=token, lease=_lease_deadline()))
+        events.event_append_claimed_batched(batch, turn_id=pk, token=token, items=[(events.RUNNING, {})])
         sent.append(token)
     locked = lock.get()
     if locked is None:
@@ -424,6 +336,17 @@ def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None
     return TurnClaim(turn_id=turn.id, session_id=session.id, token=token, input_text=turn.input, thread_id=thread_id,
                      rollout_generation=generation, config=policy.effective_config(session.model_config),
                      attempt=attempt, previous_thread_id=turn.codex_thread_id or None)
+
+
+def _claim_params(*, turn_id: uuid.UUID, token: uuid.UUID, lease: datetime) -> dict[str, Any]:
+    """``queries.sql``'s ``claim`` parameters: the turn, the new claim ``token`` and the lease's end.
+    ``started_at``, the user row's ``created_at`` and the session's ``updated_at`` are the statement's own
+    clock (``clk``: ``clock_timestamp()``, read once), taken after the locking statement before it — not the
+    caller's before the round trip: a claim that waited for the session's lock while the turn before it was
+    finalized had a ``started_at`` before that turn's ``finished_at``, which ``make faults`` reports as turns
+    that "overlapped or ran out of order"; the one-trip enqueue stamps its times the same way."""
+    return {"turn": turn_id, "token": token, "lease": lease, "running": Turn.Status.RUNNING,
+            "queued": Turn.Status.QUEUED, "user": Message.Role.USER, "active": CodexBinding.Status.ACTIVE}
 
 
 def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:
@@ -442,7 +365,7 @@ def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:
 
 def _bound_thread(session: Session) -> tuple[str | None, int | None]:
     """The session's active binding's thread and that thread's stored rollout generation (each ``None``
-    when there is none), read with the ORM (``claim_statement`` reads the same in SQL)."""
+    when there is none), read with the ORM (``queries.sql``'s ``claim`` reads the same in SQL)."""
     binding = CodexBinding.objects.filter(session=session, status=CodexBinding.Status.ACTIVE).first()
     stored = rollouts.rollout_state(thread_id=binding.thread_id if binding else None)
     return (binding.thread_id if binding else None), (stored.generation if stored is not None else None)
@@ -669,7 +592,7 @@ def _commit_turn_once(
         lock = lock_session_and_turn_later(batch, turn_id)
         t0 = time.monotonic()
         # Sent with the locks and run under them; rolled back below if the claim is no longer held.
-        fence = (rollouts.rollout_store_held(batch, delta=result.rollout, codex_version=result.codex_version)
+        fence = (rollouts.rollout_store_batched(batch, delta=result.rollout, codex_version=result.codex_version)
                  if result.rollout is not None else None)
         store_ms = (time.monotonic() - t0) * 1000
         locked = _claimed(lock.get(), turn_id, token)
@@ -728,17 +651,16 @@ class _TurnEnd:
 
 def _end_turn(session: Session, turn: Turn, *, warm: tuple[str, list[Any]], batch: Batch) -> Later[_TurnEnd]:
     """Write the ended ``turn`` (``_FINISH_FIELDS``) and ``warm`` (``routing.warm_thread_record_sql``),
-    stamp the session's next queued turn as dispatched (``dispatch.session_next_turn_sql``) and read the
+    stamp the session's next queued turn as dispatched (``dispatch.session_next_turn_params``) and read the
     active binding, under the finalize's locks. One statement (data-modifying CTEs; its reads come after
     the locks and after any ``binding_rotate``, so they see what committed before this transaction took
     the session lock and what it wrote since). It was five statements,
     three of them ORM queries compiled per turn (``binding_publish``'s read, the upsert, the next turn):
     ~45 % of a warm finalize's samples under py-spy."""
-    update, update_params = row_update_sql(turn, _FINISH_FIELDS)
-    nxt_sql, nxt_params = dispatch.session_next_turn_sql(session.pk)
-    return batch.add(_end_turn_sql(update, warm[0], nxt_sql),
-                     [*update_params, *warm[1], *nxt_params, session.pk, CodexBinding.Status.ACTIVE],
-                     convert=_turn_end_row)
+    name = "turn_end_keeping_warm" if warm[0] == query("warm_thread_upsert") else "turn_end_forgetting_warm"
+    return batch.add(query(name), [*save_values(turn, _FINISH_FIELDS), pk_value(turn), *warm[1],
+                                   *dispatch.session_next_turn_params(session.pk), session.pk,
+                                   CodexBinding.Status.ACTIVE], convert=_turn_end_row)
 
 
 def _turn_end_row(rows: list[tuple[Any, ...]]) -> _TurnEnd:
@@ -746,15 +668,6 @@ def _turn_end_row(rows: list[tuple[Any, ...]]) -> _TurnEnd:
     nxt, binding_pk, thread_id = rows[0]
     return _TurnEnd(active=bindings.ActiveBinding(binding_pk, thread_id) if binding_pk is not None else None,
                     next_turn=nxt)
-
-
-@functools.lru_cache(maxsize=8)
-def _end_turn_sql(update: str, warm: str, nxt: str) -> str:
-    """``_end_turn``'s statement around its parts (texts cached by their makers: a handful per process)."""
-    q = connection.ops.quote_name
-    return (f"WITH t AS ({update}), w AS ({warm}), n AS ({nxt}) "
-            f"SELECT (SELECT n.{q('id')} FROM n), b.{q('id')}, b.{q('thread_id')} FROM (SELECT 1) one "
-            f"LEFT JOIN {q(CodexBinding._meta.db_table)} b ON b.{q('session_id')} = %s AND b.{q('status')} = %s")
 
 
 def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "", batch: Batch) -> None:
@@ -770,7 +683,7 @@ def _finish_events(turn: Turn, result: TurnOutcome, *, notice: str = "", batch: 
     if turn.usage:
         items.append((events.USAGE, turn.usage))
     items.append(events.terminal_item(turn))
-    events.event_append_held(batch, turn=turn, items=items)
+    events.event_append_batched(batch, turn=turn, items=items)
 
 
 def _lock_claimed(turn_id: uuid.UUID, token: uuid.UUID) -> tuple[Session, Turn] | None:
@@ -789,11 +702,9 @@ def _claimed(locked: tuple[Session, Turn] | None, turn_id: uuid.UUID, token: uui
 
 
 def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]], *,
-                     also: tuple[str, list[Any]] | None = None, batch: Batch | None = None) -> None:
+                     batch: Batch | None = None) -> None:
     """Append transcript rows with the session's next sequence numbers (caller holds the session lock).
-    ``also``: another single-row write of the caller's transaction (``rows.row_update_sql``), sent with
-    them (the claim's turn update). ``batch``: hold the PostgreSQL statement there (``pipelining``)
-    instead of running it now."""
+    ``batch``: send the statement with it (``pipelining``) instead of running it now."""
     new = []
     for row in rows:
         session.last_message_seq += 1
@@ -811,18 +722,14 @@ def _append_messages(session: Session, turn: Turn, rows: Iterable[dict[str, Any]
             )
         )
     if not new:
-        if also is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(*also)
         return
-    # One statement (data-modifying CTEs): ``also``, the session's counter, the rows.
+    # One statement (``queries.sql``: ``messages_append``): the session's counter, the rows.
     touch(session, "updated_at")
     for message in new:
         message.created_at = session.updated_at
-    update, update_params = row_update_sql(session, ["last_message_seq", "updated_at"])
-    insert, insert_params = rows_insert_sql(new, _MESSAGE_FIELDS)
-    head, head_params = ("", []) if also is None else (f"a AS ({also[0]}), ", also[1])
-    statement = (f"WITH {head}s AS ({update}) {insert}", [*head_params, *update_params, *insert_params])
+    statement = (query("messages_append").replace("{rows}", value_rows(len(_MESSAGE_FIELDS), len(new))),
+                 [*save_values(session, ("last_message_seq", "updated_at")), pk_value(session),
+                  *(value for message in new for value in save_values(message, _MESSAGE_FIELDS))])
     if batch is not None:
         batch.add(*statement)
         return
@@ -837,7 +744,8 @@ _MESSAGE_FIELDS = ("session", "seq", "turn", "role", "content", "tool_calls", "t
 def _finish(turn: Turn, result: TurnOutcome, *, status: str, error: str) -> None:
     """End ``turn`` with ``status``: its fields (``_set_finish``), written, and its end line on commit."""
     _set_finish(turn, result, status=status, error=error)
-    row_update(turn, _FINISH_FIELDS)
+    with connection.cursor() as cursor:
+        cursor.execute(query("turn_finish"), [*save_values(turn, _FINISH_FIELDS), pk_value(turn)])
     turn_ended_on_commit(turn)
 
 

@@ -13,6 +13,8 @@ from typing import TypeVar
 from django.db import connection, models
 from django.db.transaction import TransactionManagementError
 
+from ..sql import query
+
 M = TypeVar("M", bound=models.Model)
 
 BATCH_SIZE = 2_000
@@ -33,11 +35,7 @@ def _sequence_catch_up(model: type[models.Model], given: list[int]) -> None:
         return
     table = model._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT setval(pg_get_serial_sequence(%s, %s), %s) WHERE %s > COALESCE("
-            "pg_sequence_last_value(pg_get_serial_sequence(%s, %s)::regclass), 0)",
-            [table, pk.column, max(given), max(given), table, pk.column],
-        )
+        cursor.execute(query("sequence_catch_up"), [table, pk.column, max(given), max(given), table, pk.column])
 
 
 def rows_insert_verbatim(objs: Sequence[M]) -> list[M]:

@@ -4,7 +4,7 @@ table (docs/architecture.md §4).
 A warm turn's way to its worker through Celery — the API's send to the broker, the worker's consumer, the
 prefork pool's hop to its child, the task's start — was the largest part of its ``queue`` phase (~6.7 of
 ~55 ms the stack added to codex's turn on this 2-core machine, traced per hop, ``make bench-warm``). So
-the enqueue of a turn whose session's holder (``routing.session_route_sql``) listened at its last
+the enqueue of a turn whose session's holder (``routing.session_route_params``) listened at its last
 heartbeat (``TurnWorker.wakeable``) sends ``pg_notify(routing.wake_channel(route), '<turn id> <session
 id>')`` in its transaction instead of a Celery message: PostgreSQL delivers it at the commit. The worker
 process of that route listens (``WakeListener``, a thread of its own with a connection of its own) and

@@ -167,8 +167,9 @@ def test_the_hubs_one_statement_read_returns_the_rows_the_orm_read_returns(claim
     import psycopg
     from psycopg.rows import dict_row
 
-    from hermes_sessions.api.event_hub import _session_rows, session_rows_sql
+    from hermes_sessions.api.event_hub import _session_rows
     from hermes_sessions.listener import connection_params
+    from hermes_sessions.sql import query
 
     writer = writer_for(claimed)
     writer.add(events.DELTA, {"item_id": "m1", "text": "caf\u00e9 \u2603"})
@@ -176,8 +177,8 @@ def test_the_hubs_one_statement_read_returns_the_rows_the_orm_read_returns(claim
     finish(claimed, "done")
     orm = _session_rows(claimed.session_id, 0)
     with psycopg.connect(**connection_params("test"), row_factory=dict_row) as conn:
-        raw = conn.execute(session_rows_sql(), (claimed.session_id, 0, 500)).fetchall()
-        after_first = conn.execute(session_rows_sql(), (claimed.session_id, orm[0]["id"], 2)).fetchall()
+        raw = conn.execute(query("turn_events_after"), (claimed.session_id, 0, 500)).fetchall()
+        after_first = conn.execute(query("turn_events_after"), (claimed.session_id, orm[0]["id"], 2)).fetchall()
     assert [e["kind"] for e in orm] == ["queued", "running", "delta", "completed"]
     assert raw == orm  # same keys, values and types (uuid.UUID turn ids, dict data)
     assert after_first == orm[1:3]  # after the id, oldest first, at most the limit

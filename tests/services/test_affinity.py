@@ -179,7 +179,7 @@ def test_route_follows_the_celery_apps_eager_flag_not_the_django_setting(setting
 
 def test_turn_enqueue_wakes_a_listening_holder_instead_of_a_message_and_not_when_tasks_run_in_process(
         monkeypatch, django_capture_on_commit_callbacks):
-    """``turn_enqueue`` reads the route in its transaction (``routing.session_route_sql``, the rule of
+    """``turn_enqueue`` reads the route in its transaction (``routing.session_route_params``, the rule of
     ``turn_route``): a holder whose listener listens is woken in the transaction and gets no Celery
     message; any other turn goes to the shared queue; an eager app routes nothing; a turn queued behind
     another gets nothing (its predecessor's end dispatches it)."""

@@ -12,8 +12,9 @@ from django.db import transaction
 from django.db.transaction import TransactionManagementError
 
 from hermes_sessions import services
-from hermes_sessions.services import bindings, dispatch, events
+from hermes_sessions.services import bindings, dispatch
 from hermes_sessions.services.locks import advisory_xact_lock, lock_session_and_turn, lock_session_for_events
+from hermes_sessions.sql import query
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "hermes_sessions"
@@ -93,14 +94,17 @@ def test_the_session_event_lock_is_taken_in_one_place_before_the_turn_row():
     cancels holding the session row); the event lock is the session row (``lock_session_for_events``'s
     mode), taken by the event statement before its claim check."""
     sql_users = {path.relative_to(REPO).as_posix() for path, _ in modules() if "pg_advisory" in path.read_text()}
-    assert sql_users == {"hermes_sessions/services/locks.py"}
+    assert sql_users == set() and "pg_advisory" in query("advisory_xact_lock")  # named in queries.sql only …
+    named_by = {path.relative_to(REPO).as_posix() for path, _ in modules() if '"advisory_xact_lock"' in path.read_text()}
+    assert named_by == {"hermes_sessions/services/locks.py"}  # … and run by locks.py only
     events_tree = ast.parse((PACKAGE / "services" / "events.py").read_text())
     assert _calls(events_tree, "advisory_xact_lock") == []
     # The one statement: CTE l locks the session row; the claim check's share lock of the turn
     # row (CTE c) reads through l, so its LockRows runs after l has locked (tests/services/test_event_lock_order.py).
-    sql = events._events_sql(claimed=True)
-    assert sql.index("FOR NO KEY UPDATE") < sql.index("FOR SHARE OF t") and "JOIN l ON" in sql
-    assert "FOR SHARE" not in events._events_sql(claimed=False)
+    for name in ("events_append_claimed", "events_append_of_claim"):
+        sql = query(name)
+        assert sql.index("FOR NO KEY UPDATE") < sql.index("FOR SHARE OF t") and "JOIN l ON" in sql
+    assert "FOR SHARE" not in query("events_append")
 
 
 @pytest.mark.django_db(transaction=True)

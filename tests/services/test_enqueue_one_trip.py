@@ -5,6 +5,7 @@ nothing of it reaching a session that is not the caller's. On PostgreSQL, as the
 (``transaction=True``): inside a test's transaction the two-trip path runs instead."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import timedelta
@@ -19,6 +20,7 @@ from hermes_sessions import services
 from hermes_sessions.listener import connection_params
 from hermes_sessions.models import Session, Turn
 from hermes_sessions.services import events, pipelining, routing
+from hermes_sessions.sql import query
 from hermes_sessions.worker import recovery
 from project.celery import app as celery_app
 from tests.factories import SessionFactory, TurnFactory, UserFactory
@@ -75,8 +77,11 @@ def trips(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("queue", ["turns.a@host", "turns.ünïcödé-'quoted\"@h", "turns." + "n" * 300 + "@host"])
 def test_postgresql_names_the_wake_channel_as_python_does(queue):
+    """The one-trip enqueue's statement names the holder's channel from the route it reads (``queries.sql``:
+    ``enqueue_reads_and_wake``); that expression, run on ``'wake:<queue>'``, gives ``routing.wake_channel``."""
+    channel = re.search(r"pg_notify\((.*), %s\) FROM r WHERE", query("enqueue_reads_and_wake")).group(1)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {routing.wake_channel_sql('%s')}", [queue])
+        cursor.execute(f"WITH r AS (SELECT 'wake:' || %s AS route) SELECT {channel} FROM r", [queue])
         assert cursor.fetchone()[0] == routing.wake_channel(queue)
 
 

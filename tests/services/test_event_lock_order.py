@@ -5,7 +5,7 @@ row that a post or cancel held ``FOR UPDATE`` while waiting for the turn row or 
 PostgreSQL's ``deadlock detected`` — POST turn / cancel answered 500, or the batch was lost.
 
 Each test interleaves two real connections in the order that deadlocked: the batch has taken its locks
-and written its rows (on PostgreSQL one statement, ``events._events_sql``) and has not committed yet
+and written its rows (on PostgreSQL one statement, ``queries.sql``: ``events_append_claimed``) and has not committed yet
 (its foreign-key checks run at commit), the API write starts and blocks on a lock, then the batch goes on."""
 import threading
 import time

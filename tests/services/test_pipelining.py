@@ -5,6 +5,7 @@ import hashlib
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.postgresql.base import ServerBindingCursor
 
 from hermes_sessions import services
 from hermes_sessions.models import CodexBinding, CodexRollout, Session, Turn
@@ -22,7 +23,7 @@ def _title(pk):
     return Session.objects.get(pk=pk).title
 
 
-def test_held_statements_and_the_commit_go_in_one_round_trip_and_callbacks_run_after_it(user):
+def test_batched_statements_and_the_commit_go_in_one_round_trip_and_callbacks_run_after_it(user):
     session = services.session_create(owner=user)
     ran = []
     with round_trips_counted() as wire, counting(wire) as trips:
@@ -30,22 +31,22 @@ def test_held_statements_and_the_commit_go_in_one_round_trip_and_callbacks_run_a
             first = batch.add(TITLE + " RETURNING title", ["one", session.pk])
             batch.add(TITLE, ["two", session.pk])
             transaction.on_commit(lambda: ran.append(_title(session.pk)))
-            assert batch.held == 2 and not ran
+            assert batch.unsent == 2 and not ran
     assert trips == [2]  # BEGIN + both + COMMIT; then the callback's own read
     assert first.one() == ("one",) and first.rowcount == 1
     assert ran == ["two"]  # after the commit, and it sees it
     assert batch.round_trips == 1
 
 
-def test_another_statement_sends_what_is_held_first(user):
-    """Program order: an ORM query while statements are held sends them before itself."""
+def test_another_statement_sends_what_is_batched_first(user):
+    """Program order: an ORM query while statements are batched sends them before itself."""
     session = services.session_create(owner=user)
     with pipelined_atomic() as batch:
-        batch.add(TITLE, ["held", session.pk])
-        assert batch.held == 1
-        assert _title(session.pk) == "held"  # the ORM read ran after the held UPDATE
-        assert batch.held == 0
-    assert _title(session.pk) == "held"
+        batch.add(TITLE, ["batched", session.pk])
+        assert batch.unsent == 1
+        assert _title(session.pk) == "batched"  # the ORM read ran after the batched UPDATE
+        assert batch.unsent == 0
+    assert _title(session.pk) == "batched"
 
 
 def test_a_failing_statement_rolls_back_the_whole_transaction_and_no_callback_runs(user):
@@ -60,7 +61,7 @@ def test_a_failing_statement_rolls_back_the_whole_transaction_and_no_callback_ru
     assert connection.in_atomic_block is False and Session.objects.filter(pk=session.pk).exists()
 
 
-def test_an_exception_in_the_block_sends_nothing_held(user):
+def test_an_exception_in_the_block_sends_nothing_batched(user):
     session = services.session_create(owner=user)
     with pytest.raises(RuntimeError), pipelined_atomic(durable=True) as batch:
         batch.add(TITLE, ["never", session.pk])
@@ -86,6 +87,25 @@ def test_inside_another_transaction_statements_run_at_once_and_the_outer_one_dec
         assert _title(session.pk) == "inner"
         raise RuntimeError("outer rollback")
     assert _title(session.pk) == ""
+
+
+def test_batched_statements_are_prepared_after_the_threshold_and_the_connection_runs_in_its_modes_after(settings):
+    """The batch binds server-side (psycopg's ``cursor_factory``, set back after) so PostgreSQL prepares a text
+    after ``DATABASE_PREPARE_THRESHOLD`` runs; the batch's BEGIN rode psycopg's public ``autocommit``, and the
+    connection is back in Django's modes once the block ends."""
+    settings.DATABASE_PREPARE_THRESHOLD = 2
+    for i in range(3):
+        with pipelined_atomic() as batch:
+            got = batch.add("SELECT %s::int + 1", [i])
+        assert got.one() == (i + 1,)
+    raw = connection.connection
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT $1::int + 1%%'")
+        assert cursor.fetchone() == (1,)
+    assert raw.cursor_factory is not ServerBindingCursor and raw.autocommit and connection.get_autocommit()
+    with transaction.atomic():
+        Session.objects.count()
+        assert not raw.autocommit  # Django's atomic turned it off again: psycopg opens the transaction
 
 
 def test_a_transaction_that_sent_nothing_commits_nothing(user):

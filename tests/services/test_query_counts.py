@@ -28,7 +28,7 @@ THREAD = "019a0000-0000-7000-8000-0000000000aa"
 STORED = b'{"type":"session_meta"}\n'
 
 #: BEGIN; lock session + turn (one statement); the decision and its writes — runnable, turn update, user
-#: row, session counter, binding and rollout generation read back (``claim_statement``); the ``running``
+#: row, session counter, binding and rollout generation read back (``queries.sql``: ``claim``); the ``running``
 #: event (session event lock + claim check + insert + NOTIFY); COMMIT — one round trip (Django's log shows
 #: BEGIN and COMMIT twice: the pipeline's and its own). Was 14 statements, then 6 round trips, then 2.
 CLAIM_QUERIES = 7
@@ -163,7 +163,7 @@ def test_a_second_warm_claim_finds_the_stored_generation_and_a_busy_one_writes_n
     first = services.turn_enqueue(session=session, input_text="one", user=user)
     second = services.turn_enqueue(session=session, input_text="two", user=user)
     claim = services.turn_claim(turn_id=first.id)
-    # The session is busy: the same one round trip, which writes nothing (``claim_statement``'s ``ok`` is empty).
+    # The session is busy: the same one round trip, which writes nothing (the ``claim`` statement's ``ok`` is empty).
     with round_trips_counted() as wire:
         with counting(wire) as trips, django_assert_num_queries(CLAIM_QUERIES):
             assert services.turn_claim(turn_id=second.id) is None

@@ -1,4 +1,4 @@
-"""The reads that the enqueue and the finalize fold into raw statements (``turns._enqueue_reads_sql``,
+"""The reads that the enqueue and the finalize fold into raw statements (``queries.sql``: ``enqueue_reads``,
 ``turns._end_turn``): which turn the busy check names, which binding a new thread replaces, which
 queued turn a finalize dispatches — each branch pinned, since no ORM query states them any more."""
 import hashlib

@@ -199,7 +199,7 @@ def test_a_rolled_back_enqueue_wakes_nobody(listening, monkeypatch):
     real_send = pipelining.Batch.send
 
     def send_then_fail(self, *, commit=False):
-        real_send(self)  # every held statement runs in the transaction, the wake's pg_notify included …
+        real_send(self)  # every batched statement runs in the transaction, the wake's pg_notify included …
         if commit:
             raise RuntimeError("… and the COMMIT never comes")
 
