@@ -158,18 +158,18 @@ def warm_thread_forget(*, queue: str, session_ids: list[str] | None = None) -> i
     return deleted
 
 
-def taken_elsewhere(*, queue: str, held: list[tuple[str, str, int]]) -> dict[str, str]:
-    """Of ``held`` (``(session id, thread id, generation)`` kept by worker ``queue``), those another
+def taken_elsewhere(*, queue: str, kept: list[tuple[str, str, int]]) -> dict[str, str]:
+    """Of ``kept`` (``(session id, thread id, generation)`` kept by worker ``queue``), those another
     worker took, with why: their ``WarmThread`` row names another queue or is gone (a turn ended
-    elsewhere, or the session was deleted), or the thread's stored generation is not the held one."""
-    if not held:
+    elsewhere, or the session was deleted), or the thread's stored generation is not the kept one."""
+    if not kept:
         return {}
-    ids = [s for s, _, _ in held]
+    ids = [s for s, _, _ in kept]
     rows = dict(WarmThread.objects.filter(session_id__in=ids).values_list("session_id", "queue"))
-    generations = dict(CodexRollout.objects.filter(thread_id__in=[t for _, t, _ in held])
+    generations = dict(CodexRollout.objects.filter(thread_id__in=[t for _, t, _ in kept])
                        .values_list("thread_id", "generation"))
     why: dict[str, str] = {}
-    for session_id, thread_id, generation in held:
+    for session_id, thread_id, generation in kept:
         if rows.get(session_id) != queue:
             why[session_id] = f"its last turn ended on {rows.get(session_id) or 'a worker that keeps nothing'}"
         elif generations.get(thread_id) != generation:
@@ -180,7 +180,7 @@ def taken_elsewhere(*, queue: str, held: list[tuple[str, str, int]]) -> dict[str
 
 
 def worker_heartbeat(*, queue: str, kept: int, wakeable: bool = False) -> str:
-    """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now`` (``kept`` threads held loaded,
+    """Upsert this worker's ``TurnWorker`` row with ``heartbeat_at = now`` (``kept``: the threads it keeps loaded,
     ``wakeable``: its wake listener listens); returns ``""``. Refuses (writes
     nothing, returns why) when the row is another live worker's (``route_taken``): this process was
     frozen (SIGSTOP, a stalled VM) long enough to be swept, and a worker started since with the same node

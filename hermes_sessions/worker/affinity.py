@@ -75,7 +75,7 @@ class AffinityLoop:
     def beat(self) -> bool:
         """The heartbeat part of a round; ``False`` when this process yielded its route (``_yield``)."""
         gone = self.keeper.expired()
-        why = routing.taken_elsewhere(queue=self.queue, held=self.keeper.kept_threads())
+        why = routing.taken_elsewhere(queue=self.queue, kept=self.keeper.kept_threads())
         for session_id, reason in why.items():
             self.keeper.release(session_id, reason=reason)
         if gone:

@@ -383,14 +383,14 @@ def test_taken_elsewhere_names_each_reason():
     forgotten = SessionFactory()  # its rollout deleted (forget_rollout): no generation at all
     threads[forgotten.pk] = "019a0000-0000-7000-8000-000000000099"
     warm_row(forgotten, queue, generation=3, thread_id=threads[forgotten.pk])
-    held = [(s.pk, threads[s.pk], 3) for s in (mine, moved, gone, renamed, forgotten)]
-    why = routing.taken_elsewhere(queue=queue, held=held)
+    kept = [(s.pk, threads[s.pk], 3) for s in (mine, moved, gone, renamed, forgotten)]
+    why = routing.taken_elsewhere(queue=queue, kept=kept)
     assert set(why) == {moved.pk, gone.pk, renamed.pk, forgotten.pk}
     assert why[moved.pk] == "its rollout moved on to generation 4"
     assert why[forgotten.pk] == "its stored rollout is gone"
     assert why[gone.pk] == "its last turn ended on a worker that keeps nothing"
     assert why[renamed.pk] == f"its last turn ended on {other}"
-    assert routing.taken_elsewhere(queue=queue, held=[]) == {}
+    assert routing.taken_elsewhere(queue=queue, kept=[]) == {}
 
 
 # --- the sweep --------------------------------------------------------------------------------------
