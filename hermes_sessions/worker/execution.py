@@ -443,7 +443,7 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
     except Exception as exc:  # noqa: BLE001 — any start-up trouble fails (or retries) the turn, not the worker
         logger.warning("turn %s: codex app-server did not start: %s", claim.turn_id, exc)
         raise _StartupError(f"codex app-server could not be started: {exc}", cause=exc) from exc
-    initialize_ms = round((time.monotonic() - t0) * 1000, 1) - restore_ms
+    initialize_ms = round((time.monotonic() - t0) * 1000 - restore_ms, 1)
     return _drive(claim, control, stream, client, version, workdir, home, base, t0,
                   restore_ms=restore_ms, initialize_ms=initialize_ms, spare=spare is not None,
                   release=spare.discard if spare is not None else client.close, handover=handover)
