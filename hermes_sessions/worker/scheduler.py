@@ -22,8 +22,9 @@ a later check (``warm/spares.py``); a spare is retired by SIGKILL and reaped by 
 due while a pause is armed waits until after the pause; only a step that began before the pause was armed
 can delay it, by at most that step's length minus the 20 ms. Measured: a job longer than
 ``SLOW_JOB_SECONDS`` (``SLOW_STEP_SECONDS`` for a slow one) is logged as a warning with its name
-(``slow_jobs`` counts them); ``tests/services/test_scheduler.py::
-test_a_pause_armed_while_a_spare_starts_fires_in_time`` pins the pause's bound while spares start.
+(``slow_jobs`` counts them). ``tests/services/test_scheduler.py`` pins the rule: a slow job due while a
+pause is due within the budget runs after it (``test_a_slow_job_due_waits_for_a_job_due_within_the_budget``),
+and a spare start waits for nothing codex does (``…never_answers_holds_the_scheduler_for_no_pause``).
 
 A job that raises is logged and dropped (a periodic one is scheduled again: a database blip must not
 end the heartbeat). The thread's database connection is its own (Django's are per thread); it is closed

@@ -159,6 +159,11 @@ class SparePool:
         with self._cv:
             return len(self._ready)
 
+    def launched(self) -> int:
+        """How many spares were launched (``initialize`` sent) and wait for their answer."""
+        with self._cv:
+            return sum(1 for s in self._starting if s.launched)
+
     def wait_ready(self, count: int, timeout: float) -> bool:
         """Block until ``count`` spares are ready (tests, bench, warm-up). Returns whether they are."""
         deadline = time.monotonic() + timeout
