@@ -234,6 +234,11 @@ SPECTACULAR_SETTINGS = {
     ],
     # The schema documents the API, not itself (GET /api/ links it); tests/api/test_contract.py.
     "SERVE_INCLUDE_SCHEMA": False,
+    # An approval's status and kind are other enums than a turn's status and a notice's kind.
+    "ENUM_NAME_OVERRIDES": {
+        "ApprovalStatusEnum": "hermes_sessions.models.Approval.Status",
+        "ApprovalKindEnum": "hermes_sessions.models.Approval.Kind",
+    },
 }
 # Seconds between heartbeats (": heartbeat" comment lines) on an idle event stream; each tick also
 # re-reads the table (api/streams.py).
@@ -312,6 +317,9 @@ CODEX_STAND_IN_URL = env_str("CODEX_STAND_IN_URL", "http://127.0.0.1:8765/v1")
 CODEX_CONFIG_TOML = env_str("CODEX_CONFIG_TOML")
 CODEX_REQUEST_TIMEOUT = env_float("CODEX_REQUEST_TIMEOUT", 30.0)  # seconds, each JSON-RPC request
 CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/start → turn/completed
+# Seconds a turn's approvals may wait for a person, all together (worker/approvals.py); then codex is
+# answered decline and the approval is expired. Not counted in CODEX_TURN_TIMEOUT; the worker's time limits add it.
+HERMES_APPROVAL_TIMEOUT_SECONDS = env_float("HERMES_APPROVAL_TIMEOUT_SECONDS", 900.0)
 CODEX_MAX_FRAME_BYTES = env_int("CODEX_MAX_FRAME_BYTES", 64 * 1024 * 1024)
 # JSON list replacing the start-up sandbox check command (hermes_sessions/codex/sandbox_check.py); tests only.
 CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")

@@ -1,0 +1,198 @@
+"""Approvals with the real codex binary (0.171.0) and the model stand-in (docs/contract.md §9).
+
+A session with ``approval_policy: untrusted`` and ``RUNCMD <cmd>`` makes codex ask
+``item/commandExecution/requestApproval``; the turn runs through the real task code (eager, in-process)
+while a "person" (a thread) decides through the REST API.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from devtools.model_stand_in import ModelStandIn
+from hermes_sessions import services
+from hermes_sessions.models import Approval, Message, Turn, TurnEvent
+from tests.support.real_codex import use_real_codex
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+UNTRUSTED = {"sandbox": "workspace-write", "approval_policy": "untrusted"}
+
+
+@pytest.fixture
+def real_codex(codex_dirs, settings, real_codex_bin):
+    settings.HERMES_HEARTBEAT_SECONDS = 0.2
+    with ModelStandIn() as stand_in:
+        use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
+        yield stand_in
+
+
+def api(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def decide(user, approval_id, decision: str, **extra) -> int:
+    response = api(user).post(f"/api/approvals/{approval_id}/decision/", data=json.dumps({"decision": decision, **extra}),
+                              content_type="application/json")
+    return response.status_code
+
+
+def person(session, user, act, *, wait: float = 60.0) -> tuple[threading.Thread, dict]:
+    """A thread that waits until the session's approval is pending — seen through the API — and calls
+    ``act(approval id)``; ``seen`` records what the API showed then."""
+    seen: dict = {}
+
+    def run():
+        deadline = time.monotonic() + wait
+        try:
+            while time.monotonic() < deadline:
+                pending = api(user).get(f"/api/sessions/{session.id}/approvals/?status=pending").json()["results"]
+                if pending:
+                    seen["approval"] = pending[0]
+                    seen["turn"] = api(user).get(f"/api/turns/{pending[0]['turn']}/").json()
+                    act(pending[0]["id"])
+                    return
+                time.sleep(0.05)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, seen
+
+
+def workdir(settings, session) -> Path:
+    return Path(settings.CODEX_WORK_ROOT) / session.id
+
+
+def tool_text(turn) -> str:
+    return "\n".join(Message.objects.filter(turn=turn, role="tool").values_list("content", flat=True))
+
+
+def test_accept_runs_the_command_and_its_output_is_in_the_transcript(user, real_codex, run_turn_now, settings):
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    mark = f"ran-{uuid.uuid4().hex[:8]}"
+    decider, seen = person(session, user, lambda a: decide(user, a, "accept"))
+    turn = run_turn_now(session=session, text=f"RUNCMD touch approved.txt && echo {mark}", user=user)
+    decider.join()
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    assert seen["approval"]["kind"] == "command" and "touch approved.txt" in seen["approval"]["request"]["command"]
+    assert "accept" in seen["approval"]["available_decisions"] and "decline" in seen["approval"]["available_decisions"]
+    assert seen["turn"]["waiting_for_approval"] is True
+    assert (workdir(settings, session) / "approved.txt").exists()
+    assert mark in tool_text(turn)
+    kinds = list(TurnEvent.objects.filter(turn=turn).values_list("kind", flat=True))
+    assert "approval.requested" in kinds and "approval.resolved" in kinds
+    assert Approval.objects.get(session=session).status == Approval.Status.ACCEPTED
+
+
+def test_decline_ends_the_item_declined_and_the_turn_completes(user, real_codex, run_turn_now, settings):
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    decider, _ = person(session, user, lambda a: decide(user, a, "decline"))
+    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
+    decider.join()
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    assert not (workdir(settings, session) / "approved.txt").exists()
+    assert "declined" in tool_text(turn).lower() or "rejected" in turn.final_text.lower()
+    assert Approval.objects.get(session=session).status == Approval.Status.DECLINED
+
+
+def test_an_approval_nobody_decides_expires_and_the_command_does_not_run(user, real_codex, run_turn_now, settings):
+    settings.HERMES_APPROVAL_TIMEOUT_SECONDS = 1.5
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    assert not (workdir(settings, session) / "approved.txt").exists()
+    approval = Approval.objects.get(session=session)
+    assert approval.status == Approval.Status.EXPIRED
+    assert decide(user, approval.pk, "accept") == 409
+
+
+def test_cancel_while_pending_cancels_turn_and_approval_and_a_late_accept_is_409(user, real_codex, run_turn_now, settings):
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    late: list[int] = []
+
+    def cancel_then_accept(approval_id):
+        assert api(user).post(f"/api/turns/{Approval.objects.get(pk=approval_id).turn_ref}/cancel/").status_code == 202
+        late.append(decide(user, approval_id, "accept"))
+
+    decider, _ = person(session, user, cancel_then_accept)
+    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
+    decider.join()
+    assert late == [409]
+    assert turn.status == Turn.Status.CANCELLED, turn.error
+    assert Approval.objects.get(session=session).status == Approval.Status.CANCELLED
+    assert not (workdir(settings, session) / "approved.txt").exists()
+
+
+def test_two_decisions_racing_one_wins_and_the_other_is_409(user, real_codex, run_turn_now, settings):
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    codes: list[int] = []
+
+    def race(approval_id):
+        gate = threading.Barrier(2)
+
+        def one(decision):
+            gate.wait()
+            codes.append(decide(user, approval_id, decision))
+            connection.close()
+
+        racers = [threading.Thread(target=one, args=(d,)) for d in ("accept", "decline")]
+        for r in racers:
+            r.start()
+        for r in racers:
+            r.join()
+
+    decider, _ = person(session, user, race)
+    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
+    decider.join()
+    assert sorted(codes) == [200, 409]
+    approval = Approval.objects.get(session=session)
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    # codex did what the winning decision says, and only that.
+    assert (workdir(settings, session) / "approved.txt").exists() == (approval.status == Approval.Status.ACCEPTED)
+
+
+def test_accept_for_session_answers_the_next_identical_request_without_asking(user, real_codex, run_turn_now, settings):
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    decider, _ = person(session, user, lambda a: decide(user, a, "acceptForSession"))
+    first = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
+    decider.join()
+    assert first.status == Turn.Status.SUCCEEDED, first.error
+    (workdir(settings, session) / "approved.txt").unlink()
+    second = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)  # nobody decides now
+    assert second.status == Turn.Status.SUCCEEDED, second.error
+    assert (workdir(settings, session) / "approved.txt").exists()
+    granted = Approval.objects.get(turn=second)
+    assert (granted.status, granted.decision, granted.decided_by) == (Approval.Status.ACCEPTED, "acceptForSession", None)
+    assert "approval_wait_ms" not in second.timings
+
+
+def test_a_file_change_is_put_to_a_person_with_its_diff(user, real_codex, run_turn_now, settings):
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    decider, seen = person(session, user, lambda a: decide(user, a, "accept"), wait=30)
+    turn = run_turn_now(session=session, text="PATCHFILE patched.txt hello-patch", user=user)
+    decider.join()
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    assert seen, "codex asked no approval for the patch"
+    assert seen["approval"]["kind"] in ("file_change", "command")
+    assert (workdir(settings, session) / "patched.txt").exists()
+
+
+def test_questions_are_put_to_a_person_and_the_answer_reaches_the_model(user, real_codex, run_turn_now):
+    session = services.session_create(owner=user, model_config=UNTRUSTED)
+    decider, seen = person(session, user, lambda a: decide(user, a, "accept", answers={"q1": "yes"}), wait=30)
+    turn = run_turn_now(session=session, text="ASKUSER Shall I go on?", user=user)
+    decider.join()
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    assert seen, "codex asked no question"
+    assert seen["approval"]["kind"] == "user_input"
+    assert "yes" in turn.final_text
