@@ -320,6 +320,9 @@ CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/sta
 # Seconds a turn's approvals may wait for a person, all together (worker/approvals.py); then codex is
 # answered decline and the approval is expired. Not counted in CODEX_TURN_TIMEOUT; the worker's time limits add it.
 HERMES_APPROVAL_TIMEOUT_SECONDS = env_float("HERMES_APPROVAL_TIMEOUT_SECONDS", 900.0)
+# Let the model ask questions (codex's request_user_input) outside Plan mode; they are put to a person
+# (item/tool/requestUserInput) in sessions whose approval_policy is not "never" (codex/launch.py).
+CODEX_USER_INPUT_IN_DEFAULT_MODE = env_bool("CODEX_USER_INPUT_IN_DEFAULT_MODE", False)
 CODEX_MAX_FRAME_BYTES = env_int("CODEX_MAX_FRAME_BYTES", 64 * 1024 * 1024)
 # JSON list replacing the start-up sandbox check command (hermes_sessions/codex/sandbox_check.py); tests only.
 CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")

@@ -245,7 +245,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_decided_by(self, approval: Approval) -> str | None:
-        return approval.decided_by.get_username() if approval.decided_by_id else None
+        return approval.decided_by.get_username() if approval.decided_by is not None else None
 
 
 @extend_schema_field({"type": "object", "additionalProperties": {

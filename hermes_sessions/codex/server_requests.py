@@ -151,13 +151,14 @@ def approval_request(method: str, params: dict[str, Any], *, request_id: Any = "
         details = {"reason": _text(p.get("reason")), "cwd": _text(p.get("cwd")),
                    "permissions": p.get("permissions") if isinstance(p.get("permissions"), dict) else {}}
     elif kind == USER_INPUT:
-        questions = p.get("questions") if isinstance(p.get("questions"), list) else []
-        details = {"questions": [q for q in questions if isinstance(q, dict)]}
+        asked = p.get("questions")
+        details = {"questions": [q for q in asked if isinstance(q, dict)] if isinstance(asked, list) else []}
     else:
         details = {"server": _text(p.get("serverName")), "mode": _text(p.get("mode")), "message": _text(p.get("message")),
                    "schema": p.get("requestedSchema") if isinstance(p.get("requestedSchema"), dict) else None,
                    "url": _text(p.get("url"))}
-    offered = p.get("availableDecisions") if isinstance(p.get("availableDecisions"), list) else []
+    listed = p.get("availableDecisions")
+    offered: list[Any] = listed if isinstance(listed, list) else []
     names = [n for n in (decision_name(d) for d in offered) if n] or list(DEFAULT_DECISIONS[kind])
     if ACCEPT in names and ACCEPT_FOR_SESSION not in names and kind in (COMMAND, FILE_CHANGE, PERMISSIONS):
         names.insert(names.index(ACCEPT) + 1, ACCEPT_FOR_SESSION)

@@ -63,6 +63,7 @@ class AskingTurn:
     token: uuid.UUID
     control: TurnControl
     budget: float
+    unattended: bool = False  # approval_policy "never": nobody is asked anything (A7)
     asked: int = 0  # approvals recorded in this claim (``TurnOutcome.approvals``)
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -72,10 +73,13 @@ _turns: list[AskingTurn] = []
 
 
 @contextmanager
-def turn_asks(*, turn_id: uuid.UUID, token: uuid.UUID, control: TurnControl) -> Iterator[AskingTurn]:
-    """Register the claimed turn for the block: codex's requests on its thread are put to a person."""
+def turn_asks(*, turn_id: uuid.UUID, token: uuid.UUID, control: TurnControl,
+              approval_policy: str = "untrusted") -> Iterator[AskingTurn]:
+    """Register the claimed turn for the block: codex's requests on its thread are put to a person —
+    unless ``approval_policy`` is ``never`` (codex then asks no approval, but a question from
+    ``request_user_input`` is answered fail-closed at once rather than left to wait)."""
     turn = AskingTurn(turn_id=turn_id, token=token, control=control,
-                      budget=float(settings.HERMES_APPROVAL_TIMEOUT_SECONDS))
+                      budget=float(settings.HERMES_APPROVAL_TIMEOUT_SECONDS), unattended=approval_policy == "never")
     with _lock:
         _turns.append(turn)
     try:
@@ -101,6 +105,8 @@ def ask(request: ApprovalRequest) -> Verdict | None:
     dispatcher thread, whose database connection it closes before returning. ``None`` when no turn of
     this process runs the request's thread or its claim is gone: the handler then answers fail-closed."""
     turn = _find(request.thread_id)
+    if turn is not None and turn.unattended:
+        return None
     if turn is None:
         logger.warning("codex asked %s on thread %s, which no turn here runs; answered fail-closed",
                        request.method, request.thread_id)

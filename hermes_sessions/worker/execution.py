@@ -504,7 +504,8 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
     )
     keep = completed = False
     control.attach(client.kill_nowait)  # a woken turn's soft limit ends this app-server (time_limits.py)
-    asking = approvals.turn_asks(turn_id=claim.turn_id, token=claim.token, control=control)
+    asking = approvals.turn_asks(turn_id=claim.turn_id, token=claim.token, control=control,
+                                 approval_policy=config["approval_policy"])
     approvals_asked = 0
     try:
         with asking as asked:
