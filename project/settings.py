@@ -234,8 +234,11 @@ SPECTACULAR_SETTINGS = {
     ],
     # The schema documents the API, not itself (GET /api/ links it); tests/api/test_contract.py.
     "SERVE_INCLUDE_SCHEMA": False,
-    # An approval's status and kind are other enums than a turn's status and a notice's kind.
+    # An approval's status and kind are other enums than a turn's status and a notice's kind; the latter
+    # keep the names they had before approvals (generated clients use them).
     "ENUM_NAME_OVERRIDES": {
+        "StatusEnum": "hermes_sessions.models.Turn.Status",
+        "KindEnum": "hermes_sessions.models.Notice.Kind",
         "ApprovalStatusEnum": "hermes_sessions.models.Approval.Status",
         "ApprovalKindEnum": "hermes_sessions.models.Approval.Kind",
     },

@@ -468,7 +468,7 @@ def turn_cancel(*, turn: Turn) -> Turn:
             turn.cancel_requested_at = timezone.now()
             turn.save(update_fields=["cancel_requested_at"])
             # In this transaction: a decision arriving after the cancel is 409 and never reaches codex
-            # (tests/services/test_approvals.py::test_cancelling_the_turn_cancels_its_pending_approvals).
+            # (tests/api/test_approvals.py::test_cancelling_the_turn_cancels_its_pending_approvals_and_a_late_decision_is_409).
             approvals.approvals_close_for_turn(turn=turn, reason="the turn was cancelled")
         return turn
 

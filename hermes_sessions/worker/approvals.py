@@ -23,7 +23,7 @@ While a request waits:
 
 ``thread/increment_elicitation`` is not sent: on codex 0.171.0 it pauses only the output window of a
 command already running (unified exec's ``yield_time_ms``), and codex keeps no timer on a request that
-waits for our answer (``docs/codex.md`` §5, ``tests/e2e/test_approvals.py``).
+waits for our answer (``docs/codex.md`` §5: a command approval answered 35 s late still ran the command).
 """
 from __future__ import annotations
 

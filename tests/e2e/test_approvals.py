@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from rest_framework.test import APIClient
 from devtools.model_stand_in import ModelStandIn
 from hermes_sessions import services
 from hermes_sessions.models import Approval, Message, Turn, TurnEvent
+from tests.support.approvals import turn_with_person
 from tests.support.real_codex import use_real_codex
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -45,28 +45,21 @@ def decide(user, approval_id, decision: str, **extra) -> int:
     return response.status_code
 
 
-def person(session, user, act, *, wait: float = 60.0) -> tuple[threading.Thread, dict]:
-    """A thread that waits until the session's approval is pending — seen through the API — and calls
-    ``act(approval id)``; ``seen`` records what the API showed then."""
+def run_deciding(run_turn_now, session, user, text, act, *, wait: float = 60.0) -> tuple[Turn, dict]:
+    """Run the turn while a person waits until the session's approval is pending — seen through the API —
+    and calls ``act(approval id)``; also returns what the API showed then (``approval``, its ``turn``)."""
     seen: dict = {}
 
-    def run():
-        deadline = time.monotonic() + wait
-        try:
-            while time.monotonic() < deadline:
-                pending = api(user).get(f"/api/sessions/{session.id}/approvals/?status=pending").json()["results"]
-                if pending:
-                    seen["approval"] = pending[0]
-                    seen["turn"] = api(user).get(f"/api/turns/{pending[0]['turn']}/").json()
-                    act(pending[0]["id"])
-                    return
-                time.sleep(0.05)
-        finally:
-            connection.close()
+    def pending():
+        found = api(user).get(f"/api/sessions/{session.id}/approvals/?status=pending").json()["results"]
+        if found:
+            seen["approval"] = found[0]
+            seen["turn"] = api(user).get(f"/api/turns/{found[0]['turn']}/").json()
+        return found
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, seen
+    turn = turn_with_person(run_turn_now, session=session, user=user, text=text, wait=wait,
+                            find_pending=pending, act=lambda found: act(found[0]["id"]))
+    return turn, seen
 
 
 def workdir(settings, session) -> Path:
@@ -80,9 +73,8 @@ def tool_text(turn) -> str:
 def test_accept_runs_the_command_and_its_output_is_in_the_transcript(user, real_codex, run_turn_now, settings):
     session = services.session_create(owner=user, model_config=UNTRUSTED)
     mark = f"ran-{uuid.uuid4().hex[:8]}"
-    decider, seen = person(session, user, lambda a: decide(user, a, "accept"))
-    turn = run_turn_now(session=session, text=f"RUNCMD touch approved.txt && echo {mark}", user=user)
-    decider.join()
+    turn, seen = run_deciding(run_turn_now, session, user, f"RUNCMD touch approved.txt && echo {mark}",
+        lambda a: decide(user, a, "accept"))
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert seen["approval"]["kind"] == "command" and "touch approved.txt" in seen["approval"]["request"]["command"]
     assert "accept" in seen["approval"]["available_decisions"] and "decline" in seen["approval"]["available_decisions"]
@@ -96,9 +88,8 @@ def test_accept_runs_the_command_and_its_output_is_in_the_transcript(user, real_
 
 def test_decline_ends_the_item_declined_and_the_turn_completes(user, real_codex, run_turn_now, settings):
     session = services.session_create(owner=user, model_config=UNTRUSTED)
-    decider, _ = person(session, user, lambda a: decide(user, a, "decline"))
-    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decider.join()
+    turn, _ = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt",
+        lambda a: decide(user, a, "decline"))
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert not (workdir(settings, session) / "approved.txt").exists()
     assert "declined" in tool_text(turn).lower() or "rejected" in turn.final_text.lower()
@@ -124,9 +115,7 @@ def test_cancel_while_pending_cancels_turn_and_approval_and_a_late_accept_is_409
         assert api(user).post(f"/api/turns/{Approval.objects.get(pk=approval_id).turn_ref}/cancel/").status_code == 202
         late.append(decide(user, approval_id, "accept"))
 
-    decider, _ = person(session, user, cancel_then_accept)
-    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decider.join()
+    turn, _ = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt", cancel_then_accept)
     assert late == [409]
     assert turn.status == Turn.Status.CANCELLED, turn.error
     assert Approval.objects.get(session=session).status == Approval.Status.CANCELLED
@@ -151,9 +140,7 @@ def test_two_decisions_racing_one_wins_and_the_other_is_409(user, real_codex, ru
         for r in racers:
             r.join()
 
-    decider, _ = person(session, user, race)
-    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decider.join()
+    turn, _ = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt", race)
     assert sorted(codes) == [200, 409]
     approval = Approval.objects.get(session=session)
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
@@ -163,9 +150,8 @@ def test_two_decisions_racing_one_wins_and_the_other_is_409(user, real_codex, ru
 
 def test_accept_for_session_answers_the_next_identical_request_without_asking(user, real_codex, run_turn_now, settings):
     session = services.session_create(owner=user, model_config=UNTRUSTED)
-    decider, _ = person(session, user, lambda a: decide(user, a, "acceptForSession"))
-    first = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decider.join()
+    first, _ = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt",
+        lambda a: decide(user, a, "acceptForSession"))
     assert first.status == Turn.Status.SUCCEEDED, first.error
     (workdir(settings, session) / "approved.txt").unlink()
     second = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)  # nobody decides now
@@ -178,9 +164,8 @@ def test_accept_for_session_answers_the_next_identical_request_without_asking(us
 
 def test_a_file_change_is_put_to_a_person_with_its_diff(user, real_codex, run_turn_now, settings):
     session = services.session_create(owner=user, model_config=UNTRUSTED)
-    decider, seen = person(session, user, lambda a: decide(user, a, "accept"), wait=30)
-    turn = run_turn_now(session=session, text="PATCHFILE patched.txt hello-patch", user=user)
-    decider.join()
+    turn, seen = run_deciding(run_turn_now, session, user, "PATCHFILE patched.txt hello-patch",
+        lambda a: decide(user, a, "accept"), wait=30)
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert seen, f"codex asked no approval for the patch: {turn.final_text!r}"
     assert seen["approval"]["kind"] == "file_change", seen
@@ -190,9 +175,8 @@ def test_a_file_change_is_put_to_a_person_with_its_diff(user, real_codex, run_tu
 def test_questions_are_put_to_a_person_and_the_answer_reaches_the_model(user, real_codex, run_turn_now, settings):
     settings.CODEX_USER_INPUT_IN_DEFAULT_MODE = True  # codex 0.171.0 offers request_user_input then only
     session = services.session_create(owner=user, model_config=UNTRUSTED)
-    decider, seen = person(session, user, lambda a: decide(user, a, "accept", answers={"q1": "yes"}), wait=30)
-    turn = run_turn_now(session=session, text="ASKUSER Shall I go on?", user=user)
-    decider.join()
+    turn, seen = run_deciding(run_turn_now, session, user, "ASKUSER Shall I go on?",
+        lambda a: decide(user, a, "accept", answers={"q1": "yes"}), wait=30)
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert seen, f"codex asked no question: {turn.final_text!r}"
     assert seen["approval"]["kind"] == "user_input"

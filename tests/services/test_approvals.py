@@ -4,11 +4,9 @@ turn's cancel) is what codex is answered — once, with the JSON-RPC result for 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
-from django.db import connection
 
 from hermes_sessions import services
 from hermes_sessions.codex.server_requests import (
@@ -19,6 +17,7 @@ from hermes_sessions.codex.server_requests import (
     make_server_request_handler,
 )
 from hermes_sessions.models import Approval, Turn, TurnEvent
+from tests.support.approvals import turn_with_person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,24 +33,16 @@ def fast_clock(settings):
     settings.HERMES_HEARTBEAT_SECONDS = 0.1
 
 
-def person(session, act, *, wait: float = 10.0) -> threading.Thread:
-    """A thread that waits for the session's pending approval and calls ``act(approval)``."""
+def run_deciding(run_turn_now, session, user, text, act):
+    """Run the turn while a person calls ``act(approval)`` once the session's approval is pending."""
+    return turn_with_person(run_turn_now, session=session, user=user, text=text, act=act, wait=10.0,
+                            find_pending=lambda: Approval.objects.filter(session=session,
+                                                                         status=Approval.Status.PENDING).first())
 
-    def run():
-        deadline = time.monotonic() + wait
-        try:
-            while time.monotonic() < deadline:
-                pending = Approval.objects.filter(session=session, status=Approval.Status.PENDING).first()
-                if pending is not None:
-                    act(pending)
-                    return
-                time.sleep(0.02)
-        finally:
-            connection.close()
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
+def deciding(user, decision, **extra):
+    """``act`` for ``run_deciding``: ``user`` gives ``decision`` (with ``answers`` or ``content``)."""
+    return lambda approval: services.approval_decide(approval_id=approval.pk, user=user, decision=decision, **extra)
 
 
 def answers(scripted_codex) -> list[dict]:
@@ -66,9 +57,7 @@ def asked_session(user, scripted_codex, request):
 
 def test_an_accepted_command_is_answered_accept_and_the_turn_goes_on(user, scripted_codex, run_turn_now):
     session = asked_session(user, scripted_codex, COMMAND)
-    decided = person(session, lambda a: services.approval_decide(approval_id=a.pk, user=user, decision="accept"))
-    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decided.join()
+    turn = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt", deciding(user, "accept"))
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert answers(scripted_codex) == [{"id": 0, "result": {"decision": "accept"}}]
     approval = Approval.objects.get(session=session)
@@ -80,19 +69,15 @@ def test_an_accepted_command_is_answered_accept_and_the_turn_goes_on(user, scrip
 
 def test_an_amendment_is_answered_as_codex_offered_it(user, scripted_codex, run_turn_now):
     session = asked_session(user, scripted_codex, COMMAND)
-    decided = person(session, lambda a: services.approval_decide(
-        approval_id=a.pk, user=user, decision="acceptWithExecpolicyAmendment"))
-    run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decided.join()
+    amend = deciding(user, "acceptWithExecpolicyAmendment")
+    run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt", amend)
     assert answers(scripted_codex)[0]["result"] == {
         "decision": {"acceptWithExecpolicyAmendment": {"execpolicy_amendment": ["touch"]}}}
 
 
 def test_a_declined_command_is_answered_decline(user, scripted_codex, run_turn_now):
     session = asked_session(user, scripted_codex, COMMAND)
-    decided = person(session, lambda a: services.approval_decide(approval_id=a.pk, user=user, decision="decline"))
-    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decided.join()
+    turn = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt", deciding(user, "decline"))
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert answers(scripted_codex)[0]["result"] == {"decision": "decline"}
     assert Approval.objects.get(session=session).status == Approval.Status.DECLINED
@@ -119,18 +104,15 @@ def test_the_wait_for_a_person_does_not_count_against_the_turn_timeout(user, scr
         time.sleep(1.5)
         services.approval_decide(approval_id=approval.pk, user=user, decision="accept")
 
-    decided = person(session, late)
-    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decided.join()
+    turn = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt", late)
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert turn.timings["approval_wait_ms"] >= 1400
 
 
 def test_cancelling_the_turn_while_pending_cancels_the_approval_and_answers_cancel(user, scripted_codex, run_turn_now):
     session = asked_session(user, scripted_codex, COMMAND)
-    decided = person(session, lambda a: services.turn_cancel(turn=Turn.objects.get(pk=a.turn_ref)))
-    turn = run_turn_now(session=session, text="RUNCMD touch approved.txt", user=user)
-    decided.join()
+    cancel = lambda a: services.turn_cancel(turn=Turn.objects.get(pk=a.turn_ref))  # noqa: E731
+    turn = run_deciding(run_turn_now, session, user, "RUNCMD touch approved.txt", cancel)
     approval = Approval.objects.get(session=session)
     assert approval.status == Approval.Status.CANCELLED, approval.reason
     assert answers(scripted_codex)[0]["result"] == {"decision": "cancel"}  # codex offered it
@@ -141,10 +123,7 @@ def test_cancelling_the_turn_while_pending_cancels_the_approval_and_answers_canc
 
 def test_user_input_answers_reach_codex(user, scripted_codex, run_turn_now):
     session = asked_session(user, scripted_codex, QUESTION)
-    decided = person(session, lambda a: services.approval_decide(approval_id=a.pk, user=user, decision="accept",
-                                                                 answers={"q1": ["yes"]}))
-    turn = run_turn_now(session=session, text="ASKUSER Which?", user=user)
-    decided.join()
+    turn = run_deciding(run_turn_now, session, user, "ASKUSER Which?", deciding(user, "accept", answers={"q1": ["yes"]}))
     assert turn.status == Turn.Status.SUCCEEDED, turn.error
     assert answers(scripted_codex)[0]["result"] == {"answers": {"q1": {"answers": ["yes"]}}}
 
