@@ -344,7 +344,7 @@ class TurnEvent(models.Model):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events", db_index=False)
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="events", db_index=False)
     attempt = models.PositiveIntegerField(default=0)
-    kind = models.CharField(max_length=16)
+    kind = models.CharField(max_length=32)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -397,3 +397,81 @@ class WarmThread(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} @ {self.queue}"
+
+
+class Approval(models.Model):
+    """One request codex sent for a person's decision during a turn (``docs/contract.md`` §9): a command
+    to run, a file change, extra permissions, answers to questions, an MCP server's form. Written only by
+    ``services/approvals.py``; an audit trail: kept when its turn is deleted (``turn`` becomes null, the
+    ``turn_ref`` stays) and deleted only with its session.
+
+    ``request`` is what codex asked, in our words (``codex.server_requests.ApprovalRequest.as_dict``):
+    ``{"method", "command", "cwd", "reason", "paths", "diff", "permissions", "questions", "server",
+    "message", "schema", "item_id"}`` — the keys its kind has. ``available_decisions`` lists the
+    decision names a person may choose (``accept``, ``acceptForSession``, ``decline``, ``cancel``, …);
+    ``offered`` keeps codex's own ``availableDecisions`` verbatim (amendment objects included), to answer
+    with. ``fingerprint`` (sha256 hex of kind + command + cwd, or of the paths and diff, …) names "the same
+    request": an ``acceptForSession`` decision answers later requests with the same fingerprint in the
+    session, and a re-run after a lost worker can match the request it asks again. ``attempt`` is the
+    turn's claim that asked; ``codex_request_id`` the JSON-RPC id codex sent it under. ``decision`` is
+    the decision given (a name from ``available_decisions``; ``decline`` for an expired or cancelled
+    one), ``response`` the extra answer (``{"answers": …}`` for questions, ``{"content": …}`` for a form),
+    ``decided_by`` / ``decided_at`` who and when (no user: the worker — expiry, a session grant).
+    ``expires_at``: a pending one is answered ``decline`` and ``expired`` then (HERMES_APPROVAL_TIMEOUT_SECONDS).
+    """
+
+    class Kind(models.TextChoices):
+        COMMAND = "command"
+        FILE_CHANGE = "file_change"
+        PERMISSIONS = "permissions"
+        USER_INPUT = "user_input"
+        MCP_ELICITATION = "mcp_elicitation"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        ACCEPTED = "accepted"
+        DECLINED = "declined"
+        CANCELLED = "cancelled"
+        EXPIRED = "expired"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="approvals")
+    turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="approvals")
+    turn_ref = models.UUIDField(help_text="the turn's id, kept when the turn row is deleted")
+    attempt = models.PositiveIntegerField(default=0)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    codex_request_id = models.CharField(max_length=64, blank=True)
+    codex_item_id = models.CharField(max_length=255, blank=True)
+    request = models.JSONField(default=dict, blank=True)
+    available_decisions = models.JSONField(default=list, blank=True)
+    offered = models.JSONField(default=list, blank=True)
+    fingerprint = models.CharField(max_length=64)
+    decision = models.CharField(max_length=64, blank=True)
+    response = models.JSONField(default=dict, blank=True)
+    reason = models.TextField(blank=True, help_text="why it ended so (expired, cancelled, a session grant)")
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["session", "status", "-created_at"], name="approval_session_status"),
+            models.Index(fields=["turn_ref", "status"], name="approval_turn_status"),
+            models.Index(fields=["session", "fingerprint"], name="approval_session_fingerprint"),
+        ]
+        constraints = [
+            # One row per request codex sent in a claim of a turn: a request is put to a person once (I9).
+            models.UniqueConstraint(fields=["turn_ref", "attempt", "codex_request_id"],
+                                    name="approval_unique_turn_attempt_request"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.status} ({self.turn_ref})"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == self.Status.PENDING

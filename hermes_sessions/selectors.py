@@ -24,6 +24,7 @@ from django.db.models.functions import Cast, Coalesce, Greatest
 from .models import (
     MESSAGE_SEARCH_CONFIG,
     SESSION_ID_RE,
+    Approval,
     CodexBinding,
     CodexRollout,
     Message,
@@ -138,7 +139,34 @@ def turn_get(*, user: User, turn_id: Any) -> Turn:
         pk = turn_id if isinstance(turn_id, uuid.UUID) else uuid.UUID(str(turn_id))
     except (ValueError, TypeError, AttributeError) as exc:
         raise Turn.DoesNotExist(f"no turn {turn_id!r}") from exc
-    return Turn.objects.get(pk=pk, session__owner_id=user.pk)
+    return with_waiting(Turn.objects.filter(session__owner_id=user.pk)).get(pk=pk)
+
+
+def with_waiting(turns: QuerySet[Turn]) -> QuerySet[Turn]:
+    """``turns`` annotated ``waiting_for_approval``: a pending approval asked by the turn's current
+    claim exists (one ``EXISTS`` on the ``approval_turn_status`` index per turn)."""
+    pending = Approval.objects.filter(turn_ref=OuterRef("pk"), attempt=OuterRef("attempt"),
+                                      status=Approval.Status.PENDING)
+    return turns.annotate(waiting_for_approval=Exists(pending))
+
+
+def approval_list(*, session: Session, status: str | None = None) -> QuerySet[Approval]:
+    """The session's approvals, newest first; only those in ``status`` when given (one of
+    ``Approval.Status``; the caller checks it)."""
+    queryset = Approval.objects.filter(session=session)
+    if status:
+        queryset = queryset.filter(status=status)
+    return queryset.select_related("decided_by").order_by("-created_at", "-id")
+
+
+def approval_get(*, user: User, approval_id: Any) -> Approval:
+    """The approval ``approval_id`` of one of ``user``'s sessions. Raises ``Approval.DoesNotExist`` when
+    ``approval_id`` is not a UUID, is unknown, or belongs to another user's session (I7)."""
+    try:
+        pk = approval_id if isinstance(approval_id, uuid.UUID) else uuid.UUID(str(approval_id))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise Approval.DoesNotExist(f"no approval {approval_id!r}") from exc
+    return Approval.objects.select_related("decided_by").get(pk=pk, session__owner_id=user.pk)
 
 
 def turn_is_queued(*, turn_id: Any) -> bool:
@@ -153,7 +181,7 @@ def turn_is_queued(*, turn_id: Any) -> bool:
 def turn_list_newest_first(*, session: Session) -> QuerySet[Turn]:
     """The session's turns, newest first (``GET /api/sessions/{id}/turns/``; the unique
     ``(session, seq)`` index serves the order)."""
-    return Turn.objects.filter(session=session).order_by("-seq")
+    return with_waiting(Turn.objects.filter(session=session)).order_by("-seq")
 
 
 def message_list(*, session: Session) -> QuerySet[Message]:

@@ -234,6 +234,14 @@ SPECTACULAR_SETTINGS = {
     ],
     # The schema documents the API, not itself (GET /api/ links it); tests/api/test_contract.py.
     "SERVE_INCLUDE_SCHEMA": False,
+    # An approval's status and kind are other enums than a turn's status and a notice's kind; the latter
+    # keep the names they had before approvals (generated clients use them).
+    "ENUM_NAME_OVERRIDES": {
+        "StatusEnum": "hermes_sessions.models.Turn.Status",
+        "KindEnum": "hermes_sessions.models.Notice.Kind",
+        "ApprovalStatusEnum": "hermes_sessions.models.Approval.Status",
+        "ApprovalKindEnum": "hermes_sessions.models.Approval.Kind",
+    },
 }
 # Seconds between heartbeats (": heartbeat" comment lines) on an idle event stream; each tick also
 # re-reads the table (api/streams.py).
@@ -312,6 +320,12 @@ CODEX_STAND_IN_URL = env_str("CODEX_STAND_IN_URL", "http://127.0.0.1:8765/v1")
 CODEX_CONFIG_TOML = env_str("CODEX_CONFIG_TOML")
 CODEX_REQUEST_TIMEOUT = env_float("CODEX_REQUEST_TIMEOUT", 30.0)  # seconds, each JSON-RPC request
 CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/start → turn/completed
+# Seconds a turn's approvals may wait for a person, all together (worker/approvals.py); then codex is
+# answered decline and the approval is expired. Not counted in CODEX_TURN_TIMEOUT; the worker's time limits add it.
+HERMES_APPROVAL_TIMEOUT_SECONDS = env_float("HERMES_APPROVAL_TIMEOUT_SECONDS", 900.0)
+# Let the model ask questions (codex's request_user_input) outside Plan mode; they are put to a person
+# (item/tool/requestUserInput) in sessions whose approval_policy is not "never" (codex/launch.py).
+CODEX_USER_INPUT_IN_DEFAULT_MODE = env_bool("CODEX_USER_INPUT_IN_DEFAULT_MODE", False)
 CODEX_MAX_FRAME_BYTES = env_int("CODEX_MAX_FRAME_BYTES", 64 * 1024 * 1024)
 # JSON list replacing the start-up sandbox check command (hermes_sessions/codex/sandbox_check.py); tests only.
 CODEX_SANDBOX_CHECK_COMMAND = env_str("CODEX_SANDBOX_CHECK_COMMAND")

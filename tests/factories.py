@@ -6,10 +6,13 @@ take ``seq`` or draw from a global counter, which is unique within any session t
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import factory
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
-from hermes_sessions.models import CodexBinding, Message, Notice, Session, Turn
+from hermes_sessions.models import Approval, CodexBinding, Message, Notice, Session, Turn
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -79,3 +82,20 @@ class NoticeFactory(factory.django.DjangoModelFactory):
     session = factory.SubFactory(SessionFactory)
     kind = Notice.Kind.LIFECYCLE
     text = "Codex thread could not be resumed; starting a new one."
+
+
+class ApprovalFactory(factory.django.DjangoModelFactory):
+    """A pending command approval of ``turn`` (pass one), expiring in an hour."""
+
+    class Meta:
+        model = Approval
+
+    turn = factory.SubFactory(TurnFactory)
+    session = factory.LazyAttribute(lambda a: a.turn.session)
+    turn_ref = factory.LazyAttribute(lambda a: a.turn.pk)
+    kind = Approval.Kind.COMMAND
+    codex_request_id = factory.Sequence(lambda n: str(n + 1))
+    request = factory.LazyFunction(lambda: {"method": "item/commandExecution/requestApproval", "command": "ls", "cwd": "/w"})
+    available_decisions = factory.LazyFunction(lambda: ["accept", "acceptForSession", "decline"])
+    fingerprint = "0" * 64
+    expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))

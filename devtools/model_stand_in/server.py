@@ -159,6 +159,24 @@ def _shell_call(body: dict, cmd: str) -> tuple[str, dict]:
     return tool, {"command": ["bash", "-lc", cmd]}
 
 
+def _steered_call(body: dict, steer: str) -> tuple[str, dict] | None:
+    """(tool, arguments) of the function call a magic word asks for, or ``None`` (``ModelStandIn``'s docstring)."""
+    if "RUNCMD" in steer:
+        return _shell_call(body, steer.split("RUNCMD", 1)[1].strip() or "echo hi")
+    if "PATCHFILE" in steer:
+        name, _, text = (steer.split("PATCHFILE", 1)[1].strip() or "patched.txt").partition(" ")
+        patch = f"*** Begin Patch\n*** Add File: {name}\n+{text or 'patched'}\n*** End Patch\n"
+        if "apply_patch" in _tool_names(body):
+            return "apply_patch", {"input": patch}
+        return _shell_call(body, f"apply_patch <<'EOF'\n{patch}EOF\n")
+    if "ASKUSER" in steer:
+        question = steer.split("ASKUSER", 1)[1].strip() or "Which one?"
+        return "request_user_input", {"questions": [{
+            "id": "q1", "header": "Question", "question": question,
+            "options": [{"label": "yes", "description": "Say yes"}, {"label": "no", "description": "Say no"}]}]}
+    return None
+
+
 def _usage(n_in: int, n_out: int) -> dict:
     return {
         "input_tokens": n_in,
@@ -327,9 +345,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._sse_start()
         self._sse({"type": "response.created", "response": {"id": resp_id}})
 
-        if "RUNCMD" in steer and not after_tool:
-            cmd = steer.split("RUNCMD", 1)[1].strip() or "echo hi"
-            tool, args = _shell_call(body, cmd)
+        call = None if after_tool else _steered_call(body, steer)
+        if call is not None:
+            tool, args = call
             call_id = "call_" + uuid.uuid4().hex[:12]
             item = {"type": "function_call", "id": "fc_" + call_id, "call_id": call_id,
                     "name": tool, "arguments": json.dumps(args)}
@@ -399,6 +417,12 @@ class ModelStandIn:
       (``exec_command`` with arguments ``{"cmd": "<cmd>"}`` in codex 0.169.0), then
       ``response.completed``. Codex runs the tool and POSTs again with a ``function_call_output``
       as the last input item; that request is answered ``"tool said: <output[:200]>"``.
+    * ``PATCHFILE <name> <text>`` — a patch adding file ``<name>`` with the line ``<text>``: through the
+      ``apply_patch`` tool when the request offers it, else ``apply_patch`` run by the shell tool (codex
+      turns either into a ``fileChange`` item, approved by ``item/fileChange/requestApproval``).
+    * ``ASKUSER <question>`` — a call of the ``request_user_input`` tool with one question (id ``q1``,
+      options ``yes`` / ``no``): codex asks ``item/tool/requestUserInput``. Both are answered, once the
+      tool's output comes back, as ``RUNCMD``'s are.
     * ``FAIL<status>`` (``FAIL500``, ``FAIL401``, ``FAIL429``, … any 100–599) — the model call is
       answered with that HTTP status and ``{"error": {"message", "type", "code"}}`` shaped like
       OpenAI's (401 ``invalid_api_key``, 429 ``rate_limit_exceeded``, 5xx ``server_error``).

@@ -1,4 +1,4 @@
-"""The audit records: notices, turns and messages. None of them is added, changed or deleted here
+"""The audit records: notices, turns, messages and approvals. None of them is added, changed or deleted here
 (the services write them; turns and notices are the audit trail), so their pages say "View". The
 writes operators make go through services: acknowledging notices, cancelling turns.
 
@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from .. import selectors, services
-from ..models import Message, Notice, Turn
+from ..models import Approval, Message, Notice, Turn
 from .pagination import EstimatedCountPaginator
 from .rendering import preview
 from .sessions import _int_param
@@ -85,15 +85,22 @@ class TurnAdmin(_AuditAdmin):
     """Turns across sessions, for finding failed or stuck ones: input, error, duration, token usage;
     "Cancel selected turns" (``services.turn_cancel``, as the API)."""
 
-    list_display = ("session", "seq", "status", "thread_action", "input_preview", "error_preview", "duration",
-                    "total_tokens", "attempt", "created_at")
+    list_display = ("session", "seq", "status", "waiting", "thread_action", "input_preview", "error_preview",
+                    "duration", "total_tokens", "attempt", "created_at")
     list_filter = ("status", "thread_action")
     list_select_related = ("session",)
     search_fields = ("session__id", "codex_thread_id", "codex_turn_id")
-    readonly_fields = [f.name for f in Turn._meta.fields]
+    readonly_fields = [*(f.name for f in Turn._meta.fields), "waiting"]
     actions = ("cancel_turns",)
     paginator = EstimatedCountPaginator
     show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Turn]:
+        return selectors.with_waiting(super().get_queryset(request))
+
+    @admin.display(boolean=True, description="waiting for approval")
+    def waiting(self, obj: Turn) -> bool:
+        return bool(getattr(obj, "waiting_for_approval", False))
 
     @admin.display(description="input")
     def input_preview(self, obj: Turn) -> str:
@@ -122,6 +129,27 @@ class TurnAdmin(_AuditAdmin):
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("hermes_sessions.change_turn")
+
+
+@admin.register(Approval)
+class ApprovalAdmin(_AuditAdmin):
+    """What codex asked a person, across sessions, and what was decided (read-only: people decide through
+    the API, ``POST /api/approvals/{id}/decision/``)."""
+
+    list_display = ("kind", "status", "session", "turn_ref", "request_preview", "decision", "decided_by",
+                    "decided_at", "created_at")
+    list_filter = ("status", "kind")
+    list_select_related = ("session", "decided_by")
+    search_fields = ("session__id", "=turn_ref", "=fingerprint")
+    readonly_fields = [f.name for f in Approval._meta.fields]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+
+    @admin.display(description="request")
+    def request_preview(self, obj: Approval) -> str:
+        details = obj.request or {}
+        text = details.get("command") or details.get("message") or details.get("reason") or str(details.get("questions") or "")
+        return preview(str(text), 160)
 
 
 @admin.register(Message)

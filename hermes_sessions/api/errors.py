@@ -12,6 +12,8 @@ exception                                       status  code
 ``services.IdempotencyKeyInUse``                409     ``idempotency_key_in_use`` (+ ``Retry-After``)
 ``services.IdempotencyMismatch``                422     ``idempotency_key_reused``
 ``services.InvalidInput``                       400     ``invalid_input``
+``services.ApprovalClosed``                     409     ``approval_closed`` (+ ``approval``)
+``services.InvalidDecision``                    400     ``invalid_decision`` (+ ``available_decisions``)
 other ``services.ServiceError``                 400     ``refused``
 ``policy.PolicyError`` (``forbidden``)          403     ``forbidden_setting``
 ``policy.PolicyError``                          400     ``invalid_setting``
@@ -45,6 +47,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from .. import policy, services
+from .serializers import ApprovalSerializer
 
 logger = logging.getLogger(__name__)
 security_logger = logging.getLogger("django.security")
@@ -137,6 +140,11 @@ def _translate_service_error(exc: services.ServiceError) -> tuple[Exception, dic
         return BadRequest(str(exc), code="invalid_idempotency_key"), {"field": "Idempotency-Key"}
     if isinstance(exc, services.InvalidInput):
         return BadRequest(str(exc), code="invalid_input"), {"field": "input"}
+    if isinstance(exc, services.ApprovalClosed):
+        return Conflict(str(exc), code="approval_closed"), {"approval": ApprovalSerializer(exc.approval).data}
+    if isinstance(exc, services.InvalidDecision):
+        return BadRequest(str(exc), code="invalid_decision"), {"field": "decision",
+                                                               "available_decisions": exc.available}
     return BadRequest(str(exc), code="refused"), {}
 
 

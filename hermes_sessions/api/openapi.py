@@ -13,7 +13,7 @@ from __future__ import annotations
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
-from .serializers import TurnSerializer
+from .serializers import ApprovalSerializer, TurnSerializer
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -44,6 +44,20 @@ class TurnFinishedErrorSerializer(ErrorSerializer):
     """409 ``turn_finished``: the turn to cancel already ended; ``turn`` is it, as ``GET /api/turns/{id}/`` shows it."""
 
     turn = TurnSerializer()
+
+
+class ApprovalClosedErrorSerializer(ErrorSerializer):
+    """409 ``approval_closed``: the approval was already decided, expired or cancelled, or its turn no longer
+    runs; ``approval`` is it as it is now."""
+
+    approval = ApprovalSerializer()
+
+
+class InvalidDecisionErrorSerializer(ErrorSerializer):
+    """400 ``invalid_decision``: a decision the approval does not offer, or answers that do not fit it."""
+
+    available_decisions = serializers.ListField(child=serializers.CharField(),
+                                                help_text="The decisions this approval offers.")
 
 
 # What each status means wherever it occurs; a view passes its own text where it says more.

@@ -14,7 +14,8 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 ERROR_BODY = {"$ref": "#/components/schemas/Error"}
 STREAM_DESCRIPTION = (
     "Server-sent events (docs/contract.md §8). Each event: `id: <bigint>`, `event: <kind>` "
-    "(queued, running, retrying, thread, delta, item, usage, completed, failed, cancelled), one `data:` "
+    "(queued, running, retrying, thread, delta, item, usage, approval.requested, approval.resolved, completed, "
+    "failed, cancelled), one `data:` "
     "line of JSON with `turn` and `attempt`. Heartbeats are `:` comment lines without an id. A stream whose "
     "turn or session is deleted ends with `event: gone` (no id; data: `detail`, `code` `not_found`, and "
     "`turn` or `session`), found within a heartbeat interval."

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from .. import policy
-from ..models import Message, Notice, Session, Turn
+from ..models import Approval, Message, Notice, Session, Turn
 from ..selectors import is_valid_session_id
 from ..services.idempotency import MAX_KEY_CHARS
 from ..services.turns import MAX_INPUT_CHARS, ON_BUSY
@@ -178,6 +178,10 @@ class TurnSerializer(serializers.ModelSerializer):
     )
     usage = serializers.DictField(read_only=True)
     timings = serializers.DictField(read_only=True)
+    waiting_for_approval = serializers.SerializerMethodField(
+        help_text="True while codex waits for a decision on one of this turn's approvals "
+        "(`GET /api/sessions/{id}/approvals/?status=pending`)."
+    )
 
     class Meta:
         model = Turn
@@ -186,6 +190,7 @@ class TurnSerializer(serializers.ModelSerializer):
             "session",
             "seq",
             "status",
+            "waiting_for_approval",
             "input",
             "thread_action",
             "codex_thread_id",
@@ -199,6 +204,64 @@ class TurnSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+
+    def get_waiting_for_approval(self, turn: Turn) -> bool:
+        # Annotated by the selectors that show turns (``selectors.with_waiting``); a turn read without it
+        # (one just queued or cancelled) has nothing pending to show.
+        return bool(getattr(turn, "waiting_for_approval", False))
+
+
+# --- approvals -----------------------------------------------------------------------------------
+
+#: Every decision name codex 0.171.0 knows (``CommandExecutionApprovalDecision``, ``FileChangeApprovalDecision``,
+#: the elicitation actions); which of them an approval takes is its ``available_decisions``.
+DECISIONS = ["accept", "acceptForSession", "acceptWithExecpolicyAmendment", "applyNetworkPolicyAmendment",
+             "decline", "cancel"]
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    """A request codex made during a turn for a person's decision, and what became of it."""
+
+    session = serializers.CharField(source="session_id", read_only=True)
+    turn = serializers.UUIDField(source="turn_ref", read_only=True)
+    request = serializers.DictField(
+        read_only=True,
+        help_text="What codex asked, by kind: command `{command, cwd, reason, command_actions}`; file_change "
+        "`{changes: [{path, kind, diff}], reason, grant_root}`; permissions `{permissions, reason, cwd}`; user_input "
+        "`{questions: [{id, header, question, options}]}`; mcp_elicitation `{server, mode, message, schema, url}`; "
+        "always `method` and `item_id` (codex's).",
+    )
+    available_decisions = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                                help_text="The decisions you may give (POST …/decision/).")
+    response = serializers.DictField(read_only=True, help_text="The answers or form content given with the decision.")
+    decided_by = serializers.SerializerMethodField(help_text="Who decided (a username); null: nobody yet, or the "
+                                                   "service (expired, cancelled with its turn, a session grant).")
+
+    class Meta:
+        model = Approval
+        fields = ["id", "session", "turn", "kind", "status", "request", "available_decisions", "decision",
+                  "response", "reason", "decided_by", "decided_at", "expires_at", "created_at"]
+        read_only_fields = fields
+
+    def get_decided_by(self, approval: Approval) -> str | None:
+        return approval.decided_by.get_username() if approval.decided_by is not None else None
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {
+    "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}})
+class AnswersField(serializers.JSONField):
+    """``{"<question id>": "answer" | ["answer", …]}``; checked against the questions by the service."""
+
+
+class ApprovalDecisionSerializer(serializers.Serializer):
+    """``POST /api/approvals/{id}/decision/`` body."""
+
+    decision = serializers.ChoiceField(choices=DECISIONS, help_text="One of the approval's `available_decisions`; "
+                                       "another: 400 listing them.")
+    answers = AnswersField(required=False, help_text="user_input, with accept: an answer to every question, by "
+                           "question id.")
+    content = serializers.DictField(required=False, help_text="mcp_elicitation, with accept: the form's values.")
 
 
 # --- transcript and notices -----------------------------------------------------------------------

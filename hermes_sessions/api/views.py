@@ -20,9 +20,15 @@ from rest_framework.views import APIView
 
 from .. import selectors, services
 from ..latency_marks import mark
-from ..models import Message, Notice, Session, Turn
+from ..models import Approval, Message, Notice, Session, Turn
 from .errors import BadRequest
-from .openapi import SessionBusyErrorSerializer, TurnFinishedErrorSerializer, error_responses
+from .openapi import (
+    ApprovalClosedErrorSerializer,
+    InvalidDecisionErrorSerializer,
+    SessionBusyErrorSerializer,
+    TurnFinishedErrorSerializer,
+    error_responses,
+)
 from .pagination import (
     MessageSearchPagination,
     StandardPagination,
@@ -34,6 +40,8 @@ from .routes import ApiRootSerializer, api_root
 from .serializers import (
     IDEMPOTENCY_KEY_PATTERN,
     SESSION_ID_PATTERN,
+    ApprovalDecisionSerializer,
+    ApprovalSerializer,
     MessageSearchResultSerializer,
     MessageSerializer,
     NoticeSerializer,
@@ -419,3 +427,107 @@ class NoticeListView(_ApiView, generics.ListAPIView):
         if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
             return Notice.objects.none()
         return selectors.notice_list(session=self.get_session())
+
+
+APPROVAL_ID_PARAM = OpenApiParameter(
+    "approval_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
+    description="The approval's id (a UUID); anything that is not one of your approvals' ids: 404.",
+)
+NO_APPROVAL = "No such approval among yours (`code` `not_found`)."
+APPROVAL_STATUS_PARAM = OpenApiParameter(
+    "status", {"type": "string", "enum": list(Approval.Status.values)}, OpenApiParameter.QUERY, required=False,
+    description="Only the approvals in this status (`pending`: those waiting for a decision now).",
+)
+
+
+def _approval(request: Request, approval_id: str) -> Approval:
+    try:
+        return selectors.approval_get(user=request.user, approval_id=approval_id)
+    except Approval.DoesNotExist as exc:
+        raise NotFound("No such approval.") from exc
+
+
+@extend_schema(
+    summary="A session's approvals, newest first",
+    parameters=[SESSION_ID_PARAM, APPROVAL_STATUS_PARAM],
+    responses={200: ApprovalSerializer(many=True),
+               **error_responses(s400="`status` is not an approval status, or a NUL byte in the URL or headers.",
+                                 s404=NO_SESSION_OR_PAGE)},
+)
+class ApprovalListView(_ApiView, generics.ListAPIView):
+    """A session's approvals (what codex asked a person), newest first; ?status=pending for those waiting.
+
+    ``GET /api/sessions/{id}/approvals/`` (paged)."""
+
+    serializer_class = ApprovalSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> QuerySet[Approval]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
+            return Approval.objects.none()
+        session = self.get_session()  # another user's session is 404 whatever the query says (I7)
+        status_param = self.request.query_params.get("status")
+        if status_param is not None and status_param not in Approval.Status.values:
+            raise BadRequest(f"status must be one of {', '.join(Approval.Status.values)}", code="invalid_status")
+        return selectors.approval_list(session=session, status=status_param)
+
+
+@extend_schema(
+    summary="Get one of your approvals",
+    parameters=[APPROVAL_ID_PARAM],
+    responses={200: ApprovalSerializer, **error_responses(s404=NO_APPROVAL)},
+)
+class ApprovalDetailView(_ApiView, generics.RetrieveAPIView):
+    """One of your approvals: what codex asked, the decisions offered, what was decided, by whom and when.
+
+    ``GET /api/approvals/{id}/``."""
+
+    serializer_class = ApprovalSerializer
+    queryset = Approval.objects.none()
+
+    def get_object(self) -> Approval:
+        return _approval(self.request, self.kwargs["approval_id"])
+
+
+@extend_schema(
+    summary="Decide a pending approval",
+    parameters=[APPROVAL_ID_PARAM, IDEMPOTENCY_KEY],
+    request=ApprovalDecisionSerializer,
+    responses={
+        200: ApprovalSerializer,
+        **error_responses(
+            403, 413, 415, 422,
+            s400=("A decision the approval does not offer (`invalid_decision`, `available_decisions` lists them), "
+                  "answers that do not fit its questions, or a body that breaks the schema.",
+                  InvalidDecisionErrorSerializer),
+            s404=NO_APPROVAL,
+            s409=("Already decided, expired or cancelled, or its turn no longer runs (`approval_closed`; "
+                  "`approval` holds it); or the Idempotency-Key is in use.", ApprovalClosedErrorSerializer),
+        ),
+    },
+)
+class ApprovalDecisionView(_ApiView):
+    """Decide a pending approval (200 with it decided; 409 when it is no longer pending or its turn ended).
+
+    ``POST /api/approvals/{id}/decision/`` with ``{"decision": …, "answers"?: {…}, "content"?: {…}}``: the
+    worker waiting on it answers codex within a second. Only one of the approval's ``available_decisions`` is
+    accepted (400 otherwise). Repeat-safe with an ``Idempotency-Key``."""
+
+    serializer_class = ApprovalSerializer
+    queryset = Approval.objects.none()
+
+    def post(self, request: Request, approval_id: str) -> Response:
+        approval = _approval(request, approval_id)
+        body = ApprovalDecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        decided, _ = services.idempotent(
+            user=request.user,
+            scope=f"approvals:{approval.pk}",
+            key=_idempotency_key(request),
+            body=request.data,
+            create=lambda: services.approval_decide(
+                approval_id=approval.pk, user=request.user, decision=body.validated_data["decision"],
+                answers=body.validated_data.get("answers"), content=body.validated_data.get("content")),
+            load=lambda pk: selectors.approval_get(user=request.user, approval_id=pk),
+        )
+        return Response(ApprovalSerializer(decided).data, status=status.HTTP_200_OK)

@@ -58,6 +58,16 @@ unbounded_connection_retries = false
 """
 
 
+def _common_toml() -> str:
+    """``_COMMON_TOML``, with ``default_mode_request_user_input = true`` in ``[features]`` (its last table)
+    when ``settings.CODEX_USER_INPUT_IN_DEFAULT_MODE``: codex 0.171.0 offers the model
+    ``request_user_input`` in its Default collaboration mode only with that flag (without it the tool
+    answers ``request_user_input is unavailable in Default mode``, observed), so questions reach a person
+    (``item/tool/requestUserInput``, ``worker/approvals.py``) only then."""
+    extra = "default_mode_request_user_input = true\n" if settings.CODEX_USER_INPUT_IN_DEFAULT_MODE else ""
+    return _COMMON_TOML + extra
+
+
 # Permission profiles (docs/codex.md §10): one per sandbox mode a session may have. No legacy
 # ``sandbox_mode`` anywhere: it (or a legacy ``sandbox``/``sandboxPolicy`` request field) would replace
 # the profile with the legacy sandbox, which reads everything the worker's Unix user can read.
@@ -176,7 +186,7 @@ def render_config_toml(*, home: Path | None = None, workdir: Path | None = None,
         model = settings.CODEX_MODEL or "mock-model"
         return (
             f'model = {json.dumps(model)}\nmodel_provider = "hermes-stand-in"\n' + top
-            + _COMMON_TOML
+            + _common_toml()
             + "\n[model_providers.hermes-stand-in]\n"
             'name = "hermes_sessions local model stand-in"\n'
             f"base_url = {json.dumps(settings.CODEX_STAND_IN_URL)}\n"
@@ -188,7 +198,7 @@ def render_config_toml(*, home: Path | None = None, workdir: Path | None = None,
         model = settings.CODEX_MODEL or "gpt-5.5"
         return (
             f'model = {json.dumps(model)}\nmodel_provider = "openai-api"\n' + top
-            + _COMMON_TOML
+            + _common_toml()
             + "\n[model_providers.openai-api]\n"
             'name = "OpenAI API"\nbase_url = "https://api.openai.com/v1"\n'
             f'env_key = "{OPENAI_KEY_ENV}"\nwire_api = "responses"\n'

@@ -112,9 +112,35 @@ class TurnControl:
         self.interrupt = threading.Event()
         self.abandon = threading.Event()
         self.running: tuple[str, str] | None = None  # (thread id, codex turn id) once turn/start answered
+        self.thread_id = ""  # the thread the turn runs on, once opened (before turn/start is sent)
+        # fileChange items codex started in this turn, by item id (their ``changes``: the diff an approval
+        # of that item is about; codex 0.171.0 sends it on item/started, not in the request).
+        self.file_changes: dict[str, list[Any]] = {}
         self.time_limit = ""
         self._end_codex: Callable[[], None] | None = None
         self._lock = threading.Lock()
+        self._waiting = 0  # requests waiting for a person now
+        self._waiting_since = 0.0
+        self._waited = 0.0
+
+    def person_waits(self, waiting: bool) -> None:
+        """A request starts (``True``) or stops (``False``) waiting for a person: the time during which
+        at least one waits is not counted against the turn's ``turn_timeout`` (``waited_seconds``)."""
+        with self._lock:
+            now = time.monotonic()
+            if waiting:
+                if not self._waiting:
+                    self._waiting_since = now
+                self._waiting += 1
+            elif self._waiting:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._waited += now - self._waiting_since
+
+    def waited_seconds(self) -> float:
+        """Seconds this turn spent waiting for a person so far (monotonic clock), the current wait included."""
+        with self._lock:
+            return self._waited + (time.monotonic() - self._waiting_since if self._waiting else 0.0)
 
     def stopping(self) -> bool:
         """True once a signal is set or the time limit passed: no point retrying."""
@@ -171,6 +197,9 @@ class TurnOutcome:
     # Streamed events (``(kind, data)``, codex's order) not yet written when the turn ended; the service
     # that commits the turn writes them in the same transaction, before its last events.
     stream_tail: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # Approvals this claim recorded (worker/approvals.py): when non-zero, the commit that ends the turn
+    # closes those still pending (services/approvals.py); zero costs that commit nothing.
+    approvals: int = 0
 
 
 class TurnRunError(CodexError):
@@ -219,6 +248,8 @@ def drive_turn(client: AppServerClient, spec: TurnSpec) -> TurnOutcome:
     t0 = time.monotonic()
     text, reused = _open_thread(client, spec, out, first)
     out.methods = client.sent_methods[first:]
+    if spec.control is not None:
+        spec.control.thread_id = out.thread_id  # an approval codex sends is matched to this turn by it
     if (out.thread_action == "resumed" or reused) and spec.adopt_completed and spec.client_turn_id:
         try:
             if _adopt_completed_turn(client, spec, out):
@@ -505,11 +536,13 @@ def _usage(token_usage: dict[str, Any]) -> dict[str, Any]:
 class _TurnReader:
     """Folds this turn's notifications into ``out`` (items, usage, final status)."""
 
-    def __init__(self, out: TurnOutcome, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, out: TurnOutcome, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 control: TurnControl | None = None) -> None:
         self.out = out
         self.projector = ItemProjector()
         self.last_error = ""
         self.on_event = on_event
+        self.control = control
 
     def ours(self, params: dict[str, Any]) -> bool:
         """A notification of another thread, or of another turn once ours is known, is skipped."""
@@ -525,6 +558,8 @@ class _TurnReader:
             return False
         if method == "item/completed":
             self._completed(_as_dict(params.get("item")))
+        elif method == "item/started":
+            self._started(_as_dict(params.get("item")))
         elif method == "item/agentMessage/delta":
             if self.on_event is not None and isinstance(params.get("delta"), str):
                 self.on_event("delta", {"item_id": str(params.get("itemId") or ""), "text": params["delta"]})
@@ -539,6 +574,11 @@ class _TurnReader:
                 self.out.error = turn_error_text(turn.get("error")) or self.last_error
             return True
         return False
+
+    def _started(self, item: dict[str, Any]) -> None:
+        """Keep a fileChange item's ``changes`` for the approval codex may ask about it (``TurnControl.file_changes``)."""
+        if self.control is not None and item.get("type") == "fileChange" and isinstance(item.get("changes"), list):
+            self.control.file_changes[str(item.get("id") or "")] = item["changes"]
 
     def _completed(self, item: dict[str, Any]) -> None:
         before = len(self.projector.messages)
@@ -557,7 +597,7 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
     """Read notifications until this turn's ``turn/completed`` or the deadline. Raises
     ``TurnAbandoned`` (claim lost), ``TurnTimeout``, or ``TransportError`` once the connection failed
     and every queued notification was read."""
-    reader = _TurnReader(out, spec.on_event)
+    reader = _TurnReader(out, spec.on_event, spec.control)
     deadline = time.monotonic() + spec.turn_timeout
     control = spec.control
     interrupt_sent = False
@@ -569,7 +609,9 @@ def _drive(client: AppServerClient, spec: TurnSpec, out: TurnOutcome) -> None:
                 if control.interrupt.is_set() and not interrupt_sent:
                     interrupt_sent = True
                     _interrupt(client, out)
-            left = deadline - time.monotonic()
+            # Time a person took to decide does not count against turn_timeout (it has its own
+            # bound, HERMES_APPROVAL_TIMEOUT_SECONDS: worker/approvals.py).
+            left = deadline + (control.waited_seconds() if control is not None else 0.0) - time.monotonic()
             if left <= 0:
                 stopped = _interrupt_after_timeout(client, out, reader.projector)
                 raise TurnTimeout(

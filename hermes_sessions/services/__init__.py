@@ -2,10 +2,11 @@
 
 ``sessions`` (create), ``bindings`` (codex bindings and notices), ``turns`` (the turn lifecycle in
 short transactions), ``routing`` (where a session's next turn goes), ``dispatch`` (telling a worker
-that a turn is its session's next, after commit), ``rollouts`` (stored rollouts), ``events`` (stream events), ``locks`` (row and
+that a turn is its session's next, after commit), ``rollouts`` (stored rollouts), ``events`` (stream events), ``approvals`` (what codex asks a person), ``locks`` (row and
 advisory locks), ``idempotency`` (Idempotency-Key). Callers import from here. What runs a claimed turn
 is ``hermes_sessions.worker``.
 """
+from .approvals import ApprovalClosed, InvalidDecision, approval_close, approval_decide, approval_request
 from .bindings import (
     NOTICE_BINDING_ENDED,
     NOTICE_THREAD_ROTATED,
@@ -43,6 +44,7 @@ from .turns import (
 )
 
 __all__ = [
+    "ApprovalClosed", "InvalidDecision", "approval_close", "approval_decide", "approval_request",
     "IdempotencyKeyInUse", "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken", "SessionLocked",
     "NOTICE_BINDING_ENDED", "NOTICE_THREAD_ROTATED", "binding_end", "binding_publish", "binding_rotate",
     "notice_acknowledge", "session_dispatch_next_on_commit", "turn_dispatch_on_commit",

@@ -17,7 +17,18 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 
 from .. import selectors
-from ..models import CodexBinding, CodexRollout, IdempotencyKey, Message, Notice, RolloutChunk, Session, Turn, TurnEvent
+from ..models import (
+    Approval,
+    CodexBinding,
+    CodexRollout,
+    IdempotencyKey,
+    Message,
+    Notice,
+    RolloutChunk,
+    Session,
+    Turn,
+    TurnEvent,
+)
 
 ACTIVE = (Turn.Status.QUEUED, Turn.Status.RUNNING)
 
@@ -44,6 +55,7 @@ def _owned_rows(session_id: str) -> dict[str, QuerySet[Any]]:
         "bindings": CodexBinding.objects.filter(session_id=session_id),
         "messages": Message.objects.filter(session_id=session_id),
         "turn_events": TurnEvent.objects.filter(session_id=session_id),  # the live stream's rows (§8)
+        "approvals": Approval.objects.filter(session_id=session_id),  # the audit trail goes with its session only
         "turns": Turn.objects.filter(session_id=session_id),
         "idempotency_keys": IdempotencyKey.objects.filter(
             Q(scope="sessions", object_id=session_id) | Q(scope=f"turns:{session_id}")

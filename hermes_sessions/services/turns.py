@@ -37,7 +37,7 @@ from ..sanitize import clean_json, clean_text
 from ..selectors import is_valid_session_id
 from ..sql import query, value_rows
 from ..sql.rows import pk_value, save_values, touch
-from . import bindings, dispatch, events, rollouts, routing
+from . import approvals, bindings, dispatch, events, rollouts, routing
 from .errors import InvalidInput, SessionBusy, SessionLocked
 from .locks import bound_lock_waits, lock_session_and_turn, lock_session_and_turn_later, lock_wait_timed_out
 from .pipelining import Batch, Later, pipelined_atomic
@@ -467,6 +467,9 @@ def turn_cancel(*, turn: Turn) -> Turn:
         elif turn.status == Turn.Status.RUNNING and turn.cancel_requested_at is None:
             turn.cancel_requested_at = timezone.now()
             turn.save(update_fields=["cancel_requested_at"])
+            # In this transaction: a decision arriving after the cancel is 409 and never reaches codex
+            # (tests/api/test_approvals.py::test_cancelling_the_turn_cancels_its_pending_approvals_and_a_late_decision_is_409).
+            approvals.approvals_close_for_turn(turn=turn, reason="the turn was cancelled")
         return turn
 
 
@@ -600,6 +603,8 @@ def _commit_turn_once(
             transaction.set_rollback(True)  # nothing of this turn is written, the rollout store included
             return None
         session, turn = locked
+        if result.approvals:  # a turn that asked nothing costs its finalize nothing here
+            approvals.approvals_close_for_turn(turn=turn, reason=f"the turn ended ({status}) while it waited")
         if result.rollout is not None:
             t0 = time.monotonic()
             if fence is None:

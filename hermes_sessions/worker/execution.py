@@ -67,7 +67,7 @@ from ..services.turns import (
     turn_note_thread,
     turn_requeue,
 )
-from . import affinity, wake
+from . import affinity, approvals, wake
 from .heartbeats import process_heartbeats
 from .retry_policy import RetryPolicy, retry_policy
 from .time_limits import TIME_LIMIT_REASON, TimeLimits, thread_time_limits, turn_time_limits
@@ -432,7 +432,7 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
         workdir = policy.session_workdir(claim.session_id)
         workdir.mkdir(parents=True, exist_ok=True)
         if spare is not None:
-            spare.handler = make_server_request_handler(approval_policy=config["approval_policy"])
+            spare.handler = make_server_request_handler(approval_policy=config["approval_policy"], ask=approvals.ask)
             client, version = spare.client, _codex_version(spare.init)
             if not client.alive():
                 raise _StartupError("the spare codex app-server died before the turn", cause=TransportError("spare gone"))
@@ -461,7 +461,8 @@ def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) ->
         request_timeout=settings.CODEX_REQUEST_TIMEOUT,
         max_frame_bytes=settings.CODEX_MAX_FRAME_BYTES,
         stderr_tail_lines=STDERR_TAIL_LINES,
-        server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"]),
+        server_request_handler=make_server_request_handler(approval_policy=config["approval_policy"],
+                                                           ask=approvals.ask),
         preexec_fn=die_with_parent if die_with_worker else None,
     )
     return client, _codex_version(client.start())
@@ -503,12 +504,23 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
     )
     keep = completed = False
     control.attach(client.kill_nowait)  # a woken turn's soft limit ends this app-server (time_limits.py)
+    asking = approvals.turn_asks(turn_id=claim.turn_id, token=claim.token, control=control,
+                                 approval_policy=config["approval_policy"])
+    approvals_asked = 0
     try:
-        outcome = drive_turn(client, spec)
+        with asking as asked:
+            try:
+                outcome = drive_turn(client, spec)
+            finally:
+                approvals_asked = asked.asked
+        outcome.approvals = approvals_asked
+        _approval_timings(outcome, control)
         completed = True
         keep = handover.may_keep and outcome.status == "completed" and client.alive()
     except TurnRunError as exc:
         exc.outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
+        exc.outcome.approvals = approvals_asked
+        _approval_timings(exc.outcome, control)
         raise
     except SoftTimeLimitExceeded:
         if control.running:  # Celery's soft limit: ask codex to stop the turn before the app-server goes
@@ -548,6 +560,13 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
     outcome.timings["capture_ms"] = round((time.monotonic() - t1) * 1000, 1)  # read + check the appended bytes
     outcome.timings["codex_ms"] = round((time.monotonic() - t0) * 1000, 1)
     return outcome
+
+
+def _approval_timings(outcome: TurnOutcome, control: TurnControl) -> None:
+    """``timings["approval_wait_ms"]``: how long the turn's approvals waited for a person (when any did)."""
+    waited = control.waited_seconds()
+    if waited:
+        outcome.timings["approval_wait_ms"] = round(waited * 1000, 1)
 
 
 def _capture_rollout(outcome: TurnOutcome, home: Path, base: RolloutBase | None, version: str, *,

@@ -46,7 +46,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
-from ..services import dispatch, events, routing, turns
+from ..services import approvals, dispatch, events, routing, turns
 from ..services.locks import lock_session_and_turn
 from ..services.turn_log import turn_ended_on_commit
 from .process import runtime
@@ -273,6 +273,7 @@ def _take_back(turn_id: uuid.UUID, *, by: str = "sweep") -> str:
                 " giving up — the binding is kept"
             )
             turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
+            approvals.approvals_close_for_turn(turn=turn, reason="the turn failed: its worker was lost")
             events.event_terminal(turn=turn)
             dispatch.session_dispatch_next_on_commit(session)
             turn_ended_on_commit(turn)  # this action's one line (hermes_sessions.turns)

@@ -35,9 +35,11 @@ TIME_LIMIT_REASON = "the turn exceeded the worker's time limit; codex was stoppe
 
 
 def turn_time_limits() -> tuple[int, int]:
-    """``(soft, hard)`` seconds of a turn: ``CODEX_TURN_TIMEOUT`` + 60 and + 120 (``tasks.run_turn``'s
+    """``(soft, hard)`` seconds of a turn: ``CODEX_TURN_TIMEOUT`` plus the most its approvals may wait for
+    a person (``HERMES_APPROVAL_TIMEOUT_SECONDS``, ``approvals.py``), + 60 and + 120 (``tasks.run_turn``'s
     ``soft_time_limit`` and ``time_limit``)."""
-    return math.ceil(settings.CODEX_TURN_TIMEOUT + 60), math.ceil(settings.CODEX_TURN_TIMEOUT + 120)
+    budget = settings.CODEX_TURN_TIMEOUT + settings.HERMES_APPROVAL_TIMEOUT_SECONDS
+    return math.ceil(budget + 60), math.ceil(budget + 120)
 
 
 class TimeLimits:

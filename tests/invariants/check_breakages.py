@@ -301,6 +301,32 @@ BREAKAGES: list[Breakage] = [
         '    WHERE "thread_id" = %(thread)s AND "length" = %(base_length)s AND\n    "sha256" = %(base_sha256)s RETURNING "id") INSERT',
         ("tests/services/test_rollouts.py::test_a_stale_generation_commits_nothing_when_the_other_writer_appended_nothing",),
     ),
+    # --- I9 a person's decision applies once (docs/contract.md §10) ----------------------------------
+    Breakage(
+        "approval-decided-twice", "I9", "hermes_sessions/services/approvals.py",
+        "        if not approval.is_pending:\n            raise ApprovalClosed(f\"approval already {approval.status}\", approval=approval)\n",
+        "",
+        ("tests/api/test_approvals.py::test_accept_decides_once_and_a_second_decision_is_409",),
+    ),
+    Breakage(
+        "approval-decision-not-offered", "I9", "hermes_sessions/services/approvals.py",
+        "    if decision not in available:\n",
+        "    if False:\n",
+        ("tests/api/test_approvals.py::test_a_decision_not_offered_is_400_listing_the_offered_ones",),
+    ),
+    Breakage(
+        "approval-decided-after-its-turn", "I9", "hermes_sessions/services/approvals.py",
+        "        if (turn is None or turn.status != Turn.Status.RUNNING or turn.attempt != approval.attempt\n"
+        "                or turn.cancel_requested_at is not None):\n",
+        "        if turn is None:\n",
+        ("tests/api/test_approvals.py::test_a_decision_on_a_turn_that_no_longer_runs_is_409",),
+    ),
+    Breakage(
+        "approval-outlives-the-cancel", "I9", "hermes_sessions/services/turns.py",
+        "            approvals.approvals_close_for_turn(turn=turn, reason=\"the turn was cancelled\")\n",
+        "",
+        ("tests/api/test_approvals.py::test_cancelling_the_turn_cancels_its_pending_approvals_and_a_late_decision_is_409",),
+    ),
     # --- the event streams (docs/contract.md §8) ---------------------------------------------------
     Breakage(
         "heartbeat-carries-an-id", "§8", "hermes_sessions/api/streams.py",

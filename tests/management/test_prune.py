@@ -11,6 +11,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from hermes_sessions.models import (
+    Approval,
     CodexBinding,
     CodexRollout,
     IdempotencyKey,
@@ -38,6 +39,7 @@ def age(session: Session, *, days: int) -> None:
 
 def owned_counts(session_id: str) -> dict[str, int]:
     return {
+        "approvals": Approval.objects.filter(session_id=session_id).count(),
         "messages": Message.objects.filter(session_id=session_id).count(),
         "turns": Turn.objects.filter(session_id=session_id).count(),
         "turn_events": TurnEvent.objects.filter(session_id=session_id).count(),

@@ -1,0 +1,195 @@
+"""The worker's approval desk: codex asks, a person decides, codex gets the answer (``docs/contract.md`` §9).
+
+A turn registers itself while it talks to codex (``turn_asks``, around ``drive_turn`` in
+``execution._drive``). When codex sends an approval-like request, the client's dispatcher thread calls
+``ask`` (``codex.server_requests.make_server_request_handler``): it finds the running turn by the
+request's ``threadId`` (``TurnControl.thread_id``), records the approval
+(``services.approval_request``) and waits for its row to change — reading it every ``POLL_SECONDS``
+(one primary-key read; no transaction or lock is held while waiting). The row is the truth: whatever
+it says when the wait ends is what codex is answered, once (I9).
+
+While a request waits:
+
+* the turn thread keeps reading codex's notifications, and the lease keeps being renewed by the
+  scheduler's heartbeat job (``heartbeats.py``): waiting costs one worker slot (this turn's Celery pool
+  slot or wake thread) and the turn's app-server process, nothing else;
+* the wait is not counted against ``CODEX_TURN_TIMEOUT`` (``TurnControl.person_waits``); it is bounded by
+  ``HERMES_APPROVAL_TIMEOUT_SECONDS`` per turn (all its waits together), which the turn's time limits
+  include (``time_limits.turn_time_limits``). At its end the approval is ``expired`` and codex is
+  answered ``decline``;
+* a cancel or interrupt of the turn (``turn_cancel`` closes its pending approvals in its transaction),
+  a lost claim or the time limit end the wait at once: codex is answered ``decline`` (``cancel`` when
+  the turn was cancelled and codex offered it).
+
+``thread/increment_elicitation`` is not sent: on codex 0.171.0 it pauses only the output window of a
+command already running (unified exec's ``yield_time_ms``), and codex keeps no timer on a request that
+waits for our answer (``docs/codex.md`` §5: a command approval answered 35 s late still ran the command).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+from ..codex.runner import TurnControl
+from ..codex.server_requests import CANCEL, DECLINE, FILE_CHANGE, ApprovalRequest, Verdict
+from ..models import Approval
+from ..services import approvals as approval_services
+
+logger = logging.getLogger(__name__)
+
+#: How often a waiting request reads its approval row (seconds).
+POLL_SECONDS = 0.25
+#: How long a request whose turn is not registered yet is held for it (an early ``turn/start``, sent
+#: while the turn was claimed, may make codex ask before ``execution._drive`` registered the turn).
+MATCH_SECONDS = 5.0
+#: How long a file-change request waits for its item's ``item/started`` (which carries the diff).
+CHANGES_SECONDS = 1.0
+
+
+@dataclass
+class AskingTurn:
+    """A turn running here that codex may ask about: its ids, claim, control, and the seconds of
+    waiting it has left (``budget``)."""
+
+    turn_id: uuid.UUID
+    token: uuid.UUID
+    control: TurnControl
+    budget: float
+    unattended: bool = False  # approval_policy "never": nobody is asked anything (A7)
+    asked: int = 0  # approvals recorded in this claim (``TurnOutcome.approvals``)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
+_lock = threading.Lock()
+_turns: list[AskingTurn] = []
+
+
+@contextmanager
+def turn_asks(*, turn_id: uuid.UUID, token: uuid.UUID, control: TurnControl,
+              approval_policy: str = "untrusted") -> Iterator[AskingTurn]:
+    """Register the claimed turn for the block: codex's requests on its thread are put to a person —
+    unless ``approval_policy`` is ``never`` (codex then asks no approval, but a question from
+    ``request_user_input`` is answered fail-closed at once rather than left to wait)."""
+    turn = AskingTurn(turn_id=turn_id, token=token, control=control,
+                      budget=float(settings.HERMES_APPROVAL_TIMEOUT_SECONDS), unattended=approval_policy == "never")
+    with _lock:
+        _turns.append(turn)
+    try:
+        yield turn
+    finally:
+        turn.ended.set()  # a request still waiting ends now: the turn is over
+        with _lock:
+            _turns.remove(turn)
+
+
+def _find(thread_id: str) -> AskingTurn | None:
+    end = time.monotonic() + MATCH_SECONDS
+    while True:
+        with _lock:
+            found = next((t for t in _turns if thread_id and t.control.thread_id == thread_id), None)
+        if found is not None or time.monotonic() >= end:
+            return found
+        time.sleep(0.05)
+
+
+def ask(request: ApprovalRequest) -> Verdict | None:
+    """Put ``request`` to a person and wait for the decision (module docstring). Runs on the client's
+    dispatcher thread, whose database connection it closes before returning. ``None`` when no turn of
+    this process runs the request's thread or its claim is gone: the handler then answers fail-closed."""
+    turn = _find(request.thread_id)
+    if turn is not None and turn.unattended:
+        return None
+    if turn is None:
+        logger.warning("codex asked %s on thread %s, which no turn here runs; answered fail-closed",
+                       request.method, request.thread_id)
+        return None
+    try:
+        return _ask(turn, request)
+    except DatabaseError:
+        logger.exception("turn %s: could not record or read an approval; codex is answered decline", turn.turn_id)
+        return Verdict(DECLINE)
+    finally:
+        connection.close()  # this thread's own connection: not left open between requests
+
+
+def _ask(turn: AskingTurn, request: ApprovalRequest) -> Verdict | None:
+    if request.kind == FILE_CHANGE:
+        _add_changes(turn, request)
+    turn.asked += 1
+    request.request_id = str(turn.asked)
+    started = time.monotonic()
+    approval = approval_services.approval_request(turn_id=turn.turn_id, token=turn.token, request=request,
+                                                  timeout=turn.budget)
+    if approval is None:
+        return None  # the claim is gone
+    if not approval.is_pending:
+        return _verdict(approval, request)  # a session grant answered it
+    turn.control.person_waits(True)
+    try:
+        approval = _wait(turn, approval, deadline=started + turn.budget)
+    finally:
+        turn.control.person_waits(False)
+        turn.budget = max(0.0, turn.budget - (time.monotonic() - started))
+    return _verdict(approval, request)
+
+
+def _wait(turn: AskingTurn, approval: Approval, *, deadline: float) -> Approval:
+    """Wait until the row is decided, or end it: expired at ``deadline``, cancelled once the turn stops."""
+    control = turn.control
+    while True:
+        current = Approval.objects.filter(pk=approval.pk).first()
+        if current is None or not current.is_pending:
+            return current or approval
+        stop = _stop_reason(turn)
+        if stop:
+            return approval_services.approval_close(approval_id=approval.pk, status=Approval.Status.CANCELLED,
+                                                    reason=stop)
+        if time.monotonic() >= deadline:
+            return approval_services.approval_close(
+                approval_id=approval.pk, status=Approval.Status.EXPIRED,
+                reason=f"no decision within HERMES_APPROVAL_TIMEOUT_SECONDS "
+                       f"({settings.HERMES_APPROVAL_TIMEOUT_SECONDS:g} s for the turn's approvals); answered decline")
+        control.interrupt.wait(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+
+
+def _stop_reason(turn: AskingTurn) -> str:
+    control = turn.control
+    if control.interrupt.is_set():
+        return "the turn was cancelled or interrupted while the approval waited"
+    if control.abandon.is_set():
+        return "the worker lost its claim on the turn while the approval waited"
+    if control.time_limit:
+        return f"the turn ran out of time while the approval waited ({control.time_limit})"
+    if turn.ended.is_set():
+        return "the turn ended while the approval waited"
+    return ""
+
+
+def _verdict(approval: Approval, request: ApprovalRequest) -> Verdict:
+    """What codex is answered for the row as it stands: the person's decision; ``decline`` for an
+    expired one; ``cancel`` (if codex offered it, else ``decline``) for one cancelled with its turn."""
+    if approval.status in (Approval.Status.EXPIRED, Approval.Status.PENDING):
+        return Verdict(DECLINE)
+    if approval.status == Approval.Status.CANCELLED and approval.decision != CANCEL:
+        return Verdict(CANCEL if CANCEL in request.decisions else DECLINE)
+    return Verdict(approval.decision, dict(approval.response or {}))
+
+
+def _add_changes(turn: AskingTurn, request: ApprovalRequest) -> None:
+    """A file-change request names only its item: the paths and diff come from the item's
+    ``item/started``, which the turn thread may not have read yet (``TurnControl.file_changes``)."""
+    end = time.monotonic() + CHANGES_SECONDS
+    while request.item_id not in turn.control.file_changes and time.monotonic() < end:
+        time.sleep(0.02)
+    changes = turn.control.file_changes.get(request.item_id) or []
+    request.details["changes"] = [
+        {"path": str(c.get("path") or ""), "kind": c.get("kind"), "diff": str(c.get("diff") or "")}
+        for c in changes if isinstance(c, dict)]
