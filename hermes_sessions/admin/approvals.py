@@ -41,9 +41,12 @@ DECIDE_PERMISSION = "hermes_sessions.change_approval"
 DECISION_LABELS = {
     "accept": "Accept",
     "acceptForSession": "Accept for this session",
+    "acceptWithExecpolicyAmendment": "Accept and amend the exec policy",
+    "applyNetworkPolicyAmendment": "Accept and change the network policy",
     "decline": "Decline",
     "cancel": "Decline and stop the turn",
 }
+AMENDMENT = "acceptWithExecpolicyAmendment"
 DIFF_LIMIT = 20_000  # characters of one file's diff on a page (the API has it all)
 MAX_DECISION_CHARS = 64  # a posted decision name longer than any codex sends is cut before the service sees it
 
@@ -126,11 +129,24 @@ def request_brief(approval: Approval) -> str:
     return preview(str(asked.get("message") or asked.get("reason") or ""), 200)
 
 
-def _buttons(names: list[str], *, formaction: str = "") -> SafeString:
+def decision_label(approval: Approval, name: str) -> str:
+    """The button's text for decision ``name``: ``DECISION_LABELS``, with the command prefix an exec-policy
+    amendment would allow when codex sent one (``offered``: ``{"acceptWithExecpolicyAmendment":
+    {"execpolicy_amendment": [...]}}``, 0.171.0, docs/codex.md)."""
+    label = DECISION_LABELS.get(name, name)
+    if name == AMENDMENT:
+        for offered in approval.offered or []:
+            prefix = offered.get(AMENDMENT, {}).get("execpolicy_amendment") if isinstance(offered, dict) else None
+            if isinstance(prefix, list) and prefix:
+                return f"Accept and allow commands starting “{preview(' '.join(map(str, prefix)), 80)}”"
+    return label
+
+
+def _buttons(approval: Approval, names: list[str], *, formaction: str = "") -> SafeString:
     attr = format_html(' formaction="{}"', formaction) if formaction else ""
     return format_html_join(
         " ", '<button type="submit" name="decision" value="{}" class="approval-decision decision-{}"{}>{}</button>',
-        ((name, name, attr, DECISION_LABELS.get(name, name)) for name in names))
+        ((name, name, attr, decision_label(approval, name)) for name in names))
 
 
 def decision_form(approval: Approval, *, csrf_token: str, next_url: str) -> SafeString:
@@ -147,7 +163,7 @@ def decision_form(approval: Approval, *, csrf_token: str, next_url: str) -> Safe
         '<form method="post" action="{}" class="approval-decide" data-approval="{}">'
         '<input type="hidden" name="csrfmiddlewaretoken" value="{}"><input type="hidden" name="next" value="{}">'
         "{}<p>{}</p></form>",
-        decide_url(approval.pk), approval.pk, csrf_token, next_url, answers, _buttons(list(approval.available_decisions or [])))
+        decide_url(approval.pk), approval.pk, csrf_token, next_url, answers, _buttons(approval, list(approval.available_decisions or [])))
 
 
 def _answer_box(approval: Approval, question: dict[str, Any]) -> SafeString:
@@ -169,9 +185,9 @@ def decision_buttons(approval: Approval, *, next_url: str) -> SafeString:
     action = f"{decide_url(approval.pk)}?{urlencode({'next': next_url})}"
     names = list(approval.available_decisions or [])
     if approval.kind != Approval.Kind.USER_INPUT:
-        return _buttons(names, formaction=action)
+        return _buttons(approval, names, formaction=action)
     return format_html('<a href="{}" class="approval-answer-link">Answer…</a> {}', approval_url(approval.pk),
-                       _buttons([d for d in names if d in ("decline", "cancel")], formaction=action))
+                       _buttons(approval, [d for d in names if d in ("decline", "cancel")], formaction=action))
 
 
 def approval_sections(pending: list[Approval], *, request: HttpRequest) -> SafeString:

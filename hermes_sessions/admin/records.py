@@ -145,8 +145,8 @@ class ApprovalAdmin(_AuditAdmin):
     cwd, the diff or the questions (``approvals.py``; the same service as
     ``POST /api/approvals/{id}/decision/``)."""
 
-    list_display = ("kind", "status", "session", "turn_ref", "request_preview", "decision", "decided_by",
-                    "decided_at", "expires_at", "created_at")
+    # Few columns, so the decision buttons stay on screen; the turn and the times are on the approval's page.
+    list_display = ("kind", "status", "session", "request_preview", "created_at", "decision", "decided_by")
     list_filter = ("status", "kind")
     list_select_related = ("session", "decided_by")
     search_fields = ("session__id", "=turn_ref", "=fingerprint")
@@ -159,15 +159,19 @@ class ApprovalAdmin(_AuditAdmin):
         return approvals.request_brief(obj)
 
     def get_list_display(self, request: HttpRequest) -> Any:
+        """The pending list (``?status__exact=pending``) leaves out the decision columns (empty there) and
+        puts the buttons beside the request, so they stay on screen."""
+        pending = request.GET.get("status__exact") == Approval.Status.PENDING
+        shown = ("kind", "session", "request_preview", "created_at") if pending else self.list_display
         if not request.user.has_perm(approvals.DECIDE_PERMISSION):
-            return self.list_display
+            return shown
         back = request.get_full_path()
 
         @admin.display(description="decide")
         def decide(obj: Approval) -> SafeString:
             return approvals.decision_buttons(obj, next_url=back)
 
-        return (*self.list_display, decide)
+        return (*shown[:3], decide, *shown[3:]) if pending else (*shown, decide)
 
     def get_urls(self) -> list[URLPattern]:
         return [

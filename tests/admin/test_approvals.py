@@ -197,3 +197,14 @@ def test_approvals_of_any_users_session_are_for_staff_only(client, admin_client)
     assert client.post(decide_url(approval), {"decision": "accept"}).status_code == 403
     approval.refresh_from_db()
     assert approval.is_pending
+
+
+def test_an_exec_policy_amendment_is_offered_with_the_prefix_it_would_allow(admin_client):
+    # codex 0.171.0 offers it as an object (docs/codex.md): the button names the prefix; the decision is its name.
+    approval = waiting(available_decisions=["accept", "acceptForSession", "acceptWithExecpolicyAmendment", "cancel", "decline"],
+                       offered=["accept", {"acceptWithExecpolicyAmendment": {"execpolicy_amendment": ["touch", "approved.txt"]}},
+                                "cancel"])
+    html = admin_client.get(approval_url(approval)).content.decode()
+    assert ('value="acceptWithExecpolicyAmendment" class="approval-decision decision-acceptWithExecpolicyAmendment">'
+            "Accept and allow commands starting “touch approved.txt”</button>") in html
+    assert ">Decline and stop the turn</button>" in html and ">Accept for this session</button>" in html
