@@ -129,6 +129,24 @@ class AdminUI:
 
         return self._on_page(run)
 
+    def open_approval_from_list(self, text: str) -> dict[str, Any]:
+        """On the approvals list, open the approval whose request reads ``text`` (its kind is the row's
+        link); returns its page: ``{"heading", "command", "cwd", "diff", "buttons"}`` (``#approval-decision``)."""
+        def run(page: Page) -> dict[str, Any]:
+            row = page.locator("#result_list tbody tr").filter(has=page.locator(".field-request_preview", has_text=text))
+            row.locator("th a, td a").first.click()
+            box = page.locator("#approval-decision")
+            expect(box).to_be_visible()
+            return {"heading": box.locator("h2").inner_text(), "command": _texts(box.locator(".approval-command")),
+                    "cwd": _texts(box.locator(".approval-cwd")), "diff": _texts(box.locator("pre.approval-diff")),
+                    "buttons": _texts(box.locator("button.approval-decision"))}
+
+        return self._on_page(run)
+
+    def back(self) -> None:
+        """The browser's Back button."""
+        self._on_page(lambda page: page.go_back())
+
     def decide_in_list(self, text: str, label: str) -> dict[str, Any]:
         """On the approvals list, press the decision button ``label`` (e.g. "Accept") in the row whose
         request reads ``text``; returns the list the admin comes back to (its ``messages`` say what happened)."""

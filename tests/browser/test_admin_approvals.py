@@ -3,7 +3,7 @@
 * a session under ``approval_policy: untrusted`` runs ``RUNCMD touch approved.txt && echo <mark>`` (the
   model stand-in makes the real codex binary ask ``item/commandExecution/requestApproval``); the operator
   sees the pending count on the admin index, opens the pending list from it, sees the command and its
-  cwd and the offered decisions, presses *Accept*, and sees the turn finish succeeded with the command's
+  cwd and the offered decisions (in the list and on the approval's page), presses *Accept* in the list, and sees the turn finish succeeded with the command's
   output in the transcript;
 * the same request declined from the session page's *Waiting for a decision* section: the turn finishes
   and the file is not made.
@@ -112,7 +112,16 @@ def test_operator_accepts_a_command_from_the_pending_list_and_the_turn_finishes(
     assert row["buttons"] == [decision_label(asked, d) for d in asked.available_decisions]
     assert {"Accept", "Decline"} <= set(row["buttons"])
 
-    # Accept: the admin says so and the list is empty.
+    # Its page shows the command and the cwd, and the same buttons.
+    shown = admin_ui.open_approval_from_list("touch approved.txt")
+    admin_ui.shot("approval-page")
+    assert shown["heading"].startswith("Command — Pending"), shown
+    assert "touch approved.txt" in shown["command"][0]
+    assert shown["cwd"] == [str(Path(settings.CODEX_WORK_ROOT) / session.id)]
+    assert shown["buttons"] == row["buttons"]
+    admin_ui.back()
+
+    # Accept from the list: the admin says so and the list is empty.
     after = admin_ui.decide_in_list("touch approved.txt", "Accept")
     admin_ui.shot("accepted")
     assert len(after["messages"]) == 1 and after["messages"][0].startswith("Approval accepted (accept): "), after
