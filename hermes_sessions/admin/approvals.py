@@ -167,7 +167,8 @@ def decision_form(approval: Approval, *, csrf_token: str, next_url: str) -> Safe
 
 
 def _answer_box(approval: Approval, question: dict[str, Any]) -> SafeString:
-    """A text box ``answer-<question id>`` with the question's options as suggestions (a ``datalist``)."""
+    """A text box ``answer-<question id>`` with the question's options as suggestions (a ``datalist``);
+    accepting needs an answer to every question (``tests/admin/test_approvals.py::test_questions_need_an_answer_to_accept``)."""
     qid = str(question.get("id") or "")
     options = format_html_join("", '<option value="{}">', ((str(o.get("label") or ""),)
                                                           for o in question.get("options") or [] if isinstance(o, dict)))
@@ -226,7 +227,8 @@ def decide(request: HttpRequest, object_id: str) -> HttpResponse:
     ``services.approval_decide``, as ``POST /api/approvals/{id}/decision/`` does, with the staff user as
     the person; then back to ``next``. A decision not offered, answers missing, an approval already
     decided or whose turn ended: an error message and nothing changes (``ApprovalClosed`` /
-    ``InvalidDecision``); an unknown id: an error message on the pending list."""
+    ``InvalidDecision``; ``tests/admin/test_approvals.py::test_a_decision_on_an_approval_already_decided_is_an_error_message_and_changes_nothing``);
+    an unknown id: an error message on the pending list (``…::test_an_unknown_approval_is_a_message_never_a_500``)."""
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     if not request.user.has_perm(DECIDE_PERMISSION):

@@ -160,7 +160,8 @@ class ApprovalAdmin(_AuditAdmin):
 
     def get_list_display(self, request: HttpRequest) -> Any:
         """The pending list (``?status__exact=pending``) leaves out the decision columns (empty there) and
-        puts the buttons beside the request, so they stay on screen."""
+        puts the buttons beside the request, so they stay on screen; staff without ``change_approval`` get
+        no buttons (``tests/admin/test_approvals.py::test_approvals_of_any_users_session_are_for_staff_only``)."""
         pending = request.GET.get("status__exact") == Approval.Status.PENDING
         shown = ("kind", "session", "request_preview", "created_at") if pending else self.list_display
         if not request.user.has_perm(approvals.DECIDE_PERMISSION):
