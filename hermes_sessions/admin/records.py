@@ -1,21 +1,27 @@
 """The audit records: notices, turns, messages and approvals. None of them is added, changed or deleted here
 (the services write them; turns and notices are the audit trail), so their pages say "View". The
-writes operators make go through services: acknowledging notices, cancelling turns.
+writes operators make go through services: acknowledging notices, cancelling turns, deciding approvals.
 
 Messages have no list of their own (a million rows): their changelist is the message search page
 (``?q=``, keyset pages newest first, ``?before=<id>``), with no ``COUNT``.
 """
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import get_token
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.safestring import SafeString
 
 from .. import selectors, services
 from ..models import Approval, Message, Notice, Turn
+from . import approvals
 from .pagination import EstimatedCountPaginator
 from .rendering import preview
 from .sessions import _int_param
@@ -133,11 +139,14 @@ class TurnAdmin(_AuditAdmin):
 
 @admin.register(Approval)
 class ApprovalAdmin(_AuditAdmin):
-    """What codex asked a person, across sessions, and what was decided (read-only: people decide through
-    the API, ``POST /api/approvals/{id}/decision/``)."""
+    """What codex asked a person, across sessions, and what was decided. Rows are never edited here; staff
+    with ``change_approval`` decide pending ones with the buttons of the list (``?status__exact=pending``,
+    linked from the index with its count) and of the approval's page, which also shows the command and
+    cwd, the diff or the questions (``approvals.py``; the same service as
+    ``POST /api/approvals/{id}/decision/``)."""
 
-    list_display = ("kind", "status", "session", "turn_ref", "request_preview", "decision", "decided_by",
-                    "decided_at", "created_at")
+    # Few columns, so the decision buttons stay on screen; the turn and the times are on the approval's page.
+    list_display = ("kind", "status", "session", "request_preview", "created_at", "decision", "decided_by")
     list_filter = ("status", "kind")
     list_select_related = ("session", "decided_by")
     search_fields = ("session__id", "=turn_ref", "=fingerprint")
@@ -147,9 +156,52 @@ class ApprovalAdmin(_AuditAdmin):
 
     @admin.display(description="request")
     def request_preview(self, obj: Approval) -> str:
-        details = obj.request or {}
-        text = details.get("command") or details.get("message") or details.get("reason") or str(details.get("questions") or "")
-        return preview(str(text), 160)
+        return approvals.request_brief(obj)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The pending list (``?status__exact=pending``) leaves out the decision columns (empty there) and
+        puts the buttons beside the request, so they stay on screen; staff without ``change_approval`` get
+        no buttons (``tests/admin/test_approvals.py::test_approvals_of_any_users_session_are_for_staff_only``)."""
+        pending = request.GET.get("status__exact") == Approval.Status.PENDING
+        shown = ("kind", "session", "request_preview", "created_at") if pending else self.list_display
+        if not request.user.has_perm(approvals.DECIDE_PERMISSION):
+            return shown
+        back = request.get_full_path()
+
+        @admin.display(description="decide")
+        def decide(obj: Approval) -> SafeString:
+            return approvals.decision_buttons(obj, next_url=back)
+
+        return (*shown[:3], decide, *shown[3:]) if pending else (*shown, decide)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path("<path:object_id>/decide/", self.admin_site.admin_view(approvals.decide),
+                 name="hermes_sessions_approval_decide"),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The approval's page: what it asks (``approvals.request_details``) and, while it is pending, its
+        decision buttons, above the recorded fields."""
+        context = dict(extra_context or {})
+        approval = self.get_object(request, unquote(object_id))
+        if approval is not None:
+            context["approval_details"] = approvals.request_details(approval)
+            context["approval_session_url"] = reverse("admin:hermes_sessions_session_change", args=[quote(approval.session_id)])
+            if request.user.has_perm(approvals.DECIDE_PERMISSION):
+                context["approval_form"] = approvals.decision_form(approval, csrf_token=get_token(request),
+                                                                   next_url=request.get_full_path())
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Approval | None:
+        # A malformed id is simply not found (Django's admin then says so), never a 500.
+        try:
+            uuid.UUID(str(object_id))
+        except ValueError:
+            return None
+        return super().get_object(request, object_id, from_field)
 
 
 @admin.register(Message)

@@ -4,7 +4,8 @@ Sessions list: one query per page (annotated by ``selectors.session_admin_list``
 turns, unacknowledged notices, last activity), a "has unacknowledged notices" filter, and no count of
 the whole table (``EstimatedCountPaginator``, ``show_full_result_count = False``).
 
-Session page (view-only fields): the unacknowledged-notice banner with an acknowledge button, token
+Session page (view-only fields): the unacknowledged-notice banner with an acknowledge button, the
+approvals its turns wait for (what codex asks, a button per offered decision: ``approvals.py``), token
 totals, the SVG timeline (``timeline.py``), the run-a-turn form, the newest turns with a cancel
 button, and the transcript newest first in keyset pages (``?before=<seq>``) with a search box
 (``?q=``). A fixed number of queries whatever the transcript's length.
@@ -33,7 +34,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .. import selectors, services
-from ..models import CodexBinding, Notice, Session, Turn
+from ..models import Approval, CodexBinding, Notice, Session, Turn
+from .approvals import approval_sections
 from .forms import SessionCreateForm, TurnRunForm
 from .pagination import EstimatedCountPaginator
 from .rendering import transcript_rows, turn_rows
@@ -77,6 +79,10 @@ class UnacknowledgedNoticesFilter(admin.SimpleListFilter):
         if self.value() in ("yes", "no"):
             return selectors.session_with_unacknowledged_notices(queryset, present=self.value() == "yes")
         return queryset
+
+
+#: Pending approvals shown on a session page (a session's running turn asks one at a time; the list has the rest).
+PAGE_APPROVALS = 20
 
 
 def _int_param(request: HttpRequest, name: str) -> int | None:
@@ -237,6 +243,8 @@ class SessionAdmin(admin.ModelAdmin):
         page = selectors.transcript_page(session_id=session_id, before_seq=_int_param(request, "before"), q=q)
         turns = selectors.session_page_turns(session_id=session_id)  # oldest first (the timeline); the table: newest first
         bindings = list(selectors.binding_list(session=Session(pk=session_id)))
+        pending = list(selectors.approval_list(session=Session(pk=session_id), status=Approval.Status.PENDING)
+                       [:PAGE_APPROVALS])
         return {
             "unacknowledged_notices": list(selectors.notice_list(session=Session(pk=session_id), unacknowledged_only=True)),
             "notice_session_id": session_id,
@@ -258,6 +266,8 @@ class SessionAdmin(admin.ModelAdmin):
             "transcript_search_error": search_error,
             "transcript_paged": request.GET.get("before") is not None,
             "turns_list_url": reverse("admin:hermes_sessions_turn_changelist") + f"?session__id__exact={session_id}",
+            "pending_approvals": approval_sections(pending, request=request),
+            "approvals_list_url": reverse("admin:hermes_sessions_approval_changelist") + f"?session__id__exact={session_id}",
         }
 
     def _post_only(self, request: HttpRequest, object_id: str, perm: str) -> HttpResponse | Session:

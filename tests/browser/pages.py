@@ -98,13 +98,89 @@ class AdminUI:
         return self._on_page(run)
 
     def index(self) -> dict[str, Any]:
-        """Open the admin index; returns ``{"heading", "notice_count"}`` (``#unacknowledged-notice-count``
-        as a number)."""
+        """Open the admin index; returns ``{"heading", "notice_count", "approval_count"}``
+        (``#unacknowledged-notice-count`` and ``#pending-approval-count`` as numbers)."""
         def run(page: Page) -> dict[str, Any]:
             page.goto(f"{self.base_url}/admin/")
-            count = page.locator("#unacknowledged-notice-count")
-            expect(count).to_be_visible()
-            return {"heading": page.locator("#content h1").inner_text(), "notice_count": int(count.inner_text())}
+            return _index(page)
+
+        return self._on_page(run)
+
+    def wait_for_pending_approvals(self, count: int, *, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Reload the admin index (every half second, at most ``timeout_s``) until its pending-approvals
+        count reads ``count``; returns the index (``index``). Raises ``AssertionError`` with the count last seen."""
+        def run(page: Page) -> dict[str, Any]:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                page.goto(f"{self.base_url}/admin/")
+                shown = _index(page)
+                if shown["approval_count"] == count:
+                    return shown
+                assert time.monotonic() < deadline, f"the index shows {shown['approval_count']} pending approvals, not {count}"
+                page.wait_for_timeout(500)
+
+        return self._on_page(run)
+
+    def open_pending_approvals(self) -> dict[str, Any]:
+        """On the admin index, click the pending-approvals count; returns the list it opens (``approvals_list``)."""
+        def run(page: Page) -> dict[str, Any]:
+            page.click("#pending-approvals-link")
+            return _approvals_list(page)
+
+        return self._on_page(run)
+
+    def open_approval_from_list(self, text: str) -> dict[str, Any]:
+        """On the approvals list, open the approval whose request reads ``text`` (its kind is the row's
+        link); returns its page: ``{"heading", "command", "cwd", "diff", "buttons"}`` (``#approval-decision``)."""
+        def run(page: Page) -> dict[str, Any]:
+            row = page.locator("#result_list tbody tr").filter(has=page.locator(".field-request_preview", has_text=text))
+            row.locator("th a, td a").first.click()
+            box = page.locator("#approval-decision")
+            expect(box).to_be_visible()
+            return {"heading": box.locator("h2").inner_text(), "command": _texts(box.locator(".approval-command")),
+                    "cwd": _texts(box.locator(".approval-cwd")), "diff": _texts(box.locator("pre.approval-diff")),
+                    "buttons": _texts(box.locator("button.approval-decision"))}
+
+        return self._on_page(run)
+
+    def back(self) -> None:
+        """The browser's Back button."""
+        self._on_page(lambda page: page.go_back())
+
+    def decide_in_list(self, text: str, label: str) -> dict[str, Any]:
+        """On the approvals list, press the decision button ``label`` (e.g. "Accept") in the row whose
+        request reads ``text``; returns the list the admin comes back to (its ``messages`` say what happened)."""
+        def run(page: Page) -> dict[str, Any]:
+            row = page.locator("#result_list tbody tr").filter(has=page.locator(".field-request_preview", has_text=text))
+            row.get_by_role("button", name=label, exact=True).click()
+            expect(page.locator("ul.messagelist li").first).to_be_visible()
+            return _approvals_list(page)
+
+        return self._on_page(run)
+
+    def wait_for_session_approval(self, session_id: str, *, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Open the session's page and reload it (every half second, at most ``timeout_s``) until its
+        *Waiting for a decision* section shows an approval; returns the page (``session_page``)."""
+        def run(page: Page) -> dict[str, Any]:
+            deadline = time.monotonic() + timeout_s
+            page.goto(self._session_url(session_id))
+            while True:
+                shown = _session_page(page)
+                if shown["approvals"]:
+                    return shown
+                assert time.monotonic() < deadline, f"session {session_id} shows no pending approval in {timeout_s} s"
+                page.wait_for_timeout(500)
+                page.reload()
+
+        return self._on_page(run)
+
+    def decide_on_session_page(self, label: str) -> dict[str, Any]:
+        """On a session page, press the decision button ``label`` of its (first) pending approval; returns
+        the session page the admin comes back to."""
+        def run(page: Page) -> dict[str, Any]:
+            page.locator("#session-approvals .pending-approval").first.get_by_role("button", name=label, exact=True).click()
+            expect(page.locator("ul.messagelist li").first).to_be_visible()
+            return _session_page(page)
 
         return self._on_page(run)
 
@@ -266,6 +342,25 @@ def _table(page: Page, row_selector: str, columns: tuple[str, ...]) -> list[dict
     return [dict(zip(columns, cells, strict=False)) for cells in rows]
 
 
+def _index(page: Page) -> dict[str, Any]:
+    notices, approvals = page.locator("#unacknowledged-notice-count"), page.locator("#pending-approval-count")
+    expect(notices).to_be_visible()
+    return {"heading": page.locator("#content h1").inner_text(), "notice_count": int(notices.inner_text()),
+            "approval_count": int(approvals.inner_text())}
+
+
+def _approvals_list(page: Page) -> dict[str, Any]:
+    """The approvals list on screen: ``{"messages", "rows"}``, each row ``{field: cell text}`` (``kind``,
+    ``status``, ``session``, ``request_preview``, …) plus ``buttons``: the labels of its decision buttons."""
+    expect(page.locator("#changelist")).to_be_visible()
+    rows = []
+    for row in page.locator("#result_list tbody tr").all():
+        cells = _cells(row)
+        cells["buttons"] = _texts(row.locator("button.approval-decision"))
+        rows.append(cells)
+    return {"messages": _texts(page.locator("ul.messagelist li")), "rows": rows}
+
+
 def _session_page(page: Page) -> dict[str, Any]:
     """What a session page shows, as plain data:
 
@@ -278,7 +373,9 @@ def _session_page(page: Page) -> dict[str, Any]:
       "tokens", "cancel"}`` (``cancel``: whether the row offers *Cancel*); ``turns_in_progress``: the
       ``#turns-in-progress`` line or ``""``;
     * ``transcript``: ``#transcript`` rows ``{"seq", "role", "content"}`` in page order (newest first),
-      ``transcript_empty``: the empty table's text, ``older``: whether ``#transcript-older`` is offered.
+      ``transcript_empty``: the empty table's text, ``older``: whether ``#transcript-older`` is offered;
+    * ``approvals``: the *Waiting for a decision* section's approvals, ``{"command", "cwd", "buttons"}``
+      (``buttons``: the labels of its decision buttons).
     """
     expect(page.locator("svg#session-timeline")).to_be_visible()
     timeline = page.locator("svg#session-timeline")
@@ -305,4 +402,7 @@ def _session_page(page: Page) -> dict[str, Any]:
         "transcript": _table(page, "#transcript tbody tr.transcript-row", ("seq", "role", "content")),
         "transcript_empty": empty.inner_text().strip() if empty.count() else "",
         "older": page.locator("#transcript-older").count() > 0,
+        "approvals": [{"command": _texts(a.locator(".approval-command")), "cwd": _texts(a.locator(".approval-cwd")),
+                       "buttons": _texts(a.locator("button.approval-decision"))}
+                      for a in page.locator("#session-approvals .pending-approval").all()],
     }
