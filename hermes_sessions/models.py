@@ -462,6 +462,9 @@ class Approval(models.Model):
             models.Index(fields=["session", "status", "-created_at"], name="approval_session_status"),
             models.Index(fields=["turn_ref", "status"], name="approval_turn_status"),
             models.Index(fields=["session", "fingerprint"], name="approval_session_fingerprint"),
+            # The admin index counts and lists the pending ones across all sessions: a partial index keeps
+            # that read the size of what waits, not of the audit trail.
+            models.Index(fields=["-created_at"], name="approval_pending", condition=Q(status="pending")),
         ]
         constraints = [
             # One row per request codex sent in a claim of a turn: a request is put to a person once (I9).

@@ -287,6 +287,12 @@ def unacknowledged_notice_count() -> int:
     return Notice.objects.filter(acknowledged_at__isnull=True).count()
 
 
+def pending_approval_count() -> int:
+    """How many approvals wait for a person's decision, across sessions (one ``COUNT`` over the partial
+    index ``approval_pending``)."""
+    return Approval.objects.filter(status=Approval.Status.PENDING).count()
+
+
 #: Rows per transcript page in the admin (and the largest page the admin asks for).
 TRANSCRIPT_PAGE_ROWS = 50
 #: Turns shown on a session page and in its timeline (the newest; the turns list has the rest).

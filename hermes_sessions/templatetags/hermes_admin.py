@@ -2,7 +2,6 @@
 from django import template
 
 from .. import selectors
-from ..models import Approval
 
 register = template.Library()
 
@@ -15,6 +14,5 @@ def unacknowledged_notice_count() -> int:
 
 @register.simple_tag
 def pending_approval_count() -> int:
-    """Approvals waiting for a person's decision across all sessions (one ``COUNT``; pending rows are few:
-    each is a turn that waits, and they end within ``HERMES_APPROVAL_TIMEOUT_SECONDS``)."""
-    return Approval.objects.filter(status=Approval.Status.PENDING).count()
+    """Approvals waiting for a person's decision across all sessions (``selectors.pending_approval_count``)."""
+    return selectors.pending_approval_count()
