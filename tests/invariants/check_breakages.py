@@ -65,13 +65,13 @@ BREAKAGES: list[Breakage] = [
     Breakage(
         "bind-in-its-own-transaction", "I1", "hermes_sessions/services/turns.py",
         "        session, turn = locked\n"
-        "        if result.rollout is not None:\n",
+        "        if result.approvals:",
         "        session, turn = locked\n"
         "        if bind and result.thread_action != Turn.ThreadAction.RESUMED:  # publish (and commit) the binding\n"
         "            bindings.binding_publish(session=session, turn=turn, thread_id=result.thread_id, resumed=False)\n"
         "    with pipelined_atomic(durable=True) as batch:  # the rest: the second publish below finds it done\n"
         "        session, turn = _lock_claimed(turn_id, token)\n"
-        "        if result.rollout is not None:\n",
+        "        if result.approvals:",
         (T + "test_i1_durable_before_bound.py::test_rows_binding_notice_and_state_commit_together_or_not_at_all",),
     ),
     Breakage(
@@ -251,8 +251,8 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "turn-get-unscoped", "I7", "hermes_sessions/selectors.py",
-        "    return Turn.objects.get(pk=pk, session__owner_id=user.pk)\n",
-        "    return Turn.objects.get(pk=pk)\n",
+        "    return with_waiting(Turn.objects.filter(session__owner_id=user.pk)).get(pk=pk)\n",
+        "    return with_waiting(Turn.objects.all()).get(pk=pk)\n",
         (T + "test_i7_isolation.py::test_another_users_session_is_404_everywhere_and_cannot_be_driven",),
     ),
     Breakage(
