@@ -3,7 +3,8 @@
 that the fast tests named for it fail. See BREAKAGES.md (beside this file) for how to run it.
 
 Each breakage is a textual ``(path, old, new)`` replacement; ``old`` must occur exactly once in
-``path`` or the breakage is reported STALE (the code moved: update the entry) rather than skipped.
+``path``, and a Python file must still compile after it, or the breakage is reported STALE (the code
+moved: update the entry) rather than skipped.
 Before the breakages, the named tests run once on an unbroken copy (the baseline) and must pass —
 otherwise a "caught" would prove nothing. Each breakage's run records, in every process it starts
 (``line_probe.py``), whether the edited lines ran: a row whose edited lines no test executed (code
@@ -152,17 +153,17 @@ BREAKAGES: list[Breakage] = [
     ),
     Breakage(
         "session-locked-while-codex-works", "I3", "hermes_sessions/worker/execution.py",
-        "        outcome = drive_turn(client, spec)\n",
+        "                outcome = drive_turn(client, spec)\n",
         # A connection of its own holds the session row in an open transaction while codex runs the turn
         # (the worker's connection cannot: its durable writes while codex works refuse an open one).
-        "        from django.db import connections\n"
-        "        locker = connections.create_connection(\"default\")\n"
-        "        locker.set_autocommit(False)\n"
-        "        locker.cursor().execute(\"SELECT 1 FROM hermes_sessions_session WHERE id = %s FOR UPDATE\", [claim.session_id])\n"
-        "        try:\n"
-        "            outcome = drive_turn(client, spec)\n"
-        "        finally:\n"
-        "            locker.close()\n",
+        "                from django.db import connections\n"
+        "                locker = connections.create_connection(\"default\")\n"
+        "                locker.set_autocommit(False)\n"
+        "                locker.cursor().execute(\"SELECT 1 FROM hermes_sessions_session WHERE id = %s FOR UPDATE\", [claim.session_id])\n"
+        "                try:\n"
+        "                    outcome = drive_turn(client, spec)\n"
+        "                finally:\n"
+        "                    locker.close()\n",
         (T + "test_i3_one_turn_at_a_time.py::test_no_row_lock_is_held_while_codex_works",),
     ),
     # --- I4 every wait ends ----------------------------------------------------------------------
@@ -355,7 +356,15 @@ def apply(tree: Path, b: Breakage) -> str | None:
     count = text.count(b.old)
     if count != 1:
         return f"`old` occurs {count} times in {b.path} (must be exactly once)"
-    target.write_text(text.replace(b.old, b.new))
+    broken = text.replace(b.old, b.new)
+    if target.suffix == ".py":
+        try:
+            compile(broken, str(target), "exec")
+        except SyntaxError as exc:
+            # Re-indented code can still hold ``old`` as a substring: the breakage then breaks the file's
+            # syntax, not its behaviour, and every test fails for that (test_a_breakage_that_breaks_the_syntax_is_stale).
+            return f"the broken {b.path} does not compile ({exc.msg}, line {exc.lineno}): update the entry"
+    target.write_text(broken)
     return None
 
 

@@ -82,3 +82,13 @@ def test_without_the_probe_variables_the_sitecustomize_does_nothing(tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "probe-site" / "sitecustomize.py")
+
+
+def test_a_breakage_that_breaks_the_syntax_is_stale(tmp_path: Path):
+    (tmp_path / "m.py").write_text("def f():\n    if x:\n        y = g()\n")
+    reindented = Breakage("b", "I0", "m.py", "    y = g()\n", "    y = g()\n  z = 1\n", ())  # old, a level in
+    assert "does not compile" in (check_breakages.apply(tmp_path, reindented) or "")
+    assert (tmp_path / "m.py").read_text() == "def f():\n    if x:\n        y = g()\n"  # left as it was
+    aimed = Breakage("b", "I0", "m.py", "        y = g()\n", "        y = None\n", ())
+    assert check_breakages.apply(tmp_path, aimed) is None
+    assert (tmp_path / "m.py").read_text() == "def f():\n    if x:\n        y = None\n"
