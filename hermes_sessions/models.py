@@ -418,6 +418,10 @@ class Approval(models.Model):
     one), ``response`` the extra answer (``{"answers": …}`` for questions, ``{"content": …}`` for a form),
     ``decided_by`` / ``decided_at`` who and when (no user: the worker — expiry, a session grant).
     ``expires_at``: a pending one is answered ``decline`` and ``expired`` then (HERMES_APPROVAL_TIMEOUT_SECONDS).
+    ``answered_at``: when a worker took the row's decision to answer codex with it (set just before the
+    answer is sent, at most once: ``services.approval_answered``); null while no codex has been answered
+    from it. A re-run of the turn after a lost worker matches only rows still unanswered
+    (``docs/contract.md`` §10, "The same request after a lost worker").
     """
 
     class Kind(models.TextChoices):
@@ -454,6 +458,7 @@ class Approval(models.Model):
                                    related_name="+")
     decided_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField()
+    answered_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -143,10 +143,10 @@ def turn_get(*, user: User, turn_id: Any) -> Turn:
 
 
 def with_waiting(turns: QuerySet[Turn]) -> QuerySet[Turn]:
-    """``turns`` annotated ``waiting_for_approval``: a pending approval asked by the turn's current
-    claim exists (one ``EXISTS`` on the ``approval_turn_status`` index per turn)."""
-    pending = Approval.objects.filter(turn_ref=OuterRef("pk"), attempt=OuterRef("attempt"),
-                                      status=Approval.Status.PENDING)
+    """``turns`` annotated ``waiting_for_approval``: a pending approval of the turn exists — asked by its
+    current claim, or by an earlier one whose worker was lost, which the re-run carries over (one
+    ``EXISTS`` on the ``approval_turn_status`` index per turn)."""
+    pending = Approval.objects.filter(turn_ref=OuterRef("pk"), status=Approval.Status.PENDING)
     return turns.annotate(waiting_for_approval=Exists(pending))
 
 

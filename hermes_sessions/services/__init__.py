@@ -6,7 +6,14 @@ that a turn is its session's next, after commit), ``rollouts`` (stored rollouts)
 advisory locks), ``idempotency`` (Idempotency-Key). Callers import from here. What runs a claimed turn
 is ``hermes_sessions.worker``.
 """
-from .approvals import ApprovalClosed, InvalidDecision, approval_close, approval_decide, approval_request
+from .approvals import (
+    ApprovalClosed,
+    InvalidDecision,
+    approval_answered,
+    approval_close,
+    approval_decide,
+    approval_request,
+)
 from .bindings import (
     NOTICE_BINDING_ENDED,
     NOTICE_THREAD_ROTATED,

@@ -1,20 +1,22 @@
-"""Approval writes — the only writer of ``Approval`` (``docs/contract.md`` §9, invariant I9).
+"""Approval writes — the only writer of ``Approval`` (``docs/contract.md`` §10, invariant I9).
 
-    approval_request  (worker)  → Approval(pending) + ``approval.requested``; or, when the session holds an
-                                  ``acceptForSession`` grant for the same request (``fingerprint``), one
-                                  accepted at once (+ ``approval.resolved``)
+    approval_request  (worker)  → Approval(pending) + ``approval.requested``; or the same request an earlier
+                                  claim of the turn asked, carried over (a re-run after a lost worker);
+                                  or, when the session holds an ``acceptForSession`` grant for the same
+                                  request (``fingerprint``), one accepted at once (+ ``approval.resolved``)
     approval_decide   (API)     → pending → accepted | declined | cancelled by a person + ``approval.resolved``
     approval_close    (worker)  → pending → expired (HERMES_APPROVAL_TIMEOUT_SECONDS) or cancelled (the turn
                                   stopped) + ``approval.resolved``; a decision that landed first stands
+    approval_answered (worker)  → ``answered_at``: the decision is on its way to codex (at most once)
     approvals_close_for_turn    → every pending approval of a turn, inside the caller's transaction that
-                                  ends or cancels the turn (``turns.turn_cancel``, the finalize)
+                                  ends or cancels the turn (``turns.turn_cancel``, the enqueue that
+                                  interrupts it, the finalize, the sweep giving up)
 
-Every write runs under the turn's locks (``locks.lock_session_and_turn``: the session row, then the turn
-row), then the approval row: a decision and the worker's expiry serialize there, so exactly one of them
-ends a pending approval and the worker answers codex with what the row says (I9: once, only a decision
-codex offered, only while the turn runs). A decision on an approval that is not pending, or whose turn
-no longer runs the claim that asked (ended, cancel requested, taken back after a lost worker) raises
-``ApprovalClosed`` (HTTP 409) and reaches nobody.
+Every status change runs under the turn's locks (``locks.lock_session_and_turn``: the session row, then
+the turn row), then the approval row: a decision and the worker's expiry serialize there, so exactly one
+of them ends a pending approval and the worker answers codex with what the row says (I9: once, only a
+decision codex offered, only while the turn runs). A decision on an approval that is not pending, or
+whose turn ended or is cancelled, raises ``ApprovalClosed`` (HTTP 409) and reaches nobody.
 """
 from __future__ import annotations
 
@@ -79,11 +81,20 @@ def event_data(approval: Approval) -> dict[str, Any]:
 def approval_request(*, turn_id: uuid.UUID, token: uuid.UUID, request: ApprovalRequest,
                      timeout: float) -> Approval | None:
     """Record what codex asked in the running turn ``turn_id`` under claim ``token``, pending for at most
-    ``timeout`` seconds (``expires_at``). The same request (``request.request_id`` within the claim) is
-    recorded once: asked again, the row is returned as it is. When the session holds an accepted
-    ``acceptForSession`` approval with the same fingerprint, the new one is accepted at once
-    (``decided_by`` null, ``reason`` names the grant). Returns ``None`` — nothing written — when the claim
-    is no longer held (the worker then answers codex fail-closed)."""
+    ``timeout`` seconds (``expires_at``). Returns the row the worker answers codex from:
+
+    * the same request (``request.request_id`` within the claim) asked again: the row as it is;
+    * the same request an earlier claim of this turn asked (a re-run after a lost worker: same kind and
+      ``fingerprint``) whose decision no codex has been answered with yet (``answered_at`` null): that row,
+      carried over to this claim (``attempt``, ``codex_request_id``) — still pending, or already decided,
+      in which case the decision applies now and nobody is asked again (``docs/contract.md`` §10, A8);
+    * an accepted ``acceptForSession`` approval of the session with the same fingerprint: a new row,
+      accepted at once (``decided_by`` null, ``reason`` names the grant);
+    * otherwise a new pending row.
+
+    Each carried or new row gets its ``approval.requested`` event on this claim (and ``approval.resolved``
+    when it is decided already). Returns ``None`` — nothing written — when the claim is no longer held
+    (the worker then answers codex fail-closed)."""
     with transaction.atomic(durable=True):
         locked = lock_session_and_turn(turn_id)
         if locked is None:
@@ -95,8 +106,14 @@ def approval_request(*, turn_id: uuid.UUID, token: uuid.UUID, request: ApprovalR
                                            codex_request_id=request.request_id).first()
         if existing is not None:
             return existing
-        now = timezone.now()
         fingerprint = request.fingerprint()
+        earlier = _earlier_claims_request(turn, kind=request.kind, fingerprint=fingerprint)
+        if earlier is not None:
+            earlier.attempt, earlier.codex_request_id = turn.attempt, request.request_id
+            earlier.save(update_fields=["attempt", "codex_request_id"])
+            _announce(turn, earlier)
+            return earlier
+        now = timezone.now()
         approval = Approval(
             session=session, turn=turn, turn_ref=turn.pk, attempt=turn.attempt, kind=request.kind,
             codex_request_id=request.request_id, codex_item_id=request.item_id[:255],
@@ -112,11 +129,38 @@ def approval_request(*, turn_id: uuid.UUID, token: uuid.UUID, request: ApprovalR
             approval.status, approval.decision, approval.decided_at = Approval.Status.ACCEPTED, ACCEPT_FOR_SESSION, now
             approval.reason = f"accepted for the session by approval {grant.pk}"
         approval.save(force_insert=True)
-        kinds = [(REQUESTED, event_data(approval))]
-        if grant is not None:
-            kinds.append((RESOLVED, event_data(approval)))
-        events.event_append_many(turn=turn, items=kinds)
+        _announce(turn, approval)
         return approval
+
+
+def _earlier_claims_request(turn: Turn, *, kind: str, fingerprint: str) -> Approval | None:
+    """The oldest approval of ``turn`` asked by an earlier claim with this kind and fingerprint that no
+    codex has been answered from, locked; ``None`` when there is none (or the turn runs its first claim)."""
+    if turn.attempt <= 1:
+        return None
+    return (Approval.objects.select_for_update()
+            .filter(turn_ref=turn.pk, attempt__lt=turn.attempt, kind=kind, fingerprint=fingerprint,
+                    answered_at__isnull=True)
+            .order_by("created_at").first())
+
+
+def _announce(turn: Turn, approval: Approval) -> None:
+    """``approval.requested`` on ``turn``'s current claim; ``approval.resolved`` too when it is decided."""
+    kinds = [(REQUESTED, event_data(approval))]
+    if not approval.is_pending:
+        kinds.append((RESOLVED, event_data(approval)))
+    events.event_append_many(turn=turn, items=kinds)
+
+
+def approval_answered(*, approval_id: uuid.UUID, attempt: int) -> bool:
+    """Stamp ``answered_at`` on decided approval ``approval_id`` just before the worker of claim
+    ``attempt`` answers codex with it; ``False`` — and codex must be answered fail-closed instead — when
+    the row is still pending, was answered already, or was carried to another claim meanwhile. One
+    conditional UPDATE: a decision is applied at most once (I9). It touches no status, so it needs no
+    turn lock: ``approval_decide`` and ``approval_close`` change pending rows only."""
+    with transaction.atomic(durable=True):
+        return bool(Approval.objects.filter(pk=approval_id, attempt=attempt, answered_at__isnull=True)
+                    .exclude(status=Approval.Status.PENDING).update(answered_at=timezone.now()))
 
 
 def _check_response(approval: Approval, decision: str, answers: Any, content: Any) -> dict[str, Any]:
@@ -159,8 +203,9 @@ def approval_decide(*, approval_id: uuid.UUID, user: User | AnonymousUser, decis
     ``accept`` / ``acceptForSession`` / an amendment → ``accepted``, ``decline`` → ``declined``,
     ``cancel`` → ``cancelled``; ``answers`` (user input) or ``content`` (MCP form) are stored in
     ``response``. Raises ``InvalidDecision`` (400: not offered, bad answers) and ``ApprovalClosed`` (409:
-    already ended, or its turn no longer runs the claim that asked). Returns the decided approval; the
-    waiting worker reads it within ``worker.approvals.POLL_SECONDS``."""
+    already ended, or its turn ended or is cancelled). A turn taken back after a lost worker still takes
+    it: the re-run applies it when codex asks the same request again (A8). Returns the decided approval;
+    a waiting worker reads it within ``worker.approvals.POLL_SECONDS``."""
     user = require_user(user)
     turn_ref = Approval.objects.values_list("turn_ref", flat=True).get(pk=approval_id)
     with transaction.atomic():
@@ -169,9 +214,11 @@ def approval_decide(*, approval_id: uuid.UUID, user: User | AnonymousUser, decis
         if not approval.is_pending:
             raise ApprovalClosed(f"approval already {approval.status}", approval=approval)
         turn = locked[1] if locked is not None else None
-        if (turn is None or turn.status != Turn.Status.RUNNING or turn.attempt != approval.attempt
+        # A turn taken back after a lost worker (queued, or running a later claim) still takes the
+        # decision: its re-run applies it when codex asks the same request again (A8).
+        if (turn is None or turn.status not in (Turn.Status.RUNNING, Turn.Status.QUEUED)
                 or turn.cancel_requested_at is not None):
-            raise ApprovalClosed("the turn that asked no longer runs (ended, cancelled or re-run); "
+            raise ApprovalClosed("the turn that asked no longer runs (ended or cancelled); "
                                  "the decision was not applied", approval=approval)
         response = _check_response(approval, decision, answers, content)
         approval.status, approval.decision, approval.response = _status_of(decision), decision, response

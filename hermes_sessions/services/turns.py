@@ -103,11 +103,11 @@ def turn_enqueue(
 
 
 def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: User | None, on_busy: str) -> Turn:
-    if on_busy != "reject" and not connection.in_atomic_block:
-        return _enqueue_in_one_trip(session_id=session_id, owner_id=owner_id, text=text, created_by=created_by,
-                                    interrupt=on_busy == "interrupt")
+    if on_busy == "enqueue" and not connection.in_atomic_block:
+        return _enqueue_in_one_trip(session_id=session_id, owner_id=owner_id, text=text, created_by=created_by)
     # Two round trips (``pipelining``): the lock, the draw and the reads; then the writes with the COMMIT.
-    # (``reject`` must see the busy turn before it writes; inside a caller's transaction nothing is pipelined.)
+    # (``reject`` must see the busy turn before it writes, ``interrupt`` closes its pending approvals;
+    # inside a caller's transaction nothing is pipelined.)
     with pipelined_atomic() as batch:
         bound_lock_waits(batch)  # the wait for the session's lock below, and any other, until this transaction ends
         # The session's row lock, taken by the UPDATE that draws the turn's seq (FOR NO KEY UPDATE — the
@@ -130,9 +130,12 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
         if busy_id is not None and on_busy == "reject":
             raise SessionBusy(f"turn {busy_id} of this session is {busy_status}", turn_id=str(busy_id))
         if busy_id is not None and on_busy == "interrupt":
-            Turn.objects.filter(session_id=session_id, status=Turn.Status.RUNNING, cancel_requested_at__isnull=True).update(
-                cancel_requested_at=timezone.now()
-            )
+            running = Turn.objects.filter(session_id=session_id, status=Turn.Status.RUNNING,
+                                          cancel_requested_at__isnull=True).values_list("pk", flat=True)
+            for running_id in list(running):
+                locked = lock_session_and_turn(running_id)  # the session's lock is held already (the draw)
+                if locked is not None:
+                    _ask_to_stop(locked[1], reason="the turn was interrupted by a newer input")
         # Stamped as sent now, in the row: the task goes out right after this transaction commits.
         turn = Turn(session_id=session_id, seq=seq, input=text, created_by=created_by, dispatched_at=timezone.now())
         _insert_turn(turn, batch)
@@ -150,12 +153,11 @@ def _enqueue(*, session_id: str, owner_id: int | None, text: str, created_by: Us
     return turn
 
 
-def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, created_by: User | None,
-                         interrupt: bool) -> Turn:
-    """``_enqueue`` for ``on_busy`` ``enqueue`` or ``interrupt``, as the outermost transaction:
+def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, created_by: User | None) -> Turn:
+    """``_enqueue`` for ``on_busy`` ``enqueue``, as the outermost transaction:
     one round trip (``pipelining``) from ``BEGIN`` to ``COMMIT`` — the lock and the draw, the turn's INSERT
     with the drawn ``seq`` read from the locked session row (and its ``created_at`` / ``dispatched_at`` from
-    the clock after the lock's wait), the interrupt, its ``queued`` event (its ``seq`` likewise), then the
+    the clock after the lock's wait), its ``queued`` event (its ``seq`` likewise), then the
     reads and the conditional wake as one statement — where ``_enqueue`` needs
     two: none of these writes depends on what the reads find (a turn is queued, busy or not), so Python
     has nothing to decide between them. The wake's ``pg_notify`` is the one ``_enqueue`` holds (``wake``),
@@ -187,8 +189,6 @@ def _enqueue_in_one_trip(*, session_id: str, owner_id: int | None, text: str, cr
         inserted: Later[Any] = batch.add(query("turn_insert_drawn_owned" if owned else "turn_insert_drawn"),
                                          [*save_values(turn, _DRAWN_TURN_FIELDS), session_id, *owner])
         turn._state.adding, turn._state.db = False, connection.alias
-        if interrupt:  # the running turn is asked to stop (only once the new turn exists: the caller's session)
-            batch.add(query("turn_interrupt_running"), [now, session_id, Turn.Status.RUNNING, turn.id])
         events.event_append_batched(batch, turn=turn, items=[(events.QUEUED, None)], drawn_seq=True)
         reads: Later[Any] = batch.add(query("enqueue_reads_and_wake"), [
             session_id, Turn.Status.RUNNING, Turn.Status.QUEUED, turn.id, session_id, Turn.Status.RUNNING,
@@ -358,9 +358,18 @@ def turn_end_cancelled_unrun(session: Session, turn: Turn) -> None:
     turn.claim_token = turn.lease_expires_at = None
     turn.error = turn.error or "cancelled; not run again after its worker was lost"
     turn.save(update_fields=["status", "finished_at", "error", "claim_token", "lease_expires_at"])
+    _close_approvals_of_ended(turn)
     turn_ended_on_commit(turn)
     events.event_terminal(turn=turn)
     dispatch.session_dispatch_next_on_commit(session)
+
+
+def _close_approvals_of_ended(turn: Turn) -> None:
+    """A turn that ran (``attempt`` ≥ 1) and ends without a worker's finalize — given up after its last
+    attempt, cancelled while queued for a re-run — may leave an earlier claim's approval pending; it ends
+    with the turn, in the caller's transaction (tests/services/test_approvals_rerun.py)."""
+    if turn.attempt:
+        approvals.approvals_close_for_turn(turn=turn, reason=f"the turn ended ({turn.status}) while it waited")
 
 
 def _bound_thread(session: Session) -> tuple[str | None, int | None]:
@@ -416,6 +425,7 @@ def turn_requeue(*, turn_id: uuid.UUID, token: uuid.UUID, reason: str) -> Turn |
         if turn.attempt >= settings.HERMES_MAX_ATTEMPTS:
             _finish(turn, TurnOutcome(), status=Turn.Status.FAILED,
                     error=f"{reason} (gave up after {turn.attempt} attempts)")
+            _close_approvals_of_ended(turn)
             events.event_terminal(turn=turn)
             dispatch.session_dispatch_next_on_commit(session)
             return turn
@@ -461,16 +471,24 @@ def turn_cancel(*, turn: Turn) -> Turn:
             turn.finished_at = timezone.now()
             turn.cancel_requested_at = turn.finished_at
             turn.save(update_fields=["status", "error", "finished_at", "cancel_requested_at"])
+            _close_approvals_of_ended(turn)
             turn_ended_on_commit(turn)
             events.event_terminal(turn=turn)
             dispatch.session_dispatch_next_on_commit(session)
         elif turn.status == Turn.Status.RUNNING and turn.cancel_requested_at is None:
-            turn.cancel_requested_at = timezone.now()
-            turn.save(update_fields=["cancel_requested_at"])
-            # In this transaction: a decision arriving after the cancel is 409 and never reaches codex
-            # (tests/api/test_approvals.py::test_cancelling_the_turn_cancels_its_pending_approvals_and_a_late_decision_is_409).
-            approvals.approvals_close_for_turn(turn=turn, reason="the turn was cancelled")
+            _ask_to_stop(turn, reason="the turn was cancelled")
         return turn
+
+
+def _ask_to_stop(turn: Turn, *, reason: str) -> None:
+    """Mark running ``turn`` (locked by the caller) to stop — its worker sends ``turn/interrupt`` within a
+    heartbeat — and close its pending approvals with ``reason`` in the caller's transaction: a decision
+    arriving afterwards is 409 and never reaches codex
+    (tests/api/test_approvals.py::test_cancelling_the_turn_cancels_its_pending_approvals_and_a_late_decision_is_409,
+    ::test_an_interrupting_input_closes_the_running_turns_pending_approvals)."""
+    turn.cancel_requested_at = timezone.now()
+    turn.save(update_fields=["cancel_requested_at"])
+    approvals.approvals_close_for_turn(turn=turn, reason=reason)
 
 
 def history_seed(*, session_id: str, exclude_turn_id: uuid.UUID) -> str:
@@ -603,7 +621,9 @@ def _commit_turn_once(
             transaction.set_rollback(True)  # nothing of this turn is written, the rollout store included
             return None
         session, turn = locked
-        if result.approvals:  # a turn that asked nothing costs its finalize nothing here
+        # A claim that asked nothing costs its finalize nothing here; a re-run may leave an earlier claim's
+        # request pending that it never asked again (tests/services/test_approvals_rerun.py).
+        if result.approvals or turn.attempt > 1:
             approvals.approvals_close_for_turn(turn=turn, reason=f"the turn ended ({status}) while it waited")
         if result.rollout is not None:
             t0 = time.monotonic()

@@ -126,12 +126,6 @@ INSERT INTO "hermes_sessions_turn" ("id", "session_id", "seq", "status", "input"
     %s, %s, c.now, %s, %s, c.now, %s, %s FROM "hermes_sessions_session" s CROSS JOIN (SELECT clock_timestamp()
     AS now) c WHERE s."id" = %s AND s."owner_id" = %s RETURNING "created_at", "dispatched_at";
 
--- name: turn_interrupt_running
--- ``on_busy=interrupt``: the session's running turn's ``cancel_requested_at`` (%s, the session, the
--- running status), once — only when the turn of the last parameter (the new one) exists.
-UPDATE "hermes_sessions_turn" SET "cancel_requested_at" = %s WHERE "session_id" = %s AND "status" = %s AND
-    "cancel_requested_at" IS NULL AND EXISTS (SELECT 1 FROM "hermes_sessions_turn" n WHERE n."id" = %s);
-
 -- name: enqueue_reads
 -- The two-trip enqueue's reads after its lock: the drawn ``seq``, the session's running (or else oldest
 -- queued) turn — ``'running'`` sorts after ``'queued'``, so ``DESC`` puts it first — and its status,

@@ -17,9 +17,15 @@ While a request waits:
   ``HERMES_APPROVAL_TIMEOUT_SECONDS`` per turn (all its waits together), which the turn's time limits
   include (``time_limits.turn_time_limits``). At its end the approval is ``expired`` and codex is
   answered ``decline``;
-* a cancel or interrupt of the turn (``turn_cancel`` closes its pending approvals in its transaction),
-  a lost claim or the time limit end the wait at once: codex is answered ``decline`` (``cancel`` when
-  the turn was cancelled and codex offered it).
+* a cancel or interrupt of the turn (``turn_cancel`` and the interrupting enqueue close its pending
+  approvals in their transactions) or the time limit end the wait at once: codex is answered ``decline``
+  (``cancel`` when the turn was cancelled and codex offered it);
+* a lost claim, or the turn's codex ending without the turn (a requeue), end the wait too but leave the
+  row pending: the claim that runs the turn next carries it over when codex asks the same request
+  again, and a decision given meanwhile applies there (``services.approval_request``, A8).
+
+Whatever the row says when the wait ends is stamped ``answered_at`` before codex is answered with it
+(``services.approval_answered``): a decision reaches codex at most once.
 
 ``thread/increment_elicitation`` is not sent: on codex 0.171.0 it pauses only the output window of a
 command already running (unified exec's ``yield_time_ms``), and codex keeps no timer on a request that
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import DatabaseError, connection
+from django.utils import timezone
 
 from ..codex.runner import TurnControl
 from ..codex.server_requests import CANCEL, DECLINE, FILE_CHANGE, ApprovalRequest, Verdict
@@ -130,24 +137,38 @@ def _ask(turn: AskingTurn, request: ApprovalRequest) -> Verdict | None:
                                                   timeout=turn.budget)
     if approval is None:
         return None  # the claim is gone
-    if not approval.is_pending:
-        return _verdict(approval, request)  # a session grant answered it
-    turn.control.person_waits(True)
-    try:
-        approval = _wait(turn, approval, deadline=started + turn.budget)
-    finally:
-        turn.control.person_waits(False)
-        turn.budget = max(0.0, turn.budget - (time.monotonic() - started))
+    if approval.is_pending:
+        # A row carried over from an earlier claim keeps its own expiry: every wait for it ends (A5).
+        left = min(turn.budget, (approval.expires_at - timezone.now()).total_seconds())
+        turn.control.person_waits(True)
+        try:
+            waited = _wait(turn, approval, deadline=started + max(left, 0.0))
+        finally:
+            turn.control.person_waits(False)
+            turn.budget = max(0.0, turn.budget - (time.monotonic() - started))
+        if waited is None:
+            # Left pending for the claim that runs the turn next, which carries it over (A8); this codex
+            # is being abandoned or is done, and runs nothing on this answer.
+            return Verdict(DECLINE)
+        approval = waited
+    if not approval_services.approval_answered(approval_id=approval.pk, attempt=approval.attempt):
+        logger.warning("turn %s: approval %s was answered already or moved to another claim; codex is "
+                       "answered decline", turn.turn_id, approval.pk)
+        return Verdict(DECLINE)  # applied at most once (I9)
     return _verdict(approval, request)
 
 
-def _wait(turn: AskingTurn, approval: Approval, *, deadline: float) -> Approval:
-    """Wait until the row is decided, or end it: expired at ``deadline``, cancelled once the turn stops."""
+def _wait(turn: AskingTurn, approval: Approval, *, deadline: float) -> Approval | None:
+    """Wait until the row is decided, or end it: expired at ``deadline``, cancelled once the turn is
+    cancelled or out of time. ``None`` — the row left pending — when this claim stops without the turn
+    ending: the claim lost, or the turn's codex done (a requeue, a retry); the next claim carries it over."""
     control = turn.control
     while True:
         current = Approval.objects.filter(pk=approval.pk).first()
         if current is None or not current.is_pending:
             return current or approval
+        if control.abandon.is_set() or turn.ended.is_set():
+            return None
         stop = _stop_reason(turn)
         if stop:
             return approval_services.approval_close(approval_id=approval.pk, status=Approval.Status.CANCELLED,
@@ -164,12 +185,8 @@ def _stop_reason(turn: AskingTurn) -> str:
     control = turn.control
     if control.interrupt.is_set():
         return "the turn was cancelled or interrupted while the approval waited"
-    if control.abandon.is_set():
-        return "the worker lost its claim on the turn while the approval waited"
     if control.time_limit:
         return f"the turn ran out of time while the approval waited ({control.time_limit})"
-    if turn.ended.is_set():
-        return "the turn ended while the approval waited"
     return ""
 
 

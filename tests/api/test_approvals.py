@@ -134,13 +134,39 @@ def test_cancelling_the_turn_cancels_its_pending_approvals_and_a_late_decision_i
     assert late.status_code == 409 and late.json()["approval"]["status"] == "cancelled"
 
 
-def test_a_decision_on_a_turn_that_no_longer_runs_is_409(client, session):
+def test_a_decision_on_a_turn_that_ended_is_409(client, session):
     claim = claimed_turn(session)
     approval = ask(claim)
-    Turn.objects.filter(pk=claim.turn_id).update(status=Turn.Status.QUEUED, claim_token=None)  # taken back
+    Turn.objects.filter(pk=claim.turn_id).update(status=Turn.Status.FAILED, claim_token=None)  # ended elsewhere
     response = decide(client, approval.pk, {"decision": "accept"})
     assert response.status_code == 409
     assert Approval.objects.get(pk=approval.pk).status == Approval.Status.PENDING  # not applied
+
+
+def test_a_decision_on_a_turn_taken_back_after_a_lost_worker_is_kept_for_its_rerun(client, session):
+    claim = claimed_turn(session)
+    approval = ask(claim)
+    Turn.objects.filter(pk=claim.turn_id).update(status=Turn.Status.QUEUED, claim_token=None)  # taken back
+    assert client.get(f"/api/turns/{claim.turn_id}/").json()["waiting_for_approval"] is True
+    response = decide(client, approval.pk, {"decision": "accept"})
+    assert response.status_code == 200, response.content
+    rerun = services.turn_claim(turn_id=claim.turn_id)
+    assert rerun is not None and rerun.attempt == 2
+    again = ask(rerun)  # codex asks the same command again
+    assert again.pk == approval.pk and (again.status, again.attempt) == (Approval.Status.ACCEPTED, 2)
+    assert Approval.objects.filter(turn_ref=claim.turn_id).count() == 1
+
+
+def test_an_interrupting_input_closes_the_running_turns_pending_approvals(client, session):
+    claim = claimed_turn(session)
+    approval = ask(claim)
+    posted = client.post(f"/api/sessions/{session.id}/turns/", data={"input": "stop that", "on_busy": "interrupt"},
+                         format="json")
+    assert posted.status_code == 202, posted.content
+    closed = Approval.objects.get(pk=approval.pk)
+    assert (closed.status, closed.decision) == (Approval.Status.CANCELLED, "decline")
+    assert "interrupted" in closed.reason
+    assert decide(client, approval.pk, {"decision": "accept"}).status_code == 409
 
 
 def test_user_input_needs_an_answer_to_every_question(client, session):
