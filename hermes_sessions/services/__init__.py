@@ -51,7 +51,7 @@ from .turns import (
 )
 
 __all__ = [
-    "ApprovalClosed", "InvalidDecision", "approval_close", "approval_decide", "approval_request",
+    "ApprovalClosed", "InvalidDecision", "approval_answered", "approval_close", "approval_decide", "approval_request",
     "IdempotencyKeyInUse", "IdempotencyMismatch", "InvalidIdempotencyKey", "InvalidInput", "ServiceError", "SessionBusy", "SessionIdTaken", "SessionLocked",
     "NOTICE_BINDING_ENDED", "NOTICE_THREAD_ROTATED", "binding_end", "binding_publish", "binding_rotate",
     "notice_acknowledge", "session_dispatch_next_on_commit", "turn_dispatch_on_commit",
