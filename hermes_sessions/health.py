@@ -1,4 +1,4 @@
-"""Health and readiness: ``GET /healthz``, ``GET /readyz`` and ``manage.py health`` (docs/operating.md §2).
+"""Health and readiness: ``GET /healthz``, ``GET /readyz`` and ``manage.py health`` (docs/operating.md §10).
 
 ``/healthz`` says the process answers (no database, no broker: a load balancer or systemd restarts a
 process that does not). ``/readyz`` and ``manage.py health`` run the readiness checks, each named in the

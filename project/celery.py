@@ -6,6 +6,8 @@ from celery import Celery
 from celery.signals import (
     after_setup_logger,
     celeryd_after_setup,
+    celeryd_init,
+    setup_logging,
     task_postrun,
     task_prerun,
     worker_init,
@@ -160,6 +162,28 @@ def _close_in_main_process(**kwargs: object) -> None:
             worker_health_forget(node=worker_node())
         except Exception:  # noqa: BLE001 — its row goes stale instead
             logging.getLogger("hermes_sessions.health").exception("could not remove worker %s's health row", worker_node())
+
+
+if os.environ.get("HERMES_LOG_FORMAT", "text") == "json":  # the settings are not read at import (they import this)
+
+    @setup_logging.connect
+    def _log_as_django_says(loglevel: int | str | None = None, **_: object) -> None:
+        """``HERMES_LOG_FORMAT=json``: a receiver here makes Celery leave logging alone (no handler of its
+        own on the root logger, ``worker_hijack_root_logger`` moot); Django's ``LOGGING`` puts the JSON
+        handler there (``project/log_format.py``), at the worker's ``--loglevel``."""
+        import logging.config
+
+        from django.conf import settings
+
+        logging.config.dictConfig(settings.LOGGING)
+        if loglevel:
+            logging.getLogger().setLevel(loglevel)
+
+    @celeryd_init.connect
+    def _no_banner(instance: object, **_: object) -> None:
+        """``HERMES_LOG_FORMAT=json``: no start-up banner (as ``--quiet``): every line on the worker's
+        output is a JSON object."""
+        instance.quiet = True  # type: ignore[attr-defined]
 
 
 @after_setup_logger.connect
