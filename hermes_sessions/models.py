@@ -382,6 +382,27 @@ class TurnWorker(models.Model):
         return self.queue
 
 
+class WorkerHealth(models.Model):
+    """A Celery worker as the readiness checks see it (``hermes_sessions/health.py``), one row per node
+    name (``hermes-1@host``), written by every worker whatever its concurrency (``TurnWorker`` rows exist
+    only for workers that keep threads): ``heartbeat_at``, renewed every ``HERMES_WORKER_HEARTBEAT_SECONDS``
+    by each of its pool processes (``worker/health_beat.py``; fresh while younger than
+    ``HERMES_WORKER_STALE_SECONDS``, as for routing), and the result of codex's sandbox check on its host
+    (``codex/sandbox_check.py``): ``sandbox_ok`` (``None``: not checked yet), ``sandbox_reason`` and
+    ``sandbox_checked_at``. A worker's clean stop deletes its row; a dead worker's goes stale and is
+    deleted a day later. Written only by ``services/worker_health.py``."""
+
+    node = models.CharField(primary_key=True, max_length=255)
+    host = models.CharField(max_length=255, blank=True)
+    heartbeat_at = models.DateTimeField()
+    sandbox_ok = models.BooleanField(null=True)
+    sandbox_reason = models.TextField(blank=True)
+    sandbox_checked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.node
+
+
 class WarmThread(models.Model):
     """Where a session's codex thread is kept loaded after its last turn: the worker route that holds
     it, the thread and the rollout ``generation`` it holds (what its finalize stored), and ``until``

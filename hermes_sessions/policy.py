@@ -104,7 +104,17 @@ def session_workdir(session_id: str) -> Path:
 
 
 def effective_config(model_config: dict[str, Any]) -> dict[str, Any]:
-    """The settings a turn runs with: defaults overlaid with the session's cleaned config."""
+    """The settings a turn runs with: defaults overlaid with the session's cleaned config. ``model``: the
+    session's own, else the operator's current default (``codex.launch.default_model``; absent when
+    codex's config decides) — so a changed ``CODEX_MODEL`` reaches existing sessions at their next turn
+    (docs/operating.md §3, "What follows the operator"), and a thread kept loaded under the old default
+    is not used for it (``KeptThread.usable_for`` compares this dict)."""
+    from .codex.launch import default_model
+
     merged = dict(DEFAULTS)
     merged.update({k: v for k, v in (model_config or {}).items() if k in ("model", "developer_instructions", "sandbox", "approval_policy")})
+    if not merged.get("model"):
+        model = default_model()
+        if model:
+            merged["model"] = model
     return merged

@@ -6,6 +6,8 @@ from celery import Celery
 from celery.signals import (
     after_setup_logger,
     celeryd_after_setup,
+    celeryd_init,
+    setup_logging,
     task_postrun,
     task_prerun,
     worker_init,
@@ -25,10 +27,25 @@ app.autodiscover_tasks()
 @worker_ready.connect
 def _check_codex_sandbox(**_: object) -> None:
     """Log at start whether codex's sandbox works here; turns check it again (cached) and are refused
-    with the reason when it does not (hermes_sessions/codex/sandbox_check.py)."""
-    from hermes_sessions.codex.sandbox_check import check_at_worker_start
+    with the reason when it does not (hermes_sessions/codex/sandbox_check.py). The result is recorded
+    with the worker's heartbeat (``WorkerHealth``) for the readiness checks (hermes_sessions/health.py)."""
+    from django import db
 
-    check_at_worker_start()
+    from hermes_sessions.codex.sandbox_check import check_at_worker_start
+    from hermes_sessions.services.worker_health import worker_sandbox_record
+    from hermes_sessions.worker.health_beat import worker_node
+
+    result = check_at_worker_start()
+    node = worker_node()
+    if not node:
+        return
+    try:
+        worker_sandbox_record(node=node, ok=result.ok, reason=result.reason)
+    except Exception:  # noqa: BLE001 — the database is down at start: a pool process's beat records it later
+        logging.getLogger("hermes_sessions.health").exception("could not record worker %s's sandbox check", node)
+    finally:
+        if not db.connection.in_atomic_block:  # (a test's transaction)
+            db.connection.close()
 
 
 @task_prerun.connect
@@ -90,7 +107,9 @@ def _name_keeping_worker(sender: str, instance: object, **_: object) -> None:
     from django.conf import settings
 
     from hermes_sessions.services.routing import OWN_ROUTE_ENV, route_name, route_taken
+    from hermes_sessions.worker.health_beat import NODE_ENV
 
+    os.environ[NODE_ENV] = sender  # every worker's health heartbeat (hermes_sessions/worker/health_beat.py)
     os.environ.pop(OWN_ROUTE_ENV, None)
     pool = str(getattr(instance, "pool_cls", "") or "")
     # -P solo runs tasks one at a time in the main process whatever --concurrency says.
@@ -132,8 +151,39 @@ def _stop_worker_process(**_: object) -> None:
 
 @worker_shutdown.connect
 def _close_in_main_process(**kwargs: object) -> None:
-    """The worker's end (main process): ``-P solo`` runs turns here and gets no ``worker_process_shutdown``."""
+    """The worker's end (main process): ``-P solo`` runs turns here and gets no ``worker_process_shutdown``.
+    Its pool has stopped: its ``WorkerHealth`` row goes, so the readiness checks stop counting it now."""
     _stop_worker_process(**kwargs)
+    from hermes_sessions.services.worker_health import worker_health_forget
+    from hermes_sessions.worker.health_beat import worker_node
+
+    if worker_node():
+        try:
+            worker_health_forget(node=worker_node())
+        except Exception:  # noqa: BLE001 — its row goes stale instead
+            logging.getLogger("hermes_sessions.health").exception("could not remove worker %s's health row", worker_node())
+
+
+if os.environ.get("HERMES_LOG_FORMAT", "text") == "json":  # the settings are not read at import (they import this)
+
+    @setup_logging.connect
+    def _log_as_django_says(loglevel: int | str | None = None, **_: object) -> None:
+        """``HERMES_LOG_FORMAT=json``: a receiver here makes Celery leave logging alone (no handler of its
+        own on the root logger, ``worker_hijack_root_logger`` moot); Django's ``LOGGING`` puts the JSON
+        handler there (``project/log_format.py``), at the worker's ``--loglevel``."""
+        import logging.config
+
+        from django.conf import settings
+
+        logging.config.dictConfig(settings.LOGGING)
+        if loglevel:
+            logging.getLogger().setLevel(loglevel)
+
+    @celeryd_init.connect
+    def _no_banner(instance: object, **_: object) -> None:
+        """``HERMES_LOG_FORMAT=json``: no start-up banner (as ``--quiet``): every line on the worker's
+        output is a JSON object."""
+        instance.quiet = True  # type: ignore[attr-defined]
 
 
 @after_setup_logger.connect

@@ -28,6 +28,8 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from project.log_format import LOG_FORMATS, logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -374,18 +376,11 @@ HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per 
 HERMES_IDEMPOTENCY_TTL = env_int("HERMES_IDEMPOTENCY_TTL", 24 * 3600)  # seconds an Idempotency-Key is kept
 
 HERMES_LOG_LEVEL = env_str("HERMES_LOG_LEVEL", "INFO")  # the hermes_sessions loggers
+# text: lines for a person; json: one JSON object per line from every logger of every process
+# (project/log_format.py; gunicorn.conf.py and project/celery.py follow it).
+HERMES_LOG_FORMAT = env_str("HERMES_LOG_FORMAT", "text")
+if HERMES_LOG_FORMAT not in LOG_FORMATS:
+    raise ImproperlyConfigured(f"HERMES_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {HERMES_LOG_FORMAT!r}")
 # hermes_sessions.turns: one INFO line per turn end (services/turn_log.py). Celery's routine lines about
 # the sweep task are dropped (project/logfilters.py): the sweep logs a line only when it acts.
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "filters": {"quiet_sweep": {"()": "project.logfilters.QuietSweep"}},
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {
-        "hermes_sessions": {"handlers": ["console"], "level": HERMES_LOG_LEVEL},
-        # An unhandled error in a request (a 500) is logged with its traceback; Django's default sends it
-        # only to mail_admins when DEBUG is off, i.e. nowhere here.
-        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
-        **{name: {"filters": ["quiet_sweep"]} for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")},
-    },
-}
+LOGGING = logging_config(HERMES_LOG_FORMAT, HERMES_LOG_LEVEL)

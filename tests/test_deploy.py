@@ -99,6 +99,17 @@ def test_a_worker_stops_warm_and_outwaits_the_longest_turn():
     assert int(service["TimeoutStopSec"]) > run_turn.time_limit
 
 
+def test_a_worker_is_started_only_once_its_readiness_checks_pass():
+    """``ExecStartPost`` runs ``manage.py health`` for this instance's node name (the one ``-n`` gives
+    Celery), waiting less than systemd waits for the start."""
+    service = unit("hermes-worker@.service")["Service"]
+    argv = service["ExecStartPost"].split()
+    assert argv[0] == "/opt/hermes_sessions/.venv/bin/python" and argv[1:3] == ["manage.py", "health"]
+    assert argv[argv.index("--node") + 1] == exec_start("hermes-worker@.service")[-1].split()[-1]
+    assert float(argv[argv.index("--wait") + 1]) < float(service["TimeoutStartSec"])
+    assert importlib.util.find_spec("hermes_sessions.management.commands.health")
+
+
 def test_beat_and_the_stand_in_run_what_make_runs():
     assert exec_start("hermes-beat.service")[1:4] == ["-A", "project", "beat"]
     argv = exec_start("hermes-stand-in.service")

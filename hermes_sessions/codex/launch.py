@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +168,30 @@ def permission_overrides(sandbox: str, workdir: Path) -> list[str]:
     ]
 
 
+STAND_IN_DEFAULT_MODEL = "mock-model"
+OPENAI_DEFAULT_MODEL = "gpt-5.5"
+
+
+def default_model() -> str | None:
+    """The model of a session whose ``model_config`` names none — the operator's current choice, read at
+    each turn: ``CODEX_MODEL``, else the provider's default (``stand-in``: ``mock-model``, ``openai``:
+    ``gpt-5.5``); with ``CODEX_MODEL_PROVIDER=config``, the ``model`` key of ``CODEX_CONFIG_TOML`` (``None``
+    when it has none: codex's own default, nothing sent). The same name ``render_config_toml`` writes.
+
+    Sent as ``model`` on every ``turn/start`` that carries overrides (``runner._turn_params``): codex 0.171.0
+    keeps a resumed thread's model otherwise, whatever ``config.toml`` says (docs/operating.md §3)."""
+    provider = settings.CODEX_MODEL_PROVIDER
+    if provider == "config":
+        try:
+            model = tomllib.loads(Path(settings.CODEX_CONFIG_TOML).read_text()).get("model")
+        except (OSError, tomllib.TOMLDecodeError):
+            return None  # codex reads the same file at launch and says what is wrong with it
+        return model if isinstance(model, str) and model else None
+    if provider == "openai":
+        return settings.CODEX_MODEL or OPENAI_DEFAULT_MODEL
+    return settings.CODEX_MODEL or STAND_IN_DEFAULT_MODEL
+
+
 def render_config_toml(*, home: Path | None = None, workdir: Path | None = None, sandbox: str = "read-only") -> str:
     """The ``config.toml`` for ``settings.CODEX_MODEL_PROVIDER``: ``stand-in`` (the local
     Responses-API stand-in at ``CODEX_STAND_IN_URL``) or ``openai`` (api.openai.com, key from
@@ -183,7 +208,7 @@ def render_config_toml(*, home: Path | None = None, workdir: Path | None = None,
     top = f"default_permissions = {json.dumps(permission_profile(sandbox))}\n" if workdir is not None else ""
     tail = permissions_toml(sandbox, workdir) if workdir is not None else ""
     if provider == "stand-in":
-        model = settings.CODEX_MODEL or "mock-model"
+        model = settings.CODEX_MODEL or STAND_IN_DEFAULT_MODEL
         return (
             f'model = {json.dumps(model)}\nmodel_provider = "hermes-stand-in"\n' + top
             + _common_toml()
@@ -195,7 +220,7 @@ def render_config_toml(*, home: Path | None = None, workdir: Path | None = None,
             + tail
         )
     if provider == "openai":
-        model = settings.CODEX_MODEL or "gpt-5.5"
+        model = settings.CODEX_MODEL or OPENAI_DEFAULT_MODEL
         return (
             f'model = {json.dumps(model)}\nmodel_provider = "openai-api"\n' + top
             + _common_toml()

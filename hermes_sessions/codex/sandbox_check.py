@@ -40,13 +40,15 @@ class SandboxUnavailable(CodexError):
 
 
 @dataclass(frozen=True)
-class _Result:
+class CheckResult:
+    """One run of the check: ``ok``, ``reason`` (``"ok"``, or why it failed) and ``at`` (monotonic s)."""
+
     ok: bool
     reason: str
     at: float
 
 
-_cache: dict[str, _Result] = {}
+_cache: dict[str, CheckResult] = {}
 
 
 def _key() -> str:
@@ -69,10 +71,10 @@ def check_sandbox(*, force: bool = False) -> None:
         raise SandboxUnavailable(f"codex sandbox unavailable on this host: {result.reason}")
 
 
-def _run_check() -> _Result:
+def _run_check() -> CheckResult:
     now = time.monotonic()
     if settings.CODEX_APP_SERVER_COMMAND and not settings.CODEX_SANDBOX_CHECK_COMMAND:
-        return _Result(True, "skipped (scripted app-server)", now)
+        return CheckResult(True, "skipped (scripted app-server)", now)
     scratch = Path(tempfile.mkdtemp(prefix="hermes-sandbox-check-"))
     try:
         work, home = scratch / "work", scratch / "home"
@@ -90,19 +92,25 @@ def _run_check() -> _Result:
         try:
             proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return _Result(False, f"the check command could not run: {exc}", now)
+            return CheckResult(False, f"the check command could not run: {exc}", now)
         out = (proc.stdout or "") + (proc.stderr or "")
         lines = [line for line in out.splitlines() if line.strip() and not line.startswith("WARNING: proceeding")]
         if any(line.lstrip().startswith("bwrap:") for line in lines):
-            return _Result(False, next(line for line in lines if line.lstrip().startswith("bwrap:")).strip()[:300], now)
+            return CheckResult(False, next(line for line in lines if line.lstrip().startswith("bwrap:")).strip()[:300], now)
         if proc.returncode != 0 or OK_WORD not in out:
             tail = " | ".join(lines[-3:])[:300] or "no output"
-            return _Result(False, f"a trivial sandboxed command failed (exit {proc.returncode}): {tail}", now)
+            return CheckResult(False, f"a trivial sandboxed command failed (exit {proc.returncode}): {tail}", now)
         if MARKER in out:
-            return _Result(False, "a sandboxed command could read a file outside its profile", now)
-        return _Result(True, "ok", now)
+            return CheckResult(False, "a sandboxed command could read a file outside its profile", now)
+        return CheckResult(True, "ok", now)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def last_result() -> CheckResult | None:
+    """This process's latest result for the current settings, or ``None`` when it has not checked
+    (``worker/health_beat.py`` records it; the readiness checks read it from there)."""
+    return _cache.get(_key())
 
 
 def reset_cache() -> None:
@@ -110,13 +118,16 @@ def reset_cache() -> None:
     _cache.clear()
 
 
-def check_at_worker_start() -> None:
-    """Log the result when a worker starts (the turn path checks again, from the cache)."""
+def check_at_worker_start() -> CheckResult:
+    """Run the check when a worker starts and log the result (the turn path checks again, from the
+    cache); returns it, for the worker's health record."""
     try:
         check_sandbox(force=True)
     except SandboxUnavailable as exc:
         logger.error("%s — this worker refuses turns until it works", exc)
-    except Exception:  # noqa: BLE001 — a worker must start even if the check itself breaks
+    except Exception as exc:  # noqa: BLE001 — a worker must start even if the check itself breaks
         logger.exception("codex sandbox check failed to run")
+        return CheckResult(False, f"the check itself failed: {exc}", time.monotonic())
     else:
         logger.info("codex sandbox check passed (pid %s)", os.getpid())
+    return _cache[_key()]

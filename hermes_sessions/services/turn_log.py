@@ -8,6 +8,9 @@ NOTIFY wake-up, ``worker/wake.py``; ``-`` when no task did: an API cancel of a q
 giving up on a lost worker's turn), so Celery's own ``Task …run_turn[<task id>]``
 lines can be matched to the turn. ``reason`` is the turn's ``error`` as a JSON string (newlines escaped),
 cut to :data:`REASON_CHARS` characters; ``""`` for a turn that succeeded.
+
+The same fields ride on the record as ``extra`` (``turn_fields``), so ``HERMES_LOG_FORMAT=json`` writes
+them as keys of the line's JSON object (``project/log_format.py``; ``tests/test_log_format.py``).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 from django.db import transaction
 
@@ -40,20 +44,31 @@ def delivery(task_id: str | None) -> Iterator[None]:
         _task_id.reset(token)
 
 
-def turn_line(turn: Turn, *, task_id: str = "") -> str:
-    """The log line of ``turn``'s end (see the module docstring for its shape)."""
+def turn_fields(turn: Turn, *, task_id: str = "") -> dict[str, Any]:
+    """The fields of ``turn``'s end line, passed to the record as ``extra`` (``HERMES_LOG_FORMAT=json``
+    writes them as keys, ``project/log_format.py``): ``turn``, ``session``, ``thread_action``, ``status``,
+    ``attempt`` (int), ``task``, ``reason`` (the text, not JSON-quoted) — each as the text line shows it
+    — and ``timings`` (the turn's phase durations in ms, ``Turn.timings``; JSON only)."""
     reason = " ".join((turn.error or "").split())
     if len(reason) > REASON_CHARS:
         reason = reason[: REASON_CHARS - 1] + "…"
+    return {"turn": str(turn.pk), "session": turn.session_id, "thread_action": turn.thread_action or "-",
+            "status": turn.status, "attempt": turn.attempt, "task": task_id or "-", "reason": reason,
+            "timings": dict(turn.timings or {})}
+
+
+def turn_line(fields: dict[str, Any]) -> str:
+    """The log line of a turn's end from its ``turn_fields`` (see the module docstring for its shape)."""
     return (
-        f"turn {turn.pk} ended status={turn.status} session={turn.session_id} "
-        f"thread_action={turn.thread_action or '-'} attempt={turn.attempt} task={task_id or '-'} "
-        f"reason={json.dumps(reason, ensure_ascii=False)}"
+        f"turn {fields['turn']} ended status={fields['status']} session={fields['session']} "
+        f"thread_action={fields['thread_action']} attempt={fields['attempt']} task={fields['task']} "
+        f"reason={json.dumps(fields['reason'], ensure_ascii=False)}"
     )
 
 
 def turn_ended_on_commit(turn: Turn) -> None:
     """Log ``turn``'s end (its fields as they are now) once the current transaction commits; nothing is
     logged if it rolls back. Call it where a turn reaches ``succeeded``, ``failed`` or ``cancelled``."""
-    line = turn_line(turn, task_id=_task_id.get())
-    transaction.on_commit(lambda: logger.info(line))
+    fields = turn_fields(turn, task_id=_task_id.get())
+    line = turn_line(fields)
+    transaction.on_commit(lambda: logger.info(line, extra=fields))

@@ -334,3 +334,22 @@ SELECT setval(pg_get_serial_sequence(%s, %s), %s) WHERE %s >
 -- name: table_row_estimate
 -- The planner's estimate of a table's rows (%s: the table's name).
 SELECT reltuples FROM pg_class WHERE oid = %s::regclass;
+
+
+-- ====================================================================================================
+-- the readiness checks (hermes_sessions/health.py), on their own connection
+-- ====================================================================================================
+
+-- name: health_ping
+-- The database answers: one row (1).
+SELECT 1;
+
+-- name: health_applied_migrations
+-- Every applied migration: rows of (app, name).
+SELECT "app", "name" FROM "django_migrations";
+
+-- name: health_workers
+-- The newest worker heartbeats (``WorkerHealth``), newest first: rows of (node, heartbeat_at,
+-- sandbox_ok, sandbox_reason); only worker ``%(node)s`` unless it is ''. At most ``%(limit)s`` rows.
+SELECT "node", "heartbeat_at", "sandbox_ok", "sandbox_reason" FROM "hermes_sessions_workerhealth" WHERE
+    %(node)s = '' OR "node" = %(node)s ORDER BY "heartbeat_at" DESC LIMIT %(limit)s;

@@ -22,6 +22,7 @@ from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from .affinity import AffinityLoop
+    from .health_beat import HealthBeat
     from .heartbeats import TurnHeartbeats
     from .recovery import SweepLoop
     from .wake import WakeListener
@@ -44,6 +45,7 @@ class Runtime:
     listener: WakeListener | None = None
     affinity: AffinityLoop | None = None
     sweep: SweepLoop | None = None
+    health: HealthBeat | None = None
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -64,15 +66,17 @@ def runtime() -> Runtime:
 
 
 def start() -> None:
-    """A pool process starts: spares start filling (``HERMES_WARM_POOL`` > 0), and a process with a route
+    """A pool process starts: its worker's health heartbeat (``health_beat.py``), spares start filling (``HERMES_WARM_POOL`` > 0), and a process with a route
     starts its affinity heartbeat and wake listener (``execution.start_affinity``), which also runs the
     sweep's round; any other (more turn slots, or keeping off) runs the sweep's round alone
     (``recovery.sweep_loop_start``): recovery never depends on beat alone."""
     from .execution import start_affinity
+    from .health_beat import health_beat_start
     from .recovery import sweep_loop_start
     from .warm.kept import keeper_make
     from .warm.spares import spare_pool
 
+    health_beat_start()
     spare_pool()
     k = keeper_make()
     if k is None or start_affinity(k) is None:  # None: no route
@@ -85,6 +89,7 @@ def stop(*, turn_timeout: float) -> None:
     kept app-servers and this worker's routing rows; then the scheduler. A killed process takes its
     app-servers along by ``PR_SET_PDEATHSIG`` (its rows go stale and the sweep removes them)."""
     from .affinity import affinity_stop
+    from .health_beat import health_beat_stop
     from .recovery import sweep_loop_stop
     from .wake import wake_stop
     from .warm.kept import close_keeper
@@ -94,6 +99,7 @@ def stop(*, turn_timeout: float) -> None:
     close_spare_pool()
     affinity_stop(close_keeper())
     sweep_loop_stop()
+    health_beat_stop()
     runtime().scheduler.stop()
 
 

@@ -83,10 +83,11 @@ def test_requests_carry_no_legacy_sandbox_fields(scripted_codex, codex_dirs, set
     sent = {c["method"]: c["params"] for c in calls if c["method"] in ("thread/start", "thread/resume", "turn/start")}
     assert set(sent) == {"thread/start", "thread/resume", "turn/start"}
     workdir = str((Path(settings.CODEX_WORK_ROOT) / session.id).resolve())
-    assert sent["thread/start"] == {"cwd": workdir, "approvalPolicy": "never"}
+    # model: the operator's default (CODEX_MODEL unset: the stand-in's), the session names none
+    assert sent["thread/start"] == {"cwd": workdir, "approvalPolicy": "never", "model": "mock-model"}
     assert sent["thread/resume"] == {"threadId": first.codex_thread_id, "excludeTurns": True}
     turn_start = dict(sent["turn/start"])
-    assert set(turn_start) == {"threadId", "input", "cwd", "approvalPolicy", "clientUserMessageId"}
+    assert set(turn_start) == {"threadId", "input", "cwd", "approvalPolicy", "model", "clientUserMessageId"}
     for params in sent.values():
         assert not {"sandbox", "sandboxPolicy", "sandboxMode", "permissions"} & set(params)
     for argv in scripted_codex.argvs():
