@@ -376,7 +376,7 @@ def _memory_run(stack: Stack, client: StackClient, turns: int, warmup: int, sess
     every = max(1, turns // 100)
     samples: list[tuple[int, float]] = []
     pss: list[tuple[int, float]] = []
-    app_servers: list[int] = []
+    app_servers: list[Any] = []
     counts: list[int] = []
     warm_turns = failed = 0
     t0 = time.monotonic()
@@ -391,12 +391,12 @@ def _memory_run(stack: Stack, client: StackClient, turns: int, warmup: int, sess
             sample = worker_memory(worker.pid)
             samples.append((n, sample.worker_rss_kb))
             pss.append((n, sample.worker_pss_kb))
-            app_servers += sample.app_servers_kb
-            counts.append(len(sample.app_servers_kb))
+            app_servers += sample.app_servers
+            counts.append(len(sample.app_servers))
         if n % 50 == 0:
             print(f"  memory: {n}/{turns} turns, {time.monotonic() - t0:.0f} s, worker RSS {samples[-1][1] / 1024:.1f} MiB",
                   file=sys.stderr, flush=True)
-    return {"turns": turns, "warmup": warmup, "samples": samples, "pss": pss, "app_servers_kb": app_servers,
+    return {"turns": turns, "warmup": warmup, "samples": samples, "pss": pss, "app_servers": app_servers,
             "app_server_counts": counts, "warm": warm_turns, "failed": failed, "seconds": time.monotonic() - t0,
             "sessions": sessions}
 
@@ -412,12 +412,15 @@ def _print_memory_figures(mem: dict[str, Any]) -> None:
     print(f"worker_rss_end_kb: {g['end_kb']:.0f}")
     print(f"worker_memory_growth: {g['growth']:.3f}   (end / after warm-up; target ≤ 1.05)")
     print(f"worker_pss_growth: {p['growth']:.3f}   (the same on Pss: {p['after_warmup_kb']:.0f} → {p['end_kb']:.0f} kB)")
-    if mem["app_servers_kb"]:
+    if mem["app_servers"]:
         counts = sorted(mem["app_server_counts"])
-        print(f"app_server_rss_median_kb: {statistics.median(mem['app_servers_kb']):.0f}   (per app-server under the "
-              f"worker between turns, with its children; {counts[0]}–{counts[-1]} alive per sample)")
+        alive = f"{counts[0]}–{counts[-1]} alive per sample"
+        for name in ("private", "pss", "rss"):
+            value = statistics.median(getattr(m, f"{name}_kb") for m in mem["app_servers"])
+            print(f"app_server_{name}_median_kb: {value:.0f}   (per app-server under the worker between turns, with "
+                  f"its children, smaps_rollup{' Private_Clean + Private_Dirty' if name == 'private' else ''}; {alive})")
     else:
-        print("app_server_rss_median_kb: none   (no app-server alive under the worker between turns)")
+        print("app_server_private_median_kb: none   (no app-server alive under the worker between turns)")
 
 
 def _print_throughput(results: list[Any], sessions: int, rounds: int, http_workers: int) -> None:
