@@ -40,7 +40,9 @@ worker), same work, fresh home. Printed (seconds shown as ms medians):
   the median's 95 % confidence interval (also as ``…_ci_low`` / ``…_ci_high``), the quartiles and min–max;
 * **memory** (``bench_memory.py``): ``--memory-turns`` consecutive turns over a few sessions on the warm
   stack's worker, its RSS (kB) after ``--memory-warmup`` turns and at the end, ``worker_memory_growth``
-  (target ≤ 1.05) and the median RSS per app-server under it;
+  (target ≤ 1.05) and the median private memory (USS), PSS and RSS per app-server under it; then
+  ``bench_app_server_memory.py``: an idle app-server with one loaded thread and each extra loaded thread,
+  in private memory;
 * **throughput** (``bench_throughput.py``): turns/s with 1, 2, 4 workers (``--workers``), 50 sessions at
   once (``--throughput-sessions``), ``--throughput-rounds`` rounds; failed turns (must be 0).
 
@@ -76,6 +78,8 @@ from devtools.bench_figures import (
     ratio_spread,
     rollout_overhead,
 )
+from devtools.bench_app_server_memory import measure as measure_app_server_memory
+from devtools.bench_app_server_memory import print_figures as print_app_server_memory
 from devtools.bench_history import BIG, SMALL, HistoryBench
 from devtools.bench_memory import worker_memory
 from devtools.bench_stacks import BASELINE_ENV, WARM_ENV, Stack, StackClient, stack_environment, stop_processes
@@ -521,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_turns > 0:
             _print_memory_figures(_memory_run(warm_stack, s.warm, args.memory_turns, args.memory_warmup,
                                               args.memory_sessions))
+            print_app_server_memory(measure_app_server_memory(extra_threads=3 if args.quick else 10))
             sys.stdout.flush()
         s.baseline.close()  # the sessions' event streams
         s.warm.close()
