@@ -67,6 +67,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devtools.bench_app_server_memory import measure as measure_app_server_memory
+from devtools.bench_app_server_memory import print_figures as print_app_server_memory
 from devtools.bench_figures import (
     PHASES,
     chunk_figures,
@@ -78,8 +80,6 @@ from devtools.bench_figures import (
     ratio_spread,
     rollout_overhead,
 )
-from devtools.bench_app_server_memory import measure as measure_app_server_memory
-from devtools.bench_app_server_memory import print_figures as print_app_server_memory
 from devtools.bench_history import BIG, SMALL, HistoryBench
 from devtools.bench_memory import worker_memory
 from devtools.bench_stacks import BASELINE_ENV, WARM_ENV, Stack, StackClient, stack_environment, stop_processes
