@@ -43,6 +43,8 @@ worker), same work, fresh home. Printed (seconds shown as ms medians):
   (target ≤ 1.05) and the median private memory (USS), PSS and RSS per app-server under it; then
   ``bench_app_server_memory.py``: an idle app-server with one loaded thread and each extra loaded thread,
   in private memory;
+* **rollout size** (``bench_rollout.py``, ``--rollout-rounds``): ``cold_turn_100mb_vs_1mb_seen`` /
+  ``…_unseen``, a cold turn at 100 MB of rollout over one at 1 MB;
 * **throughput** (``bench_throughput.py``): turns/s with 1, 2, 4 workers (``--workers``), 50 sessions at
   once (``--throughput-sessions``), ``--throughput-rounds`` rounds; failed turns (must be 0).
 
@@ -468,6 +470,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-warmup", type=int, default=100,
                         help="turns before the memory baseline (at most a third of --memory-turns)")
     parser.add_argument("--memory-sessions", type=int, default=4)
+    parser.add_argument("--rollout-rounds", type=int, default=0,
+                        help="rounds of devtools.bench_rollout (100 MB vs 1 MB rollout, cold turns; its own database "
+                             "and in-process worker); 0 (default) skips it")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run for tests: 2 rounds, no history, 1 and 2 workers × 4 sessions × 2 rounds, "
                              "30 memory turns (each unless given explicitly)")
@@ -537,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
             client.wait_up(make_session=False)
             _print_throughput(run_throughput(tput, client, args.workers, args.throughput_sessions,
                                              args.throughput_rounds), args.throughput_sessions, args.throughput_rounds, tput.http_workers)
+        if args.rollout_rounds > 0:
+            sys.stdout.flush()
+            subprocess.run([sys.executable, "-m", "devtools.bench_rollout", "--rounds", str(args.rollout_rounds)],
+                           cwd=BASE, env={k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"}, check=False)
         print(f"bench_seconds: {time.monotonic() - started:.0f}")
         return 0
     finally:
