@@ -127,16 +127,18 @@ def run(rounds: int, big_mb: float, small_mb: float) -> dict[str, Any]:
         sessions[name] = s
     seconds: dict[tuple[str, str], list[float]] = {(n, h): [] for n in sizes for h in ("seen", "unseen")}
     restore: dict[tuple[str, str], list[float]] = {k: [] for k in seconds}
+    timings: dict[tuple[str, str], list[dict[str, Any]]] = {k: [] for k in seconds}
     for r in range(rounds):
         for host in ("seen", "unseen"):
             for name in (("big", "small") if r % 2 == 0 else ("small", "big")):
                 if host == "unseen":
                     _forget_host(sessions[name])
-                elapsed, timings = _turn(sessions[name], user, f"round {r}")
+                elapsed, turn_timings = _turn(sessions[name], user, f"round {r}")
                 seconds[(name, host)].append(elapsed)
-                restore[(name, host)].append(float(timings.get("restore_ms", 0)))
+                restore[(name, host)].append(float(turn_timings.get("restore_ms", 0)))
+                timings[(name, host)].append(turn_timings)
         print(f"  rollout: round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-    return {"sizes": sizes, "seconds": seconds, "restore": restore, "rounds": rounds}
+    return {"sizes": sizes, "seconds": seconds, "restore": restore, "timings": timings, "rounds": rounds}
 
 
 def print_figures(f: dict[str, Any]) -> None:
@@ -153,6 +155,11 @@ def print_figures(f: dict[str, Any]) -> None:
         print(f"cold_turn_100mb_{host}_ms: {b * 1000:.0f}")
         print(f"cold_turn_1mb_{host}_ms: {s * 1000:.0f}")
         print(f"restore_100mb_{host}_ms: {rb:.0f}")
+        phases = sorted({k for t in f["timings"][("big", host)] for k, v in t.items()
+                         if k.endswith("_ms") and isinstance(v, (int, float))})
+        print(f"  worker timings at {big / 1e6:.0f} MB vs {small / 1e6:.1f} MB ({host}; medians, ms): " + ", ".join(
+            f"{k} {statistics.median(t.get(k, 0) for t in f['timings'][('big', host)]):.0f}/"
+            f"{statistics.median(t.get(k, 0) for t in f['timings'][('small', host)]):.0f}" for k in phases))
 
 
 def main(argv: list[str] | None = None) -> int:
