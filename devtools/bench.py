@@ -40,7 +40,11 @@ worker), same work, fresh home. Printed (seconds shown as ms medians):
   the median's 95 % confidence interval (also as ``…_ci_low`` / ``…_ci_high``), the quartiles and min–max;
 * **memory** (``bench_memory.py``): ``--memory-turns`` consecutive turns over a few sessions on the warm
   stack's worker, its RSS (kB) after ``--memory-warmup`` turns and at the end, ``worker_memory_growth``
-  (target ≤ 1.05) and the median RSS per app-server under it;
+  (target ≤ 1.05) and the median private memory (USS), PSS and RSS per app-server under it; then
+  ``bench_app_server_memory.py``: an idle app-server with one loaded thread and each extra loaded thread,
+  in private memory;
+* **rollout size** (``bench_rollout.py``, ``--rollout-rounds``): ``cold_turn_100mb_vs_1mb_seen`` /
+  ``…_unseen``, a cold turn at 100 MB of rollout over one at 1 MB;
 * **throughput** (``bench_throughput.py``): turns/s with 1, 2, 4 workers (``--workers``), 50 sessions at
   once (``--throughput-sessions``), ``--throughput-rounds`` rounds; failed turns (must be 0).
 
@@ -65,6 +69,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devtools.bench_app_server_memory import measure as measure_app_server_memory
+from devtools.bench_app_server_memory import print_figures as print_app_server_memory
 from devtools.bench_figures import (
     PHASES,
     chunk_figures,
@@ -376,7 +382,7 @@ def _memory_run(stack: Stack, client: StackClient, turns: int, warmup: int, sess
     every = max(1, turns // 100)
     samples: list[tuple[int, float]] = []
     pss: list[tuple[int, float]] = []
-    app_servers: list[int] = []
+    app_servers: list[Any] = []
     counts: list[int] = []
     warm_turns = failed = 0
     t0 = time.monotonic()
@@ -391,12 +397,12 @@ def _memory_run(stack: Stack, client: StackClient, turns: int, warmup: int, sess
             sample = worker_memory(worker.pid)
             samples.append((n, sample.worker_rss_kb))
             pss.append((n, sample.worker_pss_kb))
-            app_servers += sample.app_servers_kb
-            counts.append(len(sample.app_servers_kb))
+            app_servers += sample.app_servers
+            counts.append(len(sample.app_servers))
         if n % 50 == 0:
             print(f"  memory: {n}/{turns} turns, {time.monotonic() - t0:.0f} s, worker RSS {samples[-1][1] / 1024:.1f} MiB",
                   file=sys.stderr, flush=True)
-    return {"turns": turns, "warmup": warmup, "samples": samples, "pss": pss, "app_servers_kb": app_servers,
+    return {"turns": turns, "warmup": warmup, "samples": samples, "pss": pss, "app_servers": app_servers,
             "app_server_counts": counts, "warm": warm_turns, "failed": failed, "seconds": time.monotonic() - t0,
             "sessions": sessions}
 
@@ -412,12 +418,15 @@ def _print_memory_figures(mem: dict[str, Any]) -> None:
     print(f"worker_rss_end_kb: {g['end_kb']:.0f}")
     print(f"worker_memory_growth: {g['growth']:.3f}   (end / after warm-up; target ≤ 1.05)")
     print(f"worker_pss_growth: {p['growth']:.3f}   (the same on Pss: {p['after_warmup_kb']:.0f} → {p['end_kb']:.0f} kB)")
-    if mem["app_servers_kb"]:
+    if mem["app_servers"]:
         counts = sorted(mem["app_server_counts"])
-        print(f"app_server_rss_median_kb: {statistics.median(mem['app_servers_kb']):.0f}   (per app-server under the "
-              f"worker between turns, with its children; {counts[0]}–{counts[-1]} alive per sample)")
+        alive = f"{counts[0]}–{counts[-1]} alive per sample"
+        for name in ("private", "pss", "rss"):
+            value = statistics.median(getattr(m, f"{name}_kb") for m in mem["app_servers"])
+            print(f"app_server_{name}_median_kb: {value:.0f}   (per app-server under the worker between turns, with "
+                  f"its children, smaps_rollup{' Private_Clean + Private_Dirty' if name == 'private' else ''}; {alive})")
     else:
-        print("app_server_rss_median_kb: none   (no app-server alive under the worker between turns)")
+        print("app_server_private_median_kb: none   (no app-server alive under the worker between turns)")
 
 
 def _print_throughput(results: list[Any], sessions: int, rounds: int, http_workers: int) -> None:
@@ -461,6 +470,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-warmup", type=int, default=100,
                         help="turns before the memory baseline (at most a third of --memory-turns)")
     parser.add_argument("--memory-sessions", type=int, default=4)
+    parser.add_argument("--rollout-rounds", type=int, default=0,
+                        help="rounds of devtools.bench_rollout (100 MB vs 1 MB rollout, cold turns; its own database "
+                             "and in-process worker); 0 (default) skips it")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run for tests: 2 rounds, no history, 1 and 2 workers × 4 sessions × 2 rounds, "
                              "30 memory turns (each unless given explicitly)")
@@ -518,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.memory_turns > 0:
             _print_memory_figures(_memory_run(warm_stack, s.warm, args.memory_turns, args.memory_warmup,
                                               args.memory_sessions))
+            print_app_server_memory(measure_app_server_memory(extra_threads=3 if args.quick else 10))
             sys.stdout.flush()
         s.baseline.close()  # the sessions' event streams
         s.warm.close()
@@ -529,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
             client.wait_up(make_session=False)
             _print_throughput(run_throughput(tput, client, args.workers, args.throughput_sessions,
                                              args.throughput_rounds), args.throughput_sessions, args.throughput_rounds, tput.http_workers)
+        if args.rollout_rounds > 0:
+            sys.stdout.flush()
+            subprocess.run([sys.executable, "-m", "devtools.bench_rollout", "--rounds", str(args.rollout_rounds)],
+                           cwd=BASE, env={k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"}, check=False)
         print(f"bench_seconds: {time.monotonic() - started:.0f}")
         return 0
     finally:

@@ -264,6 +264,9 @@ class RolloutChunk(models.Model):
     class Meta:
         ordering = ["rollout", "seq"]
         constraints = [models.UniqueConstraint(fields=["rollout", "seq"], name="rollout_chunk_unique_seq")]
+        # A restore onto a host that holds a prefix reads only the chunks from its end (queries.sql:
+        # rollout_chunks_from).
+        indexes = [models.Index(fields=["rollout", "offset"], name="rollout_chunk_offset")]
 
     def __str__(self) -> str:
         return f"{self.rollout_id}#{self.seq} @{self.offset} ({self.size} B)"

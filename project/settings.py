@@ -346,9 +346,13 @@ HERMES_WARM_POOL_MAX_AGE = env_float("HERMES_WARM_POOL_MAX_AGE", 600.0)
 # heartbeat is fresh; a turn it has not claimed HERMES_AFFINITY_DEADLINE seconds later is dispatched to the shared
 # queue by the sweep, for any worker to take (cold). docs/architecture.md §4 has the delivery table.
 HERMES_WARM_IDLE_SECONDS = env_float("HERMES_WARM_IDLE_SECONDS", 120.0)
-HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 8)  # kept app-servers per worker process (LRU)
+# Kept threads are bounded by the host's memory: HERMES_WARM_MEMORY_BUDGET_MB of private memory (USS, with children)
+# of the kept app-servers of every worker process on the host (hermes_sessions/worker/warm/memory_budget.py; 0: no
+# budget), least recently used closed first; HERMES_WARM_MAX_THREADS per worker process is the safety cap.
+HERMES_WARM_MEMORY_BUDGET_MB = env_int("HERMES_WARM_MEMORY_BUDGET_MB", 1024)
+HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 32)  # kept app-servers per worker process (LRU)
 HERMES_WARM_MAX_TURNS = env_int("HERMES_WARM_MAX_TURNS", 200)  # turns one kept app-server runs before it is recycled
-HERMES_WARM_MAX_RSS_MB = env_int("HERMES_WARM_MAX_RSS_MB", 512)  # a kept app-server above this resident size is closed
+HERMES_WARM_MAX_PRIVATE_MB = env_int("HERMES_WARM_MAX_PRIVATE_MB", 256)  # a kept app-server above this private size is closed
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first

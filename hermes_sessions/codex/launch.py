@@ -250,17 +250,25 @@ def session_home(session_id: str) -> SessionHome:
     return SessionHome(home=root / "home", user_home=root / "user_home")
 
 
-def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir: Path | None = None) -> SessionHome:
+def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir: Path | None = None,
+                         keep: Path | None = None) -> SessionHome:
     """Wipe and recreate ``session_id``'s home and ``HOME`` (a worker's disk is a cache: nothing
     from an earlier turn, host-local sqlite included, survives — ``docs/codex.md`` §7), then write
     its ``config.toml`` — with ``sandbox`` and ``workdir``, one that also selects and defines the
     session's permission profile, so even an app-server started without ``permission_overrides`` runs
-    the session's commands under it. Returns the paths; the caller restores the thread's rollout into it."""
+    the session's commands under it. ``keep``: one file inside the home left in place, untouched (the
+    thread's rollout this process holds, ``rollout_files.held_rollout``: its restore then appends only
+    what it lacks). Returns the paths; the caller restores the thread's rollout into it."""
     paths = session_home(session_id)
+    if keep is not None and not keep.resolve().is_relative_to(paths.home):
+        keep = None
     for attempt in range(HOME_WIPE_ATTEMPTS):
-        shutil.rmtree(paths.home.parent, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(paths.home.parent, ignore_errors=True)
+        else:
+            _remove_all_but(paths.home.parent, keep.resolve())
         try:
-            paths.home.mkdir(parents=True)
+            paths.home.mkdir(parents=True, exist_ok=keep is not None)
             break
         except FileExistsError:
             # Something wrote into the home while it was being removed — an app-server of an earlier run of the
@@ -272,6 +280,24 @@ def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir
     paths.user_home.mkdir(parents=True)
     write_home_config(paths.home, sandbox=sandbox, workdir=workdir)
     return paths
+
+
+def _remove_all_but(root: Path, keep: Path) -> None:
+    """Remove everything under ``root`` except ``keep`` and the directories leading to it."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        path = Path(entry.path)
+        if path == keep:
+            continue
+        if entry.is_dir(follow_symlinks=False) and keep.is_relative_to(path):
+            _remove_all_but(path, keep)
+        elif entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def write_home_config(home: Path, *, sandbox: str | None = None, workdir: Path | None = None) -> None:

@@ -23,6 +23,16 @@ kept thread's file is stamp-checked before its turn) is no longer seen at captur
 the conversation either: codex reads the file only at ``thread/resume``, right after the restore
 verified it, and appends to the history it loaded then (``tests/codex/test_rollout_known.py``).
 
+A restore is O(appended) on a host that holds a verified copy (``held_prefix``): the file is the one
+``KNOWN`` holds — same device, inode, size, mtime and ctime as when this process last wrote or read it
+(any write to it since changes its ctime, which no user can set back; Linux ≥ 6.13 gives it a finer
+grain once it was read, so even a write within the same tick shows), and the same first and last
+``TAIL_BYTES`` — and a prefix of the stored rollout no longer than it; only the bytes after it are
+appended (``restore_rollout`` with an ``offset``), and the whole file's sha256, continued from the kept
+hash state, must equal the stored one, or the caller restores in full. A full restore streams the
+stored bytes into a temporary file (never the whole rollout in memory), verifies length and sha256,
+then renames it into place. ``tests/codex/test_rollout_restore.py``, ``tests/services/test_rollouts.py``.
+
 Nothing here touches the database; ``hermes_sessions.services.rollouts`` does.
 """
 from __future__ import annotations
@@ -31,9 +41,10 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 class RolloutDiverged(Exception):
@@ -87,7 +98,9 @@ TAIL_BYTES = 4096
 class _Known:
     """A rollout file as this process last wrote or read it: ``identity`` (``st_dev``, ``st_ino``),
     ``length`` and ``sha256`` (hex) of its bytes, ``digest`` (the sha256 state after them, copied before
-    use), ``head`` and ``tail`` (its first and last ``TAIL_BYTES`` bytes)."""
+    use), ``head`` and ``tail`` (its first and last ``TAIL_BYTES`` bytes), ``stamp`` (``st_size``,
+    ``st_mtime_ns``, ``st_ctime_ns`` right after; ``None`` when the file was longer than ``length``
+    then — codex still appending — so the entry may extend a capture but not vouch for a restore)."""
 
     identity: tuple[int, int]
     length: int
@@ -95,6 +108,11 @@ class _Known:
     digest: Any
     head: bytes
     tail: bytes
+    stamp: tuple[int, int, int] | None = None
+
+
+def _stamp(st: os.stat_result, length: int) -> tuple[int, int, int] | None:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st.st_size == length else None
 
 
 class KnownPrefixes:
@@ -113,7 +131,7 @@ class KnownPrefixes:
         except OSError:
             return
         self.put(path, _Known((st.st_dev, st.st_ino), len(data), digest.hexdigest(), digest,
-                              bytes(data[:TAIL_BYTES]), bytes(data[-TAIL_BYTES:])))
+                              bytes(data[:TAIL_BYTES]), bytes(data[-TAIL_BYTES:]), _stamp(st, len(data))))
 
     def put(self, path: Path, known: _Known) -> None:
         with self._lock:
@@ -130,6 +148,28 @@ class KnownPrefixes:
             return None
         return known
 
+    def held(self, path: Path) -> _Known | None:
+        """What is known of ``path`` if the file there is still exactly that (module docstring): same
+        identity and stamp, same first and last ``TAIL_BYTES``; else ``None`` (and forgotten)."""
+        with self._lock:
+            known = self._known.get(str(path))
+        if known is None or known.stamp is None:
+            return None
+        try:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                same = ((st.st_dev, st.st_ino) == known.identity and _stamp(st, known.length) == known.stamp
+                        and fh.read(TAIL_BYTES) == known.head)
+                if same:
+                    fh.seek(max(0, known.length - TAIL_BYTES))
+                    same = fh.read(TAIL_BYTES) == known.tail
+        except OSError:
+            same = False
+        if not same:
+            self.forget(path)
+            return None
+        return known
+
     def forget(self, path: Path) -> None:
         with self._lock:
             self._known.pop(str(path), None)
@@ -143,26 +183,120 @@ KNOWN = KnownPrefixes()
 os.register_at_fork(after_in_child=KNOWN._after_fork)
 
 
-def write_rollout(home: Path, base: RolloutBase, data: bytes) -> Path:
-    """Write ``data`` (the whole stored rollout) to ``home/<base.relpath>`` and verify it against
-    ``base`` (length and sha256) before codex may see it. Raises ``RolloutDiverged`` on a mismatch or
-    a relpath that leaves ``home/sessions``."""
+@dataclass(frozen=True)
+class Restored:
+    """What ``restore_rollout`` did: the file's ``path``, ``kept`` bytes of it left as they were (a held
+    prefix) and ``written`` bytes written."""
+
+    path: Path
+    kept: int
+    written: int
+
+
+def _target(home: Path, base: RolloutBase) -> Path:
     target = (home / base.relpath).resolve()
     if not target.is_relative_to(home / "sessions") or not target.name.endswith(f"-{base.thread_id}.jsonl"):
         raise RolloutDiverged(f"stored rollout path {base.relpath!r} is not a rollout under sessions/")
-    digest = hashlib.sha256(data)
-    if len(data) != base.length or digest.hexdigest() != base.sha256:
-        raise RolloutDiverged(
-            f"the rollout of thread {base.thread_id} read from PostgreSQL does not match its record "
-            f"({len(data)} bytes, expected {base.length})"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    KNOWN.remember(target, data, digest)
     return target
+
+
+def held_prefix(home: Path, base: RolloutBase) -> int:
+    """Bytes of ``base`` that ``home`` already holds, verified as the module docstring says: the length of
+    the file at ``base.relpath`` when this process knows it unchanged and it is no longer than ``base``;
+    0 otherwise (no file, unknown, changed, longer). Whether they are ``base``'s bytes is settled by
+    ``restore_rollout``'s final sha256."""
+    try:
+        target = _target(home, base)
+    except RolloutDiverged:
+        return 0
+    known = KNOWN.held(target)
+    return known.length if known is not None and known.length <= base.length else 0
+
+
+def held_rollout(home: Path, thread_id: str | None) -> Path | None:
+    """The rollout of ``thread_id`` under ``home`` if this process holds it unchanged (``KNOWN.held``):
+    the file a wipe of the home keeps for the next restore (``launch.prepare_session_home``)."""
+    if not thread_id or not home.is_dir():
+        return None
+    try:
+        path = find_rollout(home, thread_id)
+    except RolloutDiverged:
+        return None
+    return path if path is not None and KNOWN.held(path) is not None else None
+
+
+class _Ends:
+    """The first and last ``TAIL_BYTES`` of a stream of pieces, kept as they pass."""
+
+    def __init__(self, head: bytes = b"", tail: bytes = b"") -> None:
+        self.head, self.tail = head, tail
+
+    def add(self, piece: bytes) -> None:
+        if len(self.head) < TAIL_BYTES:
+            self.head += piece[: TAIL_BYTES - len(self.head)]
+        self.tail = (self.tail + piece[-TAIL_BYTES:])[-TAIL_BYTES:]
+
+
+def restore_rollout(home: Path, base: RolloutBase, pieces: Iterable[bytes], *, offset: int = 0) -> Restored:
+    """Make ``home/<base.relpath>`` hold ``base``'s bytes, verified (length, sha256) before codex sees it.
+
+    ``offset`` 0: ``pieces`` are the whole rollout, streamed into a temporary file beside the target
+    (a name codex never reads), fsynced, checked and renamed into place — memory holds one piece at a
+    time. ``offset`` > 0: the file holds ``base``'s first ``offset`` bytes (``held_prefix`` said so) and
+    ``pieces`` are the rest, appended; the sha256 continues from the kept hash state. Raises
+    ``RolloutDiverged`` when the result does not match ``base`` (nothing is left in place: a temporary
+    file is removed, an appended file cut back and forgotten — the caller then restores in full), when
+    the held file changed meanwhile, or when the relpath leaves ``home/sessions``. Exceptions raised by
+    ``pieces`` (a damaged stored chunk, a lost connection) propagate the same way."""
+    target = _target(home, base)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fh: IO[bytes]
+    if offset:
+        known = KNOWN.held(target)
+        if known is None or known.length != offset:
+            raise RolloutDiverged(f"the rollout of thread {base.thread_id} on this host changed before its restore")
+        digest, ends, fh = known.digest.copy(), _Ends(known.head, known.tail), open(target, "r+b")  # noqa: SIM115
+        fh.seek(offset)
+        tmp = target
+    else:
+        digest, ends = hashlib.sha256(), _Ends()
+        tmp = target.with_name(f".restore-{os.getpid()}-{threading.get_ident()}.tmp")
+        fh = open(tmp, "wb")  # noqa: SIM115 — closed in the finally below
+    length = offset
+    try:
+        with fh:
+            for piece in pieces:
+                fh.write(piece)
+                digest.update(piece)
+                ends.add(piece)
+                length += len(piece)
+            if length != base.length or digest.hexdigest() != base.sha256:
+                raise RolloutDiverged(
+                    f"the rollout of thread {base.thread_id} restored from PostgreSQL does not match its record "
+                    f"({length} bytes{f' on {offset} held' if offset else ''}, expected {base.length})")
+            fh.flush()
+            os.fsync(fh.fileno())
+        if not offset:
+            os.replace(tmp, target)
+    except BaseException:
+        KNOWN.forget(target)
+        if offset:
+            with open(target, "r+b") as cut:
+                cut.truncate(offset)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+    st = target.stat()
+    KNOWN.put(target, _Known((st.st_dev, st.st_ino), length, base.sha256, digest, ends.head, ends.tail,
+                             _stamp(st, length)))
+    return Restored(path=target, kept=offset, written=length - offset)
+
+
+def write_rollout(home: Path, base: RolloutBase, data: bytes) -> Path:
+    """Write ``data`` (the whole stored rollout) to ``home/<base.relpath>`` and verify it against
+    ``base`` (length and sha256) before codex may see it: ``restore_rollout`` of one piece. Raises
+    ``RolloutDiverged`` on a mismatch or a relpath that leaves ``home/sessions``."""
+    return restore_rollout(home, base, [data]).path
 
 
 def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutDelta | None:
@@ -193,7 +327,7 @@ def read_delta(home: Path, thread_id: str, base: RolloutBase | None) -> RolloutD
             "not storing a diverged copy"
         )
     digest.update(view[offset:])
-    KNOWN.remember(path, data, digest.copy())
+    KNOWN.remember(path, data, digest.copy())  # stamped only if the file is still len(data) long
     return RolloutDelta(
         thread_id=thread_id,
         relpath=str(path.relative_to(home)),
@@ -224,8 +358,14 @@ def _read_known(home: Path, path: Path, thread_id: str, base: RolloutBase, known
     digest = known.digest.copy()
     digest.update(appended)
     length, sha256 = base.length + len(appended), digest.hexdigest()
-    # The file as it is now: the next turn's base once this one is stored.
-    KNOWN.put(path, _Known(known.identity, length, sha256, digest, known.head, (known.tail + appended)[-TAIL_BYTES:]))
+    # The file as it is now: the next turn's base once this one is stored. Stamped from a stat taken after
+    # the read, only if nothing was appended since (then it may vouch for a restore, ``held_prefix``).
+    try:
+        stamp = _stamp(path.stat(), length)
+    except OSError:
+        stamp = None
+    KNOWN.put(path, _Known(known.identity, length, sha256, digest, known.head, (known.tail + appended)[-TAIL_BYTES:],
+                           stamp))
     return RolloutDelta(thread_id=thread_id, relpath=str(path.relative_to(home)), offset=base.length,
                         data=appended, length=length, sha256=sha256, base=base)
 

@@ -6,7 +6,9 @@ is a cache wiped at every turn. Per turn (``execution.py``):
     turn_claim        reads the bound thread's generation g (``rollout_state``)
     rollout_restore   writes the stored bytes into the session's fresh CODEX_HOME at the original
                       relative path and verifies length + sha256 (a rollout still in the legacy shared
-                      ``settings.CODEX_HOME`` is imported first: ``rollout_import``)
+                      ``settings.CODEX_HOME`` is imported first: ``rollout_import``) — only the chunks
+                      after the verified copy this host still holds (``rollout_files.held_prefix``), else
+                      all of them, streamed a slice at a time (``RESTORE_SLICE``)
     … codex runs the turn; the app-server exits; ``codex.rollout_files.read_delta`` checks the prefix …
     rollout_store     inside the turn's finalize transaction: one insert-only chunk with the appended
                       bytes, and ``UPDATE … SET generation = g+1 WHERE generation = g``; a generation
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,15 @@ from django.db import IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from ..codex.rollout_files import RolloutBase, RolloutDelta, RolloutDiverged, find_rollout, write_rollout
+from ..codex.rollout_files import (
+    Restored,
+    RolloutBase,
+    RolloutDelta,
+    RolloutDiverged,
+    find_rollout,
+    held_prefix,
+    restore_rollout,
+)
 from ..models import CodexRollout, RolloutChunk, Session
 from ..sql import query
 from .pipelining import Batch, Later
@@ -37,6 +48,11 @@ from .verbatim import rows_insert_verbatim
 logger = logging.getLogger(__name__)
 
 ZLIB_LEVEL = 6
+#: A restore brings at most this many stored bytes from PostgreSQL at once (a row, or a slice of a larger
+#: chunk), and decompresses at most this many bytes at a time: its memory does not grow with the rollout.
+RESTORE_SLICE = 1 << 20
+#: Chunks per query of a restore (each at most ``RESTORE_SLICE`` stored bytes in the row).
+RESTORE_BATCH = 8
 
 
 class RolloutFenced(Exception):
@@ -124,13 +140,13 @@ def rollout_import(*, session_id: str, thread_id: str, home: Path | None = None)
 
 
 def rollout_restore(*, session_id: str, thread_id: str | None, generation: int | None, home: Path) -> RolloutBase | None:
-    """Put ``thread_id``'s stored rollout into ``home`` (a session's freshly wiped ``CODEX_HOME``) at
-    its original relative path, verified before ``thread/resume`` sees it. ``generation`` is what the
-    claim read (``None``: PostgreSQL held no rollout then — one in the legacy home is imported now).
-    Returns what was restored (the base a turn's delta extends), or ``None`` when there is no stored
-    rollout anywhere (codex will then say ``no rollout found``, and the thread truly is gone).
-    Raises ``RolloutFenced`` when the generation moved on since the claim, ``RolloutDiverged`` when
-    the stored bytes do not verify."""
+    """Put ``thread_id``'s stored rollout into ``home`` (a session's freshly wiped ``CODEX_HOME``, which
+    may have kept the rollout file this process left there) at its original relative path, verified
+    before ``thread/resume`` sees it. ``generation`` is what the claim read (``None``: PostgreSQL held no
+    rollout then — one in the legacy home is imported now). Returns what was restored (the base a turn's
+    delta extends), or ``None`` when there is no stored rollout anywhere (codex will then say ``no rollout
+    found``, and the thread truly is gone). Raises ``RolloutFenced`` when the generation moved on since
+    the claim, ``RolloutDiverged`` when the stored bytes do not verify."""
     if not thread_id:
         return None
     base = rollout_state(thread_id=thread_id) if generation is not None else rollout_import(
@@ -139,8 +155,88 @@ def rollout_restore(*, session_id: str, thread_id: str | None, generation: int |
         return None
     if generation is not None and base.generation != generation:
         raise RolloutFenced(f"rollout of thread {thread_id} is at generation {base.generation}, claimed at {generation}")
-    write_rollout(home, base, rollout_load(base=base))
+    rollout_write(base=base, home=home)
     return base
+
+
+def rollout_write(*, base: RolloutBase, home: Path) -> Restored:
+    """Write ``base`` into ``home``: the chunks after the verified prefix ``home`` holds
+    (``rollout_files.held_prefix``), or — none held, or the held copy did not extend to ``base`` — every
+    chunk, streamed. Returns what was kept and written. Raises ``RolloutDiverged`` when the stored chunks
+    do not verify."""
+    held = held_prefix(home, base)
+    if held:
+        try:
+            return restore_rollout(home, base, rollout_stream(base=base, start=held), offset=held)
+        except RolloutDiverged as exc:
+            logger.info("rollout of thread %s: the %d bytes held on this host did not extend to the stored ones "
+                        "(%s); restoring it in full", base.thread_id, held, exc)
+    return restore_rollout(home, base, rollout_stream(base=base, start=0))
+
+
+def rollout_stream(*, base: RolloutBase, start: int = 0) -> Iterator[bytes]:
+    """The stored bytes of ``base.thread_id``'s rollout from byte ``start`` (a chunk boundary) to its end,
+    uncompressed, in pieces of at most ``RESTORE_SLICE`` bytes; each chunk checked (offset, size, sha256)
+    as it ends. A query per ``RESTORE_BATCH`` chunks (``rollout_chunks_from``) and per slice of a chunk
+    stored larger than ``RESTORE_SLICE`` (``rollout_chunk_slice``); no transaction is held between them
+    (a chunk is insert-only: what was read stays true). Raises ``RolloutDiverged`` when no chunk starts at
+    ``start``, a chunk is damaged, or they end before ``base.length``."""
+    length = start
+    while length < base.length:
+        with connection.cursor() as cursor:
+            cursor.execute(query("rollout_chunks_from"), {"thread": base.thread_id, "start": length,
+                                                          "limit": RESTORE_BATCH, "slice": RESTORE_SLICE})
+            rows = cursor.fetchall()
+        if not rows:
+            break
+        for rollout_id, seq, offset, size, compression, sha, stored_length, data in rows:
+            if offset != length:
+                raise RolloutDiverged(f"stored rollout of thread {base.thread_id}: no chunk starts at byte {length}")
+            stored = [bytes(data)] if data is not None else _slices(rollout_id, seq, stored_length)
+            digest, produced = hashlib.sha256(), 0
+            for piece in _decoded(stored, compression):
+                digest.update(piece)
+                produced += len(piece)
+                yield piece
+            if produced != size or digest.hexdigest() != sha:
+                raise RolloutDiverged(f"stored rollout chunk of thread {base.thread_id} at offset {offset} is damaged")
+            length += size
+            if length >= base.length:
+                break
+    if length != base.length:
+        raise RolloutDiverged(f"stored rollout of thread {base.thread_id} ends at byte {length}, its record at "
+                              f"{base.length}")
+
+
+def _slices(rollout_id: int, seq: int, stored_length: int) -> Iterator[bytes]:
+    for at in range(0, stored_length, RESTORE_SLICE):
+        with connection.cursor() as cursor:
+            cursor.execute(query("rollout_chunk_slice"),
+                           {"rollout": rollout_id, "seq": seq, "from": at + 1, "length": RESTORE_SLICE})
+            (data,) = cursor.fetchone()
+        yield bytes(data)
+
+
+def _decoded(stored: Iterator[bytes] | list[bytes], compression: str) -> Iterator[bytes]:
+    """``stored`` pieces uncompressed as ``compression`` says, at most ``RESTORE_SLICE`` bytes a piece."""
+    if not compression:
+        yield from stored
+        return
+    if compression != "zlib":
+        raise RolloutDiverged(f"unknown rollout chunk compression {compression!r}")
+    unpack = zlib.decompressobj()
+    try:
+        for data in stored:
+            while data:
+                piece = unpack.decompress(data, RESTORE_SLICE)
+                data = unpack.unconsumed_tail
+                if piece:
+                    yield piece
+        rest = unpack.flush()  # all input consumed above: what zlib still buffers is a few bytes
+        if rest:
+            yield rest
+    except zlib.error as exc:
+        raise RolloutDiverged(f"a stored rollout chunk does not decompress: {exc}") from exc
 
 
 def rollout_store(*, session: Session, delta: RolloutDelta, codex_version: str = "") -> None:

@@ -238,6 +238,22 @@ WITH u AS (UPDATE "hermes_sessions_codexrollout" SET "length" = %(length)s, "sha
     %(offset)s, %(size)s, %(compression)s, %(data)s, %(chunk_sha256)s, %(now)s FROM u RETURNING "rollout_id";
 
 
+-- name: rollout_chunks_from
+-- Up to %(limit)s chunks of thread %(thread)s's rollout starting at byte %(start)s or later, in file order
+-- (offsets grow with seq; index ``rollout_chunk_offset``): the rollout's id, seq, offset, size,
+-- compression, sha256, the stored length, and the stored bytes when at most %(slice)s bytes (a larger
+-- one is read in slices, ``rollout_chunk_slice``: no row brings more than %(slice)s bytes).
+SELECT c."rollout_id", c."seq", c."offset", c."size", c."compression", c."sha256", octet_length(c."data"),
+    CASE WHEN octet_length(c."data") <= %(slice)s THEN c."data" END FROM "hermes_sessions_rolloutchunk" c
+    WHERE c."rollout_id" = (SELECT r."id" FROM "hermes_sessions_codexrollout" r WHERE r."thread_id" =
+    %(thread)s) AND c."offset" >= %(start)s ORDER BY c."offset" LIMIT %(limit)s;
+
+-- name: rollout_chunk_slice
+-- %(length)s stored bytes of chunk %(seq)s of rollout %(rollout)s from byte %(from)s (1-based, as SQL's
+-- ``substring``).
+SELECT substring(c."data" FROM %(from)s FOR %(length)s) FROM "hermes_sessions_rolloutchunk" c WHERE
+    c."rollout_id" = %(rollout)s AND c."seq" = %(seq)s;
+
 -- ====================================================================================================
 -- events and wake-ups (services/events.py, services/dispatch.py, services/routing.py, listener.py)
 -- ====================================================================================================

@@ -45,7 +45,14 @@ from ..codex.launch import (
     session_home,
     write_home_config,
 )
-from ..codex.rollout_files import RolloutBase, RolloutDiverged, read_delta, read_leftover, write_leftover
+from ..codex.rollout_files import (
+    RolloutBase,
+    RolloutDiverged,
+    held_rollout,
+    read_delta,
+    read_leftover,
+    write_leftover,
+)
 from ..codex.runner import TurnAbandoned, TurnControl, TurnOutcome, TurnRunError, TurnSpec, drive_turn
 from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
@@ -314,8 +321,11 @@ def _restore(claim: TurnClaim, control: TurnControl | None = None,
         # the turn codex completed (to adopt, not run twice); kept only if it extends what PostgreSQL has.
         old = session_home(claim.session_id).home
         leftovers = [read_leftover(old, t) for t in (claim.thread_id, claim.previous_thread_id)] if claim.attempt > 1 else []
+        # The thread's rollout this process left here, unchanged since: kept, so the restore appends only
+        # the chunks it lacks (``rollout_files.held_prefix``; anything else is wiped and restored in full).
         paths = prepare_session_home(claim.session_id, sandbox=claim.config["sandbox"],
-                                     workdir=policy.session_workdir(claim.session_id))
+                                     workdir=policy.session_workdir(claim.session_id),
+                                     keep=held_rollout(old, claim.thread_id))
         base = rollout_restore(session_id=claim.session_id, thread_id=claim.thread_id,
                                generation=claim.rollout_generation, home=paths.home)
         for leftover in filter(None, leftovers):

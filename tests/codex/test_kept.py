@@ -1,8 +1,8 @@
-"""The per-process keeper of loaded threads (``worker/warm/kept.py``): its bounds (LRU, turns, resident size),
+"""The per-process keeper of loaded threads (``worker/warm/kept.py``): its bounds (LRU, turns, private memory),
 expiry, release and shutdown, the per-process singleton, and ``KeptThread.usable_for``'s reasons.
 
 No codex runs here: a kept copy's client is a ``FakeClient`` (``alive()``, ``pid``, ``close``), which is
-all the keeper uses of it; resident size is read from ``/proc`` of a real ``sleep`` process.
+all the keeper uses of it; private memory is read from ``/proc`` of a real ``sleep`` process.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 from hermes_sessions.codex.rollout_files import RolloutBase
 from hermes_sessions.worker import process as process_mod
 from hermes_sessions.worker.warm import kept as kept_mod
-from hermes_sessions.worker.warm.kept import Keeper, KeptThread, keeper_make, resident_mb, rollout_stamp
+from hermes_sessions.worker.warm.kept import Keeper, KeptThread, keeper_make, rollout_stamp
+from hermes_sessions.worker.warm.process_memory import tree_memory
 
 THREAD = "019a0000-0000-7000-8000-000000000001"
 CONFIG = {"sandbox": "workspace-write", "approval_policy": "never"}
@@ -61,17 +62,18 @@ def make_kept(session_id: str = "s1", *, home: Path | None = None, thread_id: st
 
 
 def make_keeper(*, max_threads: int = 8, idle_seconds: float = 120.0, max_turns: int = 200,
-                max_rss_mb: float = 512.0) -> Keeper:
-    return Keeper(max_threads=max_threads, idle_seconds=idle_seconds, max_turns=max_turns, max_rss_mb=max_rss_mb)
+                max_private_mb: float = 256.0) -> Keeper:
+    return Keeper(max_threads=max_threads, idle_seconds=idle_seconds, max_turns=max_turns,
+                  max_private_mb=max_private_mb)
 
 
 @pytest.fixture
 def sleeper():
-    """A real small process (~1.8 MiB resident), for its pid's ``/proc/<pid>/status`` — once it runs
+    """A real small process (~1.8 MiB resident, ~0.2 MiB private), for its pid's ``/proc`` — once it runs
     ``sleep`` and has loaded it (just after its exec it holds a few KiB: seen once under load)."""
     proc = subprocess.Popen(["sleep", "30"])
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sleep" or resident_mb(proc.pid) < 0.5:
+    while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sleep" or tree_memory(proc.pid).rss_kb < 512:
         assert time.monotonic() < deadline, "sleep did not start"
         time.sleep(0.005)
     try:
@@ -119,21 +121,15 @@ def test_a_copy_that_ran_max_turns_is_recycled():
     assert k.keep(young) == [] and k.kept_threads() == [("b", THREAD, 1)]
 
 
-def test_a_copy_above_max_rss_is_refused(sleeper):
-    assert 0.5 <= resident_mb(sleeper.pid) < 64  # read from /proc/<pid>/status (VmRSS)
-    k = make_keeper(max_rss_mb=0.25)
+def test_a_copy_above_max_private_memory_is_refused(sleeper):
+    private_kb = tree_memory(sleeper.pid).private_kb
+    assert 16 <= private_kb < 64 * 1024  # Private_Clean + Private_Dirty from /proc/<pid>/smaps_rollup
+    k = make_keeper(max_private_mb=private_kb / 1024 / 2)
     big = make_kept("a", client=FakeClient(pid=sleeper.pid))
     assert k.keep(big) == [big] and big.client.closes == 1 and k.kept_threads() == []
-    roomy = make_keeper(max_rss_mb=512)
+    roomy = make_keeper(max_private_mb=256)
     ok = make_kept("b", client=FakeClient(pid=sleeper.pid))
-    assert roomy.keep(ok) == [] and roomy.pids() == [sleeper.pid]
-
-
-def test_resident_size_of_an_unknown_process_is_zero():
-    assert resident_mb(None) == 0.0
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    assert resident_mb(gone.pid) == 0.0
+    assert roomy.keep(ok) == [] and roomy.pids() == [sleeper.pid] and ok.private_kb == roomy.private_kb() > 0
 
 
 def test_a_dead_copy_is_not_kept():
@@ -213,11 +209,13 @@ def test_no_keeper_when_keeping_is_off(settings, no_keeper, setting):
 
 def test_the_keeper_is_made_once_per_process_with_the_settings(settings, no_keeper, monkeypatch):
     settings.HERMES_WARM_IDLE_SECONDS, settings.HERMES_WARM_MAX_THREADS = 30, 3
-    settings.HERMES_WARM_MAX_TURNS, settings.HERMES_WARM_MAX_RSS_MB = 7, 100
+    settings.HERMES_WARM_MAX_TURNS, settings.HERMES_WARM_MAX_PRIVATE_MB = 7, 100
+    settings.HERMES_WARM_MEMORY_BUDGET_MB = 300
     assert kept_mod.keeper_if_made() is None
     k = keeper_make()
     assert k is not None and keeper_make() is k and kept_mod.keeper_if_made() is k
-    assert (k.max_threads, k.idle_seconds, k.max_turns, k.max_rss_mb) == (3, 30.0, 7, 100.0)
+    assert (k.max_threads, k.idle_seconds, k.max_turns, k.max_private_mb, k.budget_mb) == (3, 30.0, 7, 100.0, 300.0)
+    assert k.ledger is not None and k.ledger.directory == settings.HERMES_VAR_DIR / "warm-memory"
     # After a fork the child's pid differs: the parent's keeper (and its copies) is not the child's.
     parent_pid = os.getpid()
     monkeypatch.setattr(process_mod, "_runtime", process_mod._runtime)  # the parent's comes back after the test

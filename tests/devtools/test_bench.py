@@ -157,7 +157,7 @@ worker_memory_growth 1.012
 throughput_w2_failed: 0   (of 150)
   worker restore_ms: median 3.0
 where the time goes (medians, ms):
-app_server_rss_median_kb: none
+app_server_private_median_kb: none
 phase_cold_warm_queue_ms: -0.4
 """
     assert parse_figures(text) == {"runs": 5.0, "ratio_vs_warm": 1.21, "worker_memory_growth": 1.012,

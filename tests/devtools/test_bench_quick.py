@@ -27,12 +27,14 @@ def test_quick_bench_prints_every_figure():
     f = parse_figures(result.stdout)
     for name in ("ratio_vs_warm", "ratio_cold_vs_today", "ratio_vs_same_work", "ratio_rollout_overhead",
                  "phase_warm_consecutive_queue_ms", "phase_cold_warm_codex_ms", "worker_memory_growth",
-                 "worker_rss_end_kb", "app_server_rss_median_kb", "throughput_w1_turns_per_s",
+                 "worker_rss_end_kb", "app_server_private_median_kb", "app_server_pss_median_kb",
+                 "app_server_rss_median_kb", "throughput_w1_turns_per_s",
                  "throughput_w2_turns_per_s"):
         assert name in f, f"{name} missing from:\n{result.stdout}"
     assert f["memory_failed"] == 0 and f["throughput_w1_failed"] == 0 and f["throughput_w2_failed"] == 0
     assert f["worker_rss_end_kb"] > 10_000 and 0.5 < f["worker_memory_growth"] < 2
     assert f["throughput_w1_turns_per_s"] > 0
+    assert 0 < f["app_server_private_median_kb"] < f["app_server_pss_median_kb"] < f["app_server_rss_median_kb"]
 
 
 @pytest.mark.timeout(300)

@@ -166,6 +166,8 @@ def test_damaged_stored_chunks_fail_the_turn_and_keep_the_binding(user, scripted
     session = services.session_create(owner=user)
     t1 = run_turn_now(session=session, text="hello one", user=user)
     RolloutChunk.objects.filter(rollout__thread_id=t1.codex_thread_id).update(data=zlib.compress(b"garbage"))
+    # A host that holds no copy reads every chunk (one that holds it reads none of these: test_rollout_restore).
+    shutil.rmtree(session_home(session.id).home.parent)
     t2 = run_turn_now(session=session, text="hello two", user=user)
     assert t2.status == Turn.Status.FAILED and "damaged" in t2.error
     assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id

@@ -16,9 +16,11 @@ is the very file (device, inode, size, mtime) it left after its last turn — an
 that ran the session meanwhile re-made the session's home, and a copy whose thread moved on is closed,
 never used (``KeptThread.usable_for``).
 
-Bounds: at most ``HERMES_WARM_MAX_THREADS`` per process (least recently used closed first), each for
-``HERMES_WARM_IDLE_SECONDS``, ``HERMES_WARM_MAX_TURNS`` turns and ``HERMES_WARM_MAX_RSS_MB`` resident
-megabytes. None outlives its worker: ``close_all`` at worker shutdown and ``atexit``; a worker killed
+Bounds: the host's memory budget, ``HERMES_WARM_MEMORY_BUDGET_MB`` of private memory (USS, with children)
+shared by every worker process of the host (``memory_budget.py``: this process's least recently used
+copies are closed first to make room), with ``HERMES_WARM_MAX_THREADS`` per process as a safety cap; each
+copy for ``HERMES_WARM_IDLE_SECONDS``, ``HERMES_WARM_MAX_TURNS`` turns and ``HERMES_WARM_MAX_PRIVATE_MB`` of
+private memory (measured after each turn, ``process_memory.py``). None outlives its worker: ``close_all`` at worker shutdown and ``atexit``; a worker killed
 with SIGKILL takes them along (``PR_SET_PDEATHSIG``, set when spawned, ``warm.die_with_parent``).
 """
 from __future__ import annotations
@@ -38,6 +40,8 @@ from django.conf import settings
 from ...codex.client import AppServerClient
 from ...codex.rollout_files import RolloutBase, find_rollout
 from ..process import runtime
+from .memory_budget import HostLedger, admit
+from .process_memory import tree_memory
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +56,6 @@ def rollout_stamp(home: Path, thread_id: str) -> tuple[int, int, int, int] | Non
     return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def resident_mb(pid: int | None) -> float:
-    """Resident memory (``VmRSS``, MiB) of process ``pid`` from ``/proc``; 0.0 when unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 @dataclass
 class KeptThread:
     """A running, initialized app-server with ``thread_id`` loaded for ``session_id``.
@@ -74,7 +64,8 @@ class KeptThread:
     ``generation`` is the stored one), ``home`` the ``CODEX_HOME`` it runs on, ``config`` the session's
     effective config it was started with (``policy.effective_config``), ``version`` codex's version,
     ``turns`` how many turns this process ran, ``stamp`` the rollout file's ``rollout_stamp`` when kept,
-    ``close`` what releases it (closes the process; for a spare also removes its home)."""
+    ``close`` what releases it (closes the process; for a spare also removes its home), ``private_kb`` the
+    app-server's private memory with its children when kept (``process_memory.tree_memory``)."""
 
     session_id: str
     thread_id: str
@@ -87,6 +78,7 @@ class KeptThread:
     turns: int = 1
     stamp: tuple[int, int, int, int] | None = None
     kept_at: float = field(default_factory=time.monotonic)
+    private_kb: int = 0
 
     def usable_for(self, *, thread_id: str | None, generation: int | None, config: dict[str, Any],
                    check_file: bool = True) -> str:
@@ -112,11 +104,15 @@ class KeptThread:
 class Keeper:
     """This process's kept threads, by session id. ``take`` hands one out (it leaves the registry: the
     turn owns it); ``keep`` puts one back after a turn; ``expired`` / ``release`` close them. All
-    closing happens outside the lock (a close takes ~30 ms)."""
+    closing happens outside the lock (a close takes ~30 ms). ``budget_mb``: the host's memory budget
+    (private MiB; ``None``: none), whose other users ``ledger`` reads and this keeper's total it records
+    (``None``: no ledger, this process alone counts)."""
 
-    def __init__(self, *, max_threads: int, idle_seconds: float, max_turns: int, max_rss_mb: float) -> None:
+    def __init__(self, *, max_threads: int, idle_seconds: float, max_turns: int, max_private_mb: float,
+                 budget_mb: float | None = None, ledger: HostLedger | None = None) -> None:
         self.max_threads, self.idle_seconds = max_threads, idle_seconds
-        self.max_turns, self.max_rss_mb = max_turns, max_rss_mb
+        self.max_turns, self.max_private_mb = max_turns, max_private_mb
+        self.budget_mb, self.ledger = budget_mb, ledger
         self._kept: OrderedDict[str, KeptThread] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -132,22 +128,30 @@ class Keeper:
     def keep(self, kept: KeptThread) -> list[KeptThread]:
         """Keep ``kept`` if within bounds; return what was closed to make room (or ``[kept]`` itself
         when it was over a bound) so the caller can clear their routing."""
+        kept.private_kb = tree_memory(kept.client.pid).private_kb
         why = self._over_bound(kept)
+        others_kb = self.ledger.others_kb() if self.ledger is not None and self.budget_mb is not None else 0
+        evicted: list[KeptThread] = []
+        if not why:
+            with self._lock:
+                old = self._kept.pop(kept.session_id, None)
+                if old is not None:
+                    evicted.append(old)
+                decision = admit(candidate_kb=kept.private_kb, others_kb=others_kb,
+                                 kept=[(k.session_id, k.private_kb) for k in self._kept.values()],
+                                 budget_kb=None if self.budget_mb is None else int(self.budget_mb * 1024),
+                                 max_threads=self.max_threads)
+                evicted += [self._kept.pop(key) for key in decision.evict]
+                if decision.keep:
+                    kept.kept_at = time.monotonic()
+                    self._kept[kept.session_id] = kept
+                why = decision.reason
         if why:
             logger.info("session %s: not keeping its app-server loaded: %s", kept.session_id, why)
-            _close(kept)
-            return [kept]
-        kept.kept_at = time.monotonic()
-        evicted: list[KeptThread] = []
-        with self._lock:
-            old = self._kept.pop(kept.session_id, None)
-            if old is not None:
-                evicted.append(old)
-            self._kept[kept.session_id] = kept
-            while len(self._kept) > self.max_threads:
-                evicted.append(self._kept.popitem(last=False)[1])
+            evicted.append(kept)
         for victim in evicted:
             _close(victim)
+        self._publish()
         return evicted
 
     def _over_bound(self, kept: KeptThread) -> str:
@@ -155,12 +159,21 @@ class Keeper:
             return "keeping is off"
         if kept.turns >= self.max_turns:
             return f"it ran {kept.turns} turns (HERMES_WARM_MAX_TURNS {self.max_turns}); recycled"
-        rss = resident_mb(kept.client.pid)
-        if rss > self.max_rss_mb:
-            return f"it uses {rss:.0f} MiB (HERMES_WARM_MAX_RSS_MB {self.max_rss_mb:.0f})"
+        if kept.private_kb / 1024 > self.max_private_mb:
+            return (f"it uses {kept.private_kb / 1024:.0f} MiB of private memory "
+                    f"(HERMES_WARM_MAX_PRIVATE_MB {self.max_private_mb:.0f})")
         if not kept.client.alive():
             return "the app-server exited"
         return ""
+
+    def private_kb(self) -> int:
+        """The private kB of this process's kept app-servers, as measured when each was kept."""
+        with self._lock:
+            return sum(k.private_kb for k in self._kept.values())
+
+    def _publish(self) -> None:
+        if self.ledger is not None:
+            self.ledger.publish(self.private_kb())
 
     def expired(self) -> list[KeptThread]:
         """Close and return the copies idle longer than the window or whose process died."""
@@ -171,6 +184,8 @@ class Keeper:
                 del self._kept[k.session_id]
         for k in gone:
             _close(k)
+        if gone:
+            self._publish()
         return gone
 
     def release(self, session_id: str, *, reason: str) -> KeptThread | None:
@@ -180,6 +195,7 @@ class Keeper:
         if kept is not None:
             logger.info("session %s: released its loaded thread: %s", session_id, reason)
             _close(kept)
+            self._publish()
         return kept
 
     def kept_threads(self) -> list[tuple[str, str, int]]:
@@ -196,6 +212,7 @@ class Keeper:
             kept, self._kept = list(self._kept.values()), OrderedDict()
         for k in kept:
             _close(k)
+        self._publish()
         return kept
 
 
@@ -208,17 +225,21 @@ def _close(kept: KeptThread) -> None:
 
 def keeper_make() -> Keeper | None:
     """This process's keeper, made now if it was not (``process.runtime().keeper``), or ``None`` when
-    keeping is off: ``HERMES_WARM_IDLE_SECONDS`` or ``HERMES_WARM_MAX_THREADS`` is 0."""
+    keeping is off: ``HERMES_WARM_IDLE_SECONDS`` or ``HERMES_WARM_MAX_THREADS`` is 0. Its budget is
+    ``HERMES_WARM_MEMORY_BUDGET_MB`` (0: none), its ledger under ``HERMES_VAR_DIR/warm-memory``."""
     if float(settings.HERMES_WARM_IDLE_SECONDS) <= 0 or int(settings.HERMES_WARM_MAX_THREADS) <= 0:
         return None
     rt = runtime()
     with rt.lock:
         if rt.keeper is None:
+            budget = float(settings.HERMES_WARM_MEMORY_BUDGET_MB)
             rt.keeper = Keeper(
                 max_threads=int(settings.HERMES_WARM_MAX_THREADS),
                 idle_seconds=float(settings.HERMES_WARM_IDLE_SECONDS),
                 max_turns=int(settings.HERMES_WARM_MAX_TURNS),
-                max_rss_mb=float(settings.HERMES_WARM_MAX_RSS_MB),
+                max_private_mb=float(settings.HERMES_WARM_MAX_PRIVATE_MB),
+                budget_mb=budget if budget > 0 else None,
+                ledger=HostLedger(Path(settings.HERMES_VAR_DIR) / "warm-memory") if budget > 0 else None,
             )
         return rt.keeper
 
