@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('hermes_sessions', '0008_approval_pending_index'),
+        ('hermes_sessions', '0010_worker_health'),
     ]
 
     operations = [
