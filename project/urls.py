@@ -1,4 +1,4 @@
-"""Root URLs: the landing page, the admin, the REST API under /api/, and the OpenAPI schema.
+"""Root URLs: the landing page, the admin, the REST API under /api/, the OpenAPI schema and /metrics.
 
 The ``handler…`` views answer JSON under ``/api/`` (``hermes_sessions/api/handlers.py``)."""
 from django.contrib import admin
@@ -7,6 +7,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView
 
 from hermes_sessions.api.schema import ApiDocsView
+from hermes_sessions.metrics.views import MetricsView
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="landing.html"), name="landing"),
@@ -14,6 +15,7 @@ urlpatterns = [
     path("api/", include("hermes_sessions.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
+    path("metrics", MetricsView.as_view(), name="metrics"),  # Prometheus (hermes_sessions/metrics/views.py)
 ]
 
 handler400 = "hermes_sessions.api.handlers.bad_request"

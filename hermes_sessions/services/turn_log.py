@@ -19,6 +19,7 @@ from contextvars import ContextVar
 
 from django.db import transaction
 
+from ..metrics.process import TurnEnd, turn_ended
 from ..models import Turn
 
 logger = logging.getLogger("hermes_sessions.turns")
@@ -53,7 +54,14 @@ def turn_line(turn: Turn, *, task_id: str = "") -> str:
 
 
 def turn_ended_on_commit(turn: Turn) -> None:
-    """Log ``turn``'s end (its fields as they are now) once the current transaction commits; nothing is
-    logged if it rolls back. Call it where a turn reaches ``succeeded``, ``failed`` or ``cancelled``."""
+    """Log ``turn``'s end (its fields as they are now) and count it in this process's metrics
+    (``metrics.process.turn_ended``) once the current transaction commits; nothing is logged or counted
+    if it rolls back. Call it where a turn reaches ``succeeded``, ``failed`` or ``cancelled``."""
     line = turn_line(turn, task_id=_task_id.get())
-    transaction.on_commit(lambda: logger.info(line))
+    end = TurnEnd.of(turn)
+
+    def ended() -> None:
+        logger.info(line)
+        turn_ended(end)
+
+    transaction.on_commit(ended)
