@@ -20,7 +20,7 @@ from tests.support.sse import ApiServer, open_stream
 
 from .conftest import stop_workers, wait_ready, worker_env
 from .test_multi_host import _start_host
-from .test_seed_e2e import TURN_QUEUE, _database_url, _forget_queue
+from .test_seed_e2e import _database_url, _forget_queue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(150)]
 
