@@ -507,3 +507,28 @@ class Approval(models.Model):
     @property
     def is_pending(self) -> bool:
         return self.status == self.Status.PENDING
+
+
+class MetricReport(models.Model):
+    """What one process counted since it started (``hermes_sessions/metrics/``), written by that process
+    every ``HERMES_METRICS_REPORT_SECONDS`` and at its clean stop (``services/metric_reports.py``); any API
+    process serves the sum of every row at ``GET /metrics``, so the figures do not depend on which process
+    answers or on which host a worker runs.
+
+    ``process`` names one process's life (``<host>:<pid>:<start, ms since the epoch>``; ``retired``: the
+    folded total of processes gone for ``HERMES_METRICS_RETIRE_SECONDS``). ``counters``: the cumulative
+    samples of its counters and histograms, ``[[sample name, {label: value}, value], …]``, only ever
+    growing; ``gauges``: its gauges as of ``reported_at`` in the same shape (counted only while the report
+    is fresh; ``[]`` after a clean stop). ``role``: ``api``, ``worker`` or ``other``; ``worker``: a worker's
+    route or ``<host>:<pid>``, the ``worker`` label of its gauges."""
+
+    process = models.CharField(primary_key=True, max_length=255)
+    role = models.CharField(max_length=16, blank=True)
+    worker = models.CharField(max_length=255, blank=True)
+    started_at = models.DateTimeField()
+    reported_at = models.DateTimeField(db_index=True)
+    counters = models.JSONField(default=list, blank=True)
+    gauges = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return self.process

@@ -29,6 +29,7 @@ from .models import (
     CodexRollout,
     Message,
     MessageSearchVector,
+    MetricReport,
     Notice,
     RolloutChunk,
     Session,
@@ -421,3 +422,36 @@ def message_search_all(*, q: str, before_id: int | None = None, limit: int = TRA
         rows = rows.filter(id__lt=before_id)
     page = list(rows.select_related("session").order_by("-id")[: limit + 1])
     return TranscriptPage(rows=page[:limit], older_before=page[limit - 1].id if len(page) > limit else None)
+
+
+@dataclass(frozen=True)
+class MetricsState:
+    """The state ``GET /metrics`` reads from PostgreSQL at each scrape (``metrics_state``)."""
+
+    queued: int
+    running: int
+    leases_expired: int
+    notices_unacknowledged: int
+    approvals_pending: int
+    turn_workers: int
+    warm_threads: int
+    queues: list[tuple[str, int, float]]  # (queue, queued turns, oldest one's age in seconds)
+
+
+def metrics_state(*, turn_queue: str, fresh_after: datetime) -> MetricsState:
+    """The counts of ``queries.sql``'s ``metrics_state`` and ``metrics_queues`` (two statements, no
+    transaction): ``turn_queue`` names the shared queue, ``fresh_after`` is the oldest heartbeat still fresh."""
+    with connection.cursor() as cursor:
+        cursor.execute(query("metrics_state"), [fresh_after])
+        row = cursor.fetchone()
+        cursor.execute(query("metrics_queues"), [turn_queue, fresh_after])
+        queues = [(str(q), int(n), float(age or 0.0)) for q, n, age in cursor.fetchall()]
+    assert row is not None
+    queued, running, expired, notices, approvals, workers, warm = (int(v) for v in row)
+    return MetricsState(queued=queued, running=running, leases_expired=expired, notices_unacknowledged=notices,
+                        approvals_pending=approvals, turn_workers=workers, warm_threads=warm, queues=queues)
+
+
+def metric_reports() -> list[tuple[str, str, datetime, list, list]]:
+    """Every process's metric report: ``(role, worker, reported_at, counters, gauges)``."""
+    return list(MetricReport.objects.values_list("role", "worker", "reported_at", "counters", "gauges"))

@@ -21,6 +21,7 @@ are used (the embedded PostgreSQL's backend makes and starts its data directory 
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -378,6 +379,21 @@ HERMES_REDISPATCH_SECONDS = env_float("HERMES_REDISPATCH_SECONDS", 60.0)  # disp
 HERMES_RETRY_DELAYS = tuple(float(x) for x in env_list("HERMES_RETRY_DELAYS", "0.5,1,2,4,8"))
 HERMES_RETRY_DEADLINE = env_float("HERMES_RETRY_DEADLINE", 60.0)  # seconds per claim; see worker/retry_policy.py
 HERMES_IDEMPOTENCY_TTL = env_int("HERMES_IDEMPOTENCY_TTL", 24 * 3600)  # seconds an Idempotency-Key is kept
+
+# Metrics (GET /metrics, hermes_sessions/metrics/): each process writes what it counted to PostgreSQL every
+# HERMES_METRICS_REPORT_SECONDS (MetricReport); any API process serves the sum. A report older than three
+# intervals no longer counts for gauges; one older than HERMES_METRICS_RETIRE_SECONDS is folded into the
+# deployment's retired total. /metrics answers staff (token or admin session) and clients whose address is
+# in HERMES_METRICS_ALLOW (comma-separated networks, e.g. 127.0.0.1/32; empty: staff only).
+HERMES_METRICS_REPORT_SECONDS = env_float("HERMES_METRICS_REPORT_SECONDS", 5.0)
+HERMES_METRICS_RETIRE_SECONDS = env_float("HERMES_METRICS_RETIRE_SECONDS", 3600.0)
+HERMES_METRICS_ALLOW = env_list("HERMES_METRICS_ALLOW", "")
+for _network in HERMES_METRICS_ALLOW:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"HERMES_METRICS_ALLOW: {_network!r} is not a network ({_exc}); "
+                                   "give addresses or networks such as 127.0.0.1/32,10.0.0.0/8") from None
 
 HERMES_LOG_LEVEL = env_str("HERMES_LOG_LEVEL", "INFO")  # the hermes_sessions loggers
 # text: lines for a person; json: one JSON object per line from every logger of every process

@@ -14,7 +14,7 @@ TEST_SECRET_KEY = "django-insecure-hermes-sessions-test-suite-only"
 os.environ.setdefault("DJANGO_SECRET_KEY", TEST_SECRET_KEY)
 
 from project.settings import *  # noqa: E402, F403
-from project.settings import env_bool  # noqa: E402
+from project.settings import env_bool, env_float  # noqa: E402
 
 SECRET_KEY = TEST_SECRET_KEY
 DEBUG = False
@@ -23,3 +23,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Tasks run in the test process unless a test starts a real worker (tests/e2e). The worker process
 # it starts sets CELERY_TASK_ALWAYS_EAGER=0 and must see it, so the environment still decides.
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", True)
+# No process of the suite writes metric reports unless a test asks (tests/e2e/test_metrics.py starts its
+# servers and workers with HERMES_METRICS_REPORT_SECONDS set): the test process's own counts stay in memory.
+HERMES_METRICS_REPORT_SECONDS = env_float("HERMES_METRICS_REPORT_SECONDS", 0.0)

@@ -1,5 +1,5 @@
-"""Root URLs: the landing page, the admin, the REST API under /api/, the OpenAPI schema, and the
-unauthenticated probes ``/healthz`` and ``/readyz`` (``hermes_sessions/health.py``).
+"""Root URLs: the landing page, the admin, the REST API under /api/, the OpenAPI schema, /metrics, and
+the unauthenticated probes ``/healthz`` and ``/readyz`` (``hermes_sessions/health.py``).
 
 The ``handler…`` views answer JSON under ``/api/`` (``hermes_sessions/api/handlers.py``)."""
 from django.contrib import admin
@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from hermes_sessions import health
 from hermes_sessions.api.schema import ApiDocsView
+from hermes_sessions.metrics.views import MetricsView
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="landing.html"), name="landing"),
@@ -18,6 +19,7 @@ urlpatterns = [
     path("api/", include("hermes_sessions.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
+    path("metrics", MetricsView.as_view(), name="metrics"),  # Prometheus (hermes_sessions/metrics/views.py)
 ]
 
 handler400 = "hermes_sessions.api.handlers.bad_request"

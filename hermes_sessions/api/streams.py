@@ -49,6 +49,7 @@ from rest_framework.views import APIView
 
 from .. import selectors
 from ..latency_marks import mark
+from ..metrics.process import stream_closed, stream_opened
 from ..models import Session, Turn
 from ..services.events import TERMINAL_KINDS, event_terminal_ensure
 from .errors import RETRY_AFTER_SECONDS, DatabaseUnavailable, error_json_response
@@ -237,6 +238,8 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
     or before the first row this stream's own read could not see, and rows up to ``after`` are skipped."""
     events_hub = hub()
     sub = await events_hub.subscribe(scope.session_id)  # before the first read: nothing committed later is missed
+    kind = "turn" if scope.turn_id is not None else "session"
+    stream_opened(kind)  # hermes_event_stream_clients
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
         own_read = True
@@ -268,6 +271,7 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
                 own_read, sub.reread = sub.reread, False
     finally:
         events_hub.unsubscribe(sub)
+        stream_closed(kind)
 
 
 async def _no_events() -> AsyncIterator[bytes]:

@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
+from ..metrics.process import thread_rotated
 from ..models import CodexBinding, Notice, Session, Turn
 from ..sanitize import clean_text
 from .verbatim import rows_insert_verbatim
@@ -49,6 +50,7 @@ def binding_rotate(*, session: Session, turn: Turn, thread_id: str, reason: str)
     ).update(status=CodexBinding.Status.ENDED, ended_at=timezone.now(), ended_reason=ended_reason, ended_by_turn=turn)
     if ended:  # an operator who ended it while the turn ran has already said so in a notice of their own
         Notice.objects.create(session=session, turn=turn, kind=Notice.Kind.LIFECYCLE, text=NOTICE_THREAD_ROTATED)
+        transaction.on_commit(thread_rotated)
     return bool(ended)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ..metrics.process import TurnEnd, turn_ended
 from ..models import Turn
 
 logger = logging.getLogger("hermes_sessions.turns")
@@ -67,8 +68,15 @@ def turn_line(fields: dict[str, Any]) -> str:
 
 
 def turn_ended_on_commit(turn: Turn) -> None:
-    """Log ``turn``'s end (its fields as they are now) once the current transaction commits; nothing is
-    logged if it rolls back. Call it where a turn reaches ``succeeded``, ``failed`` or ``cancelled``."""
+    """Log ``turn``'s end (its fields as they are now) and count it in this process's metrics
+    (``metrics.process.turn_ended``) once the current transaction commits; nothing is logged or counted
+    if it rolls back. Call it where a turn reaches ``succeeded``, ``failed`` or ``cancelled``."""
     fields = turn_fields(turn, task_id=_task_id.get())
     line = turn_line(fields)
-    transaction.on_commit(lambda: logger.info(line, extra=fields))
+    end = TurnEnd.of(turn)
+
+    def ended() -> None:
+        logger.info(line, extra=fields)
+        turn_ended(end)
+
+    transaction.on_commit(ended)

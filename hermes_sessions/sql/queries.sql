@@ -354,7 +354,7 @@ SELECT reltuples FROM pg_class WHERE oid = %s::regclass;
 
 -- ====================================================================================================
 -- the readiness checks (hermes_sessions/health.py), on their own connection
--- ====================================================================================================
+-- =============================================================================================
 
 -- name: health_ping
 -- The database answers: one row (1).
@@ -369,3 +369,35 @@ SELECT "app", "name" FROM "django_migrations";
 -- sandbox_ok, sandbox_reason); only worker ``%(node)s`` unless it is ''. At most ``%(limit)s`` rows.
 SELECT "node", "heartbeat_at", "sandbox_ok", "sandbox_reason" FROM "hermes_sessions_workerhealth" WHERE
     %(node)s = '' OR "node" = %(node)s ORDER BY "heartbeat_at" DESC LIMIT %(limit)s;
+
+
+-- ====================================================================================================
+-- metrics (selectors.metrics_state, selectors.metrics_queues: GET /metrics at each scrape)
+-- ====================================================================================================
+
+-- name: metrics_state
+-- One row of counts (each an index or partial-index scan): turns queued, turns running, running turns
+-- whose lease expired by the database's clock, unacknowledged notices, pending approvals, workers whose
+-- heartbeat is after %s (now − HERMES_WORKER_STALE_SECONDS), warm threads whose window is open.
+SELECT
+    (SELECT count(*) FROM "hermes_sessions_turn" WHERE "status" = 'queued'),
+    (SELECT count(*) FROM "hermes_sessions_turn" WHERE "status" = 'running'),
+    (SELECT count(*) FROM "hermes_sessions_turn" WHERE "status" = 'running' AND "lease_expires_at" < now()),
+    (SELECT count(*) FROM "hermes_sessions_notice" WHERE "acknowledged_at" IS NULL),
+    (SELECT count(*) FROM "hermes_sessions_approval" WHERE "status" = 'pending'),
+    (SELECT count(*) FROM "hermes_sessions_turnworker" WHERE "heartbeat_at" > %s),
+    (SELECT count(*) FROM "hermes_sessions_warmthread" WHERE "until" > now());
+
+-- name: metrics_queues
+-- Queued turns per queue they go to, and the age (seconds, by the database's clock) of the oldest: the
+-- route of the worker keeping the session's thread loaded (window open, heartbeat fresh), else
+-- HERMES_TURN_QUEUE. Takes HERMES_TURN_QUEUE, then now − HERMES_WORKER_STALE_SECONDS. Rows: queue,
+-- depth, oldest age.
+SELECT COALESCE(w."queue", %s) AS "queue", count(*),
+    EXTRACT(EPOCH FROM now() - min(t."created_at"))::float8
+FROM "hermes_sessions_turn" t
+LEFT JOIN "hermes_sessions_warmthread" w ON w."session_id" = t."session_id" AND w."until" > now()
+    AND EXISTS (SELECT 1 FROM "hermes_sessions_turnworker" k WHERE k."queue" = w."queue" AND k."heartbeat_at" > %s)
+WHERE t."status" = 'queued'
+GROUP BY 1
+ORDER BY 1;

@@ -58,6 +58,7 @@ from ..codex.sandbox_check import SandboxUnavailable, check_sandbox
 from ..codex.server_requests import make_server_request_handler
 from ..history_seed import seeded_input
 from ..latency_marks import mark
+from ..metrics.process import phase_observed, turn_retried
 from ..models import Turn
 from ..services import routing
 from ..services.dispatch import turn_undispatched
@@ -182,9 +183,12 @@ def _run_with_retries_on(claim: TurnClaim, control: TurnControl, budget: RetryPo
             return _commit(budget, turn_fail, turn_id=claim.turn_id, token=claim.token, reason=TIME_LIMIT_REASON)
         else:
             mark("finalize.start", claim.turn_id)
+            finalize_started = time.monotonic()
             turn = _commit(budget, turn_finalize, turn_id=claim.turn_id, token=claim.token, result=outcome,
                            warm_queue=handover.queue())
             mark("finalize.end", claim.turn_id)
+            if turn is not None:
+                phase_observed("finalize", time.monotonic() - finalize_started)
             handover.settle(claim, outcome, turn)
             return turn
         retries += 1
@@ -209,6 +213,7 @@ def _backoff(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: T
         return False
     logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
     stream.add(RETRYING, {"reason": str(exc), "delay_seconds": delay, "retry": retries + 1, "requeued": False})
+    turn_retried("same_claim")
     _wait(control, delay)  # a cancel or a lost claim cuts the backoff short
     return True
 
@@ -237,7 +242,10 @@ def _after_run_error(claim: TurnClaim, control: TurnControl, budget: RetryPolicy
     if _may_retry(exc) and not control.stopping():
         # Still failing after this claim's retries (e.g. a hung worker's app-server holds the thread):
         # back to the queue, within max_claims, rather than fail a live conversation.
-        return _commit(budget, turn_requeue, **ids, reason=str(exc))
+        requeued = _commit(budget, turn_requeue, **ids, reason=str(exc))
+        if isinstance(requeued, Turn) and requeued.status == Turn.Status.QUEUED:  # not failed past the attempts
+            turn_retried("requeued")
+        return requeued
     return _commit(budget, turn_fail, **ids, reason=str(exc), result=exc.outcome)
 
 

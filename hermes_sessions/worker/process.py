@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .scheduler import Scheduler
+from .scheduler import Job, Scheduler
 
 if TYPE_CHECKING:
     from .affinity import AffinityLoop
@@ -46,6 +46,7 @@ class Runtime:
     affinity: AffinityLoop | None = None
     sweep: SweepLoop | None = None
     health: HealthBeat | None = None
+    metric_reports: Job | None = None  # the metric report's job (metric_reports.py)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
@@ -66,18 +67,22 @@ def runtime() -> Runtime:
 
 
 def start() -> None:
-    """A pool process starts: its worker's health heartbeat (``health_beat.py``), spares start filling (``HERMES_WARM_POOL`` > 0), and a process with a route
+    """A pool process starts: its worker's health heartbeat (``health_beat.py``), spares start filling
+    (``HERMES_WARM_POOL`` > 0), its metric report runs every ``HERMES_METRICS_REPORT_SECONDS``
+    (``metric_reports.py``), and a process with a route
     starts its affinity heartbeat and wake listener (``execution.start_affinity``), which also runs the
     sweep's round; any other (more turn slots, or keeping off) runs the sweep's round alone
     (``recovery.sweep_loop_start``): recovery never depends on beat alone."""
     from .execution import start_affinity
     from .health_beat import health_beat_start
+    from .metric_reports import metric_reports_start
     from .recovery import sweep_loop_start
     from .warm.kept import keeper_make
     from .warm.spares import spare_pool
 
     health_beat_start()
     spare_pool()
+    metric_reports_start()
     k = keeper_make()
     if k is None or start_affinity(k) is None:  # None: no route
         sweep_loop_start(by=f"worker process {os.getpid()}")
@@ -86,10 +91,11 @@ def start() -> None:
 def stop(*, turn_timeout: float) -> None:
     """A pool process ends (warm shutdown, max-tasks-per-child): the wake listener first, waiting
     ``turn_timeout`` seconds at most for a woken turn (it ends on its app-server); then the spares, the
-    kept app-servers and this worker's routing rows; then the scheduler. A killed process takes its
+    kept app-servers and this worker's routing rows; the last metric report; then the scheduler. A killed process takes its
     app-servers along by ``PR_SET_PDEATHSIG`` (its rows go stale and the sweep removes them)."""
     from .affinity import affinity_stop
     from .health_beat import health_beat_stop
+    from .metric_reports import metric_reports_stop
     from .recovery import sweep_loop_stop
     from .wake import wake_stop
     from .warm.kept import close_keeper
@@ -100,6 +106,7 @@ def stop(*, turn_timeout: float) -> None:
     affinity_stop(close_keeper())
     sweep_loop_stop()
     health_beat_stop()
+    metric_reports_stop()
     runtime().scheduler.stop()
 
 

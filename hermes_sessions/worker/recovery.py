@@ -45,6 +45,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ..metrics.process import lease_taken_back
 from ..models import IdempotencyKey, Turn, TurnWorker, WarmThread
 from ..services import approvals, dispatch, events, routing, turns
 from ..services.locks import lock_session_and_turn
@@ -196,6 +197,8 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
     requeued = failed = 0
     for turn_id in list(expired.order_by("lease_expires_at").values_list("pk", flat=True)[:limit]):
         outcome = _take_back(turn_id, by=by)
+        if outcome in ("requeued", "failed"):  # committed (its own durable transaction)
+            lease_taken_back(outcome)
         if outcome == "requeued":
             requeued += 1
         elif outcome == "failed":
