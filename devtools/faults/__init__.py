@@ -28,7 +28,8 @@ The scenarios (``--scenarios``, comma-separated; all by default) are in :mod:`.s
 ``kill-worker``, ``duplicate-delivery``, ``concurrent-posts``, ``broker-restart``; in
 :mod:`.rollout_scenarios` ``kill-during-rollout`` and ``db-down-during-restore``; and in
 :mod:`.warm_scenarios` ``warm-codex-dies``, ``kill-warm-holder``, ``freeze-warm-holder`` and
-``kill-beat-with-worker`` (the one that kills the sweeper too, and starts a fresh one). After each (every
+``kill-beat-with-worker`` (the one that kills the sweeper too, and starts a fresh one); and in
+:mod:`.approval_scenarios` ``kill-while-approval-waits``. After each (every
 accepted turn terminal, bounded by ``--bound``) :mod:`.invariants` checks the database and the stack;
 ``tests/devtools/faults/`` plants defects and shows the checks report each. :mod:`.cli` prints one row
 per scenario and exits 0 only when every row is clean and no codex app-server outlived its worker

@@ -17,6 +17,7 @@ from typing import Any
 
 import devtools.faults
 from devtools.databases import database_beside, drop_database
+from devtools.faults.approval_scenarios import APPROVAL_SCENARIOS
 from devtools.faults.invariants import check
 from devtools.faults.rollout_scenarios import ROLLOUT_SCENARIOS
 from devtools.faults.scenarios import SCENARIOS as BASIC_SCENARIOS
@@ -24,7 +25,7 @@ from devtools.faults.scenarios import Scenario
 from devtools.faults.supervisor import BASE, Stack, log
 from devtools.faults.warm_scenarios import WARM_SCENARIOS
 
-SCENARIOS = {**BASIC_SCENARIOS, **ROLLOUT_SCENARIOS, **WARM_SCENARIOS}
+SCENARIOS = {**BASIC_SCENARIOS, **ROLLOUT_SCENARIOS, **WARM_SCENARIOS, **APPROVAL_SCENARIOS}
 
 
 def _interval(text: str) -> tuple[float, float]:

@@ -162,12 +162,17 @@ def _check_turn_rows(rec: Record, tid: str, t: Any, rows: list[Any], tally: Tall
             tally.duplicates += n - 1
             v.append(f"turn {tid}: codex item {item} ({role}) stored {n} times")
     if t.status == "succeeded":
-        _check_succeeded_rows(rec, tid, t, users, [m for m in rows if m.role == "assistant"], tally)
+        # The reply is the assistant row without tool calls; a turn that ran a tool (``RUNCMD``) also has
+        # the assistant's call and the tool's row, and its reply reports the tool's output, not the input.
+        replies = [m for m in rows if m.role == "assistant" and not m.tool_calls]
+        ran_tool = any(m.role == "tool" for m in rows)
+        _check_succeeded_rows(rec, tid, t, users, replies, tally, echoes=not ran_tool)
     if users and users[0].seq > min((m.seq for m in rows), default=users[0].seq):
         v.append(f"turn {tid}: a row precedes its user row")
 
 
-def _check_succeeded_rows(rec: Record, tid: str, t: Any, users: list[Any], replies: list[Any], tally: Tally) -> None:
+def _check_succeeded_rows(rec: Record, tid: str, t: Any, users: list[Any], replies: list[Any], tally: Tally, *,
+                          echoes: bool = True) -> None:
     v = rec.violations
     if not users or users[0].content != t.input:
         tally.lost += 1
@@ -178,7 +183,7 @@ def _check_succeeded_rows(rec: Record, tid: str, t: Any, users: list[Any], repli
     elif len(replies) > 1:
         tally.duplicates += len(replies) - 1
         v.append(f"succeeded turn {tid}: {len(replies)} assistant replies for one echo")
-    elif t.input not in replies[0].content or t.final_text != replies[0].content:
+    elif (echoes and t.input not in replies[0].content) or t.final_text != replies[0].content:
         v.append(f"succeeded turn {tid}: the reply does not answer its input")
 
 

@@ -219,3 +219,29 @@ def test_row_carries_the_counts_and_violations():
         "longest_s": 1.3, "failed": 1, "worker_restarts": 0, "stuck": 0, "violations": ["x"],
         "failed_reasons": {"codex turn failed": 1}, "notes": ["n"], "rotations": 0,
     }
+
+
+def tool_turn(session: Session, *, replies: int) -> None:
+    """Turn 3 as a ``RUNCMD`` turn leaves it: the assistant's call, the tool's output, then ``replies``
+    assistant rows reporting it (1 when clean)."""
+    t3 = turn(session, 3)
+    Message.objects.filter(turn=t3, role=Message.Role.ASSISTANT).delete()
+    report = "tool said: ran"
+    Turn.objects.filter(pk=t3.pk).update(input="RUNCMD echo ran", final_text=report)
+    Message.objects.filter(turn=t3, role=Message.Role.USER).update(content="RUNCMD echo ran")
+    MessageFactory(session=session, seq=6, turn=t3, role=Message.Role.ASSISTANT, content="",
+                   tool_calls=[{"id": "call-1", "type": "function"}], codex_item_id="call-1")
+    MessageFactory(session=session, seq=7, turn=t3, role=Message.Role.TOOL, content="ran\n", codex_item_id="call-1-out")
+    for n in range(replies):
+        MessageFactory(session=session, seq=8 + n, turn=t3, role=Message.Role.ASSISTANT, content=report,
+                       codex_item_id=f"msg-tool-{n}")
+    Session.objects.filter(pk=session.pk).update(last_message_seq=7 + replies)
+
+
+@pytest.mark.parametrize(("replies", "violations"), [(1, 0), (2, 1)])
+def test_a_turn_that_ran_a_tool_has_one_reply_reporting_it(replies, violations):
+    session, rec = clean_session()
+    rec.posted[2].text = "RUNCMD echo ran"
+    tool_turn(session, replies=replies)
+    check_database(rec, BOUND)
+    assert len([v for v in rec.violations if "assistant replies" in v or "does not answer" in v]) == violations, rec.violations
