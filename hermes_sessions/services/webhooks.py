@@ -54,7 +54,7 @@ def webhook_secret_new() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def _secret_checked(secret: str) -> str:
+def webhook_secret_check(secret: str) -> str:
     key = secret.removeprefix(SECRET_PREFIX)
     try:
         raw = base64.b64decode(key, validate=True)
@@ -67,7 +67,7 @@ def _secret_checked(secret: str) -> str:
     return secret
 
 
-def _url_checked(url: str) -> str:
+def webhook_url_check(url: str) -> str:
     try:
         target_check(url)
     except TargetRefused as exc:
@@ -94,8 +94,8 @@ def webhook_endpoint_create(*, owner: Any, url: str, event_types: Sequence[str],
     """Register an endpoint of ``owner`` (a user): ``url`` checked (``webhook_targets``), ``event_types``
     a non-empty subset of ``WebhookEndpoint.EVENT_TYPES``, ``secret`` given (``whsec_…``) or made here,
     ``all_sessions`` only for staff. Raises ``WebhookRefused`` (400) with the reason."""
-    endpoint = WebhookEndpoint(owner=owner, url=_url_checked(url), event_types=_event_types_checked(event_types),
-                               secret=_secret_checked(secret) if secret else webhook_secret_new(),
+    endpoint = WebhookEndpoint(owner=owner, url=webhook_url_check(url), event_types=_event_types_checked(event_types),
+                               secret=webhook_secret_check(secret) if secret else webhook_secret_new(),
                                all_sessions=_all_sessions_checked(owner, all_sessions))
     endpoint.save(force_insert=True)
     return endpoint
@@ -108,7 +108,7 @@ def webhook_endpoint_update(*, endpoint: WebhookEndpoint, user: Any, changes: di
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
         if "url" in changes:
-            endpoint.url = _url_checked(changes["url"])
+            endpoint.url = webhook_url_check(changes["url"])
         if "event_types" in changes:
             endpoint.event_types = _event_types_checked(changes["event_types"])
         if "all_sessions" in changes:
@@ -162,7 +162,7 @@ def webhook_deliveries_claim(*, limit: int) -> tuple[uuid.UUID, list[int]]:
     with connection.cursor() as cursor:
         cursor.execute(query("webhook_deliveries_claim"),
                        {"token": token, "lease": claim_lease_seconds(limit), "limit": limit})
-        ids = [row[0] for row in cursor.fetchall()]
+        ids = sorted(row[0] for row in cursor.fetchall())  # in the order the events were written
     return token, ids
 
 
