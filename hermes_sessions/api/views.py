@@ -601,7 +601,7 @@ class WebhookListCreateView(_ApiView, generics.ListAPIView):
                          responses={204: None, **error_responses(403, s404=NO_WEBHOOK)}),
 )
 class WebhookDetailView(_ApiView):
-    """One of your webhook endpoints: read it, change it (PATCH; `active: true` re-enables it), delete it.
+    """One of your webhook endpoints: read it, change it (PATCH, which also re-enables it), delete it.
 
     ``GET``, ``PATCH`` and ``DELETE /api/webhooks/{id}/``. The secret is never shown again; to change it,
     register a new endpoint and delete this one."""
