@@ -149,8 +149,10 @@ def webhook_delivery_send_again(*, delivery_ids: Sequence[int]) -> int:
 
 def claim_lease_seconds(limit: int) -> float:
     """How long a claim of ``limit`` deliveries keeps them from other senders: all of them sent one after
-    the other at the timeout, and a margin. A sender that died leaves them due again after it."""
-    return float(settings.HERMES_WEBHOOK_TIMEOUT_SECONDS) * (limit + 1) + 30.0
+    the other at the timeout, and one timeout (at least 5 s) for the task to reach a worker. A sender that
+    died leaves them due again after it."""
+    timeout = float(settings.HERMES_WEBHOOK_TIMEOUT_SECONDS)
+    return timeout * limit + max(timeout, 5.0)
 
 
 def webhook_deliveries_claim(*, limit: int) -> tuple[uuid.UUID, list[int]]:
