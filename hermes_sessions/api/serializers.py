@@ -364,7 +364,9 @@ class WebhookEndpointWriteSerializer(serializers.Serializer):
     event_types = serializers.ListField(child=serializers.ChoiceField(choices=list(WebhookEndpoint.EVENT_TYPES)),
                                         min_length=1, max_length=len(WebhookEndpoint.EVENT_TYPES) * 4,
                                         help_text=EVENT_TYPES_HELP)
-    secret = StrictTextField(required=False, max_length=128, write_only=True,
+    secret = StrictTextField(required=False, min_length=38, max_length=128, write_only=True,
+                             validators=[RegexValidator(r"^whsec_[A-Za-z0-9+/]+={0,2}$",
+                                                        message="the secret must be whsec_ followed by base64")],
                              help_text="Your own secret, `whsec_` + base64 of 24-64 bytes; left out, one is made "
                              "and returned once. Only at creation.")
     all_sessions = StrictBooleanField(required=False, help_text="Every session's events, not only yours "

@@ -61,14 +61,15 @@ database = "none"
 [auth.wfc]
 path = "{auth}"
 peers = ["alice", "bob"]
+# First: the first block that applies to an operation wins, and a block's filters are ORed (the next one
+# applies to every POST).
+[[operations]]
+include-path-regex = "^/api/webhooks/"
+checks.positive_data_acceptance.expected-statuses = {accepted_webhooks}
 [[operations]]
 include-path-regex = "^/api/sessions/(\\\\{{session_id\\\\}}/turns/)?$"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = {accepted}
-[[operations]]
-include-path-regex = "^/api/webhooks/(\\\\{{webhook_id\\\\}}/)?$"
-include-method-regex = "^(POST|PATCH)$"
-checks.positive_data_acceptance.expected-statuses = {accepted_webhooks}
 """
 
 
