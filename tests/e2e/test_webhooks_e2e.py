@@ -11,10 +11,10 @@ from standardwebhooks import Webhook
 
 from hermes_sessions import services
 from hermes_sessions.models import Turn, WebhookDelivery
+from tests.support.webhook_receiver import WebhookReceiver
 
 from .test_affinity import stand_in, workers  # noqa: F401
 from .test_seed_e2e import TURN_QUEUE
-from tests.support.webhook_receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
