@@ -28,9 +28,10 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ..models import Notice, Session, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from ..models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from ..sql import query
 from ..webhook_targets import TargetRefused, target_check
+from . import bindings
 from .errors import InvalidInput
 
 logger = logging.getLogger(__name__)
@@ -240,6 +241,5 @@ def _disable_failing(endpoint: WebhookEndpoint, delivery: WebhookDelivery, *, fa
                                                           updated_at=now)
     text = (f"Webhook endpoint {endpoint.pk} ({endpoint.url}) was disabled after {reason}. Its deliveries wait; "
             f"re-enable it in the admin or with PATCH /api/webhooks/{endpoint.pk}/ {{\"active\": true}}.")
-    if Session.objects.filter(pk=delivery.session_id).exists():
-        Notice.objects.create(session_id=delivery.session_id, kind=Notice.Kind.WEBHOOK, text=text)
+    bindings.notice_webhook_disabled(session_id=delivery.session_id, text=text)
     logger.warning("webhook endpoint %s (%s) disabled: %s", endpoint.pk, endpoint.url, reason)
