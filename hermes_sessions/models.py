@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.core.validators import RegexValidator
@@ -280,6 +281,7 @@ class Notice(models.Model):
 
     class Kind(models.TextChoices):
         LIFECYCLE = "lifecycle"
+        WEBHOOK = "webhook"  # a webhook endpoint was disabled (services/webhooks.py)
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="notices")
     turn = models.ForeignKey(Turn, on_delete=models.SET_NULL, null=True, blank=True, related_name="notices")
@@ -532,3 +534,113 @@ class MetricReport(models.Model):
 
     def __str__(self) -> str:
         return self.process
+
+
+class WebhookEndpoint(models.Model):
+    """A URL that receives the events of its owner's sessions (``docs/api.md`` §Webhooks), signed as
+    the Standard Webhooks specification says with ``secret`` (``whsec_<base64 of 24-64 bytes>``).
+
+    ``event_types`` is a non-empty subset of ``EVENT_TYPES``. ``all_sessions`` (staff only): every
+    session's events, not only the owner's. An inactive endpoint gets no new deliveries and its pending
+    ones wait; ``disabled_reason`` says why it was disabled (``HERMES_WEBHOOK_DISABLE_AFTER`` consecutive
+    failed attempts, or its owner). ``consecutive_failures`` counts failed attempts since the last
+    success. Written only by ``services/webhooks.py``; the outbox rows are written by the trigger of
+    migration 0013 (``hermes_webhook_outbox``), in the transaction of the event."""
+
+    EVENT_TYPES = ("turn.succeeded", "turn.failed", "turn.cancelled", "thread.rotated", "approval.requested")
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhook_endpoints")
+    url = models.URLField(max_length=2000)
+    secret = models.CharField(max_length=128)
+    event_types = ArrayField(models.CharField(max_length=32), default=list)
+    all_sessions = models.BooleanField(default=False, help_text="every session's events (staff only)")
+    active = models.BooleanField(default=True)
+    disabled_reason = models.TextField(blank=True)
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # The trigger's read: the active endpoints (few) of an owner, or for all sessions.
+            models.Index(fields=["owner"], condition=Q(active=True), name="webhook_endpoint_active_owner"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.url} ({'active' if self.active else 'disabled'})"
+
+
+class WebhookDelivery(models.Model):
+    """The outbox: one event to one endpoint (unique ``(event_id, endpoint)``), inserted by the trigger
+    on ``TurnEvent`` in the event's own transaction — a rolled-back turn leaves none, a committed one
+    cannot lose it.
+
+    ``event_id`` is the ``TurnEvent`` id (no foreign key: the delivery outlives the session's retention);
+    ``webhook_id`` the ``webhook-id`` header, the same on every attempt (receivers dedupe on it);
+    ``payload`` the body ``{"type", "timestamp", "data"}``. Status: ``pending`` (not tried yet),
+    ``failed`` (the last attempt failed; tried again at ``next_attempt_at``), ``succeeded`` (a 2xx),
+    ``gave_up`` (``HERMES_WEBHOOK_RETRY_SECONDS`` after ``created_at`` with no success). A claim
+    (``worker/webhooks.py``) sets ``claim_token`` and moves ``next_attempt_at`` past the attempt's end,
+    so a worker that dies mid-send leaves the row due again later."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        GAVE_UP = "gave_up"
+
+    DUE = (Status.PENDING, Status.FAILED)
+
+    id = models.BigAutoField(primary_key=True)
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    event_id = models.BigIntegerField()
+    event_type = models.CharField(max_length=32)
+    session_id = models.CharField(max_length=64)
+    turn_id = models.UUIDField(null=True, blank=True)
+    webhook_id = models.CharField(max_length=64, unique=True)
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    claim_token = models.UUIDField(null=True, blank=True)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["event_id", "endpoint"], name="webhook_delivery_one_per_event_endpoint"),
+        ]
+        indexes = [
+            # The sender's claim: the due rows only (few), oldest due first.
+            models.Index(fields=["next_attempt_at"], condition=Q(status__in=["pending", "failed"]),
+                         name="webhook_delivery_due"),
+            models.Index(fields=["endpoint", "-id"], name="webhook_delivery_endpoint"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} → {self.endpoint_id} ({self.status})"
+
+
+class WebhookAttempt(models.Model):
+    """One HTTP attempt of a delivery, insert-only (the admin's log): when, to which checked address,
+    the HTTP status (null: no answer) or the error, and how long it took (milliseconds)."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    address = models.CharField(max_length=64, blank=True, help_text="the IP address connected to")
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    duration_ms = models.FloatField(default=0)
+
+    class Meta:
+        ordering = ["delivery", "number"]
+        constraints = [models.UniqueConstraint(fields=["delivery", "number"], name="webhook_attempt_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.delivery_id}#{self.number} {self.status_code or self.error[:40]}"

@@ -35,6 +35,8 @@ from .models import (
     Session,
     Turn,
     TurnEvent,
+    WebhookDelivery,
+    WebhookEndpoint,
 )
 from .sql import query
 
@@ -168,6 +170,32 @@ def approval_get(*, user: User, approval_id: Any) -> Approval:
     except (ValueError, TypeError, AttributeError) as exc:
         raise Approval.DoesNotExist(f"no approval {approval_id!r}") from exc
     return Approval.objects.select_related("decided_by").get(pk=pk, session__owner_id=user.pk)
+
+
+def webhook_endpoint_list(*, user: User) -> QuerySet[WebhookEndpoint]:
+    """``user``'s webhook endpoints, newest first."""
+    return WebhookEndpoint.objects.filter(owner_id=user.pk).order_by("-created_at", "-id")
+
+
+def webhook_endpoint_get(*, user: User, endpoint_id: Any) -> WebhookEndpoint:
+    """The webhook endpoint ``endpoint_id`` of ``user``. Raises ``WebhookEndpoint.DoesNotExist`` when the
+    id is not a positive integer, is unknown, or is another user's endpoint (I7)."""
+    text = str(endpoint_id)
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) < 2**63:
+        raise WebhookEndpoint.DoesNotExist(f"no webhook endpoint {endpoint_id!r}")
+    return WebhookEndpoint.objects.get(pk=int(text), owner_id=user.pk)
+
+
+def webhook_delivery_list(*, endpoint: WebhookEndpoint) -> QuerySet[WebhookDelivery]:
+    """``endpoint``'s deliveries, newest first, with their attempts (one more query per page)."""
+    return endpoint.deliveries.order_by("-id").prefetch_related("attempt_log")
+
+
+def webhook_delivery_claimed(*, delivery_id: int, token: uuid.UUID) -> WebhookDelivery | None:
+    """Delivery ``delivery_id`` with its endpoint while claim ``token`` holds it and the endpoint is active
+    (the sender's read before an attempt); ``None`` otherwise."""
+    return (WebhookDelivery.objects.select_related("endpoint")
+            .filter(pk=delivery_id, claim_token=token, endpoint__active=True).first())
 
 
 def turn_is_queued(*, turn_id: Any) -> bool:

@@ -1,6 +1,7 @@
 """Celery tasks: thin, id-taking, calling services. Sent by name from ``services/dispatch.py``."""
 import logging
 import os
+import uuid
 
 from celery import Task, shared_task
 from django.conf import settings
@@ -54,6 +55,13 @@ def sweep_turns() -> dict[str, int]:
     """Periodic (Celery beat): the sweep (``worker.turns_sweep``): expired leases, unclaimed turns, dead
     workers, old idempotency keys."""
     return vars(worker.turns_sweep())
+
+
+@shared_task(name="hermes_sessions.tasks.deliver_webhooks", ignore_result=True)
+def deliver_webhooks(delivery_ids: list[int], token: str) -> dict[str, int]:
+    """One attempt of each webhook delivery that claim ``token`` holds (``worker.webhooks_deliver``; the
+    sweep's round claims them and sends this task to ``HERMES_WEBHOOK_QUEUE``)."""
+    return worker.webhooks_deliver(delivery_ids=[int(i) for i in delivery_ids], token=uuid.UUID(str(token)))
 
 
 @shared_task(name="hermes_sessions.tasks.log_worker_threads", ignore_result=True)

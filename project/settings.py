@@ -298,6 +298,21 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-turns": {"task": "hermes_sessions.tasks.sweep_turns", "schedule": HERMES_SWEEP_SECONDS},
 }
 
+# --- Webhooks (docs/operating.md, "Webhooks") ----------------------------------------------------
+# Deliveries are claimed by every worker's sweep round (and beat's sweep) and sent by the task
+# deliver_webhooks on this queue (workers consume `celery`; a worker of its own: -Q <this queue>).
+HERMES_WEBHOOK_QUEUE = env_str("HERMES_WEBHOOK_QUEUE", "celery")
+CELERY_TASK_ROUTES["hermes_sessions.tasks.deliver_webhooks"] = {"queue": HERMES_WEBHOOK_QUEUE}
+HERMES_WEBHOOK_TIMEOUT_SECONDS = env_float("HERMES_WEBHOOK_TIMEOUT_SECONDS", 10.0)  # one attempt, connect included
+HERMES_WEBHOOK_RETRY_SECONDS = env_float("HERMES_WEBHOOK_RETRY_SECONDS", 86_400.0)  # give up this long after the event
+HERMES_WEBHOOK_BACKOFF_SECONDS = env_float("HERMES_WEBHOOK_BACKOFF_SECONDS", 5.0)  # after the 1st failure; doubles
+HERMES_WEBHOOK_BACKOFF_MAX_SECONDS = env_float("HERMES_WEBHOOK_BACKOFF_MAX_SECONDS", 3_600.0)
+HERMES_WEBHOOK_DISABLE_AFTER = env_int("HERMES_WEBHOOK_DISABLE_AFTER", 20)  # consecutive failed attempts; 0: never
+HERMES_WEBHOOK_BATCH = env_int("HERMES_WEBHOOK_BATCH", 10)  # deliveries per task
+# SSRF: targets must resolve to public addresses only, unless allowed here (an operator's choice).
+HERMES_WEBHOOK_ALLOW_PRIVATE = env_bool("HERMES_WEBHOOK_ALLOW_PRIVATE", False)
+HERMES_WEBHOOK_ALLOWED_NETWORKS = env_list("HERMES_WEBHOOK_ALLOWED_NETWORKS", "")  # CIDRs, e.g. 10.1.2.0/24
+
 # --- Codex app-server ---------------------------------------------------------------------------
 # The native binary shipped by the pinned npm package (package.json); the node wrapper is avoided
 # because killing it orphans the real app-server process it starts.

@@ -11,6 +11,7 @@ exception                                       status  code
 ``services.SessionLocked``                      503     ``session_locked``
 ``services.IdempotencyKeyInUse``                409     ``idempotency_key_in_use`` (+ ``Retry-After``)
 ``services.IdempotencyMismatch``                422     ``idempotency_key_reused``
+``services.webhooks.WebhookRefused``           400     ``invalid_webhook`` (+ ``field``)
 ``services.InvalidInput``                       400     ``invalid_input``
 ``services.ApprovalClosed``                     409     ``approval_closed`` (+ ``approval``)
 ``services.InvalidDecision``                    400     ``invalid_decision`` (+ ``available_decisions``)
@@ -138,8 +139,8 @@ def _translate_service_error(exc: services.ServiceError) -> tuple[Exception, dic
         return Unprocessable(str(exc), code="idempotency_key_reused"), {"field": "Idempotency-Key"}
     if isinstance(exc, services.InvalidIdempotencyKey):
         return BadRequest(str(exc), code="invalid_idempotency_key"), {"field": "Idempotency-Key"}
-    if isinstance(exc, services.InvalidInput):
-        return BadRequest(str(exc), code="invalid_input"), {"field": "input"}
+    if isinstance(exc, services.InvalidInput):  # its code and field: invalid_input / input, or a subclass's
+        return BadRequest(str(exc), code=exc.code), {"field": exc.field}
     if isinstance(exc, services.ApprovalClosed):
         return Conflict(str(exc), code="approval_closed"), {"approval": ApprovalSerializer(exc.approval).data}
     if isinstance(exc, services.InvalidDecision):

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from .. import policy
-from ..models import Approval, Message, Notice, Session, Turn
+from ..models import Approval, Message, Notice, Session, Turn, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from ..selectors import is_valid_session_id
 from ..services.idempotency import MAX_KEY_CHARS
 from ..services.turns import MAX_INPUT_CHARS, ON_BUSY
@@ -312,4 +312,87 @@ class NoticeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Notice
         fields = ["id", "kind", "text", "turn", "created_at", "acknowledged_at"]
+        read_only_fields = fields
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON ``true`` or ``false`` only (DRF's ``BooleanField`` also takes ``"yes"``, ``1``, ``"on"``…)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+EVENT_TYPES_HELP = ("Which events are sent: a non-empty subset of " + ", ".join(f"`{t}`" for t in WebhookEndpoint.EVENT_TYPES)
+                    + " (docs/api.md, Webhooks).")
+URL_HELP = ("Where the events are POSTed: http or https, no credentials, a host that resolves to public addresses "
+            "only — private, loopback, link-local and other internal addresses are refused (400) unless the "
+            "operator allows them. Redirects are not followed.")
+
+
+class WebhookEndpointSerializer(serializers.ModelSerializer):
+    """A webhook endpoint as the API shows it (never its secret, which only the creation's answer holds)."""
+
+    event_types = serializers.ListField(child=serializers.ChoiceField(choices=list(WebhookEndpoint.EVENT_TYPES)),
+                                        help_text=EVENT_TYPES_HELP)
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["id", "url", "event_types", "all_sessions", "active", "disabled_reason", "disabled_at",
+                  "consecutive_failures", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class WebhookEndpointCreatedSerializer(WebhookEndpointSerializer):
+    """``POST /api/webhooks/``'s answer: the endpoint with its ``secret``, shown this once."""
+
+    secret = serializers.CharField(read_only=True, help_text="`whsec_…`: verify each delivery's "
+                                   "`webhook-signature` with it (Standard Webhooks). Shown only in this answer.")
+
+    class Meta(WebhookEndpointSerializer.Meta):
+        fields = [*WebhookEndpointSerializer.Meta.fields, "secret"]
+        read_only_fields = fields
+
+
+class WebhookEndpointWriteSerializer(serializers.Serializer):
+    """``POST /api/webhooks/`` (``url`` and ``event_types`` required) and ``PATCH /api/webhooks/{id}/``
+    (any of them; ``active`` re-enables or disables). The URL's target and the secret's form are the
+    service's rules (``services.webhooks``: 400 with the reason)."""
+
+    url = StrictTextField(min_length=1, max_length=2000, help_text=URL_HELP)
+    event_types = serializers.ListField(child=serializers.ChoiceField(choices=list(WebhookEndpoint.EVENT_TYPES)),
+                                        min_length=1, max_length=len(WebhookEndpoint.EVENT_TYPES) * 4,
+                                        help_text=EVENT_TYPES_HELP)
+    secret = StrictTextField(required=False, min_length=38, max_length=128, write_only=True,
+                             validators=[RegexValidator(r"^whsec_[A-Za-z0-9+/]+={0,2}$",
+                                                        message="the secret must be whsec_ followed by base64")],
+                             help_text="Your own secret, `whsec_` + base64 of 24-64 bytes; left out, one is made "
+                             "and returned once. Only at creation.")
+    all_sessions = StrictBooleanField(required=False, help_text="Every session's events, not only yours "
+                                      "(staff only; others: 400).")
+    active = StrictBooleanField(required=False, help_text="`true` re-enables a disabled endpoint (its failures "
+                                "are cleared, its waiting deliveries go out); `false` disables it. Only on PATCH.")
+
+
+class WebhookAttemptSerializer(serializers.ModelSerializer):
+    """One HTTP attempt of a delivery."""
+
+    class Meta:
+        model = WebhookAttempt
+        fields = ["number", "started_at", "status_code", "error", "duration_ms"]
+        read_only_fields = fields
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    """One event sent (or to be sent) to an endpoint, with its attempts."""
+
+    turn = serializers.UUIDField(source="turn_id", read_only=True, allow_null=True)
+    session = serializers.CharField(source="session_id", read_only=True)
+    attempt_log = WebhookAttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = WebhookDelivery
+        fields = ["id", "webhook_id", "event_type", "session", "turn", "status", "attempts", "next_attempt_at",
+                  "last_status_code", "last_error", "created_at", "finished_at", "payload", "attempt_log"]
         read_only_fields = fields

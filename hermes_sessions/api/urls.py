@@ -22,6 +22,9 @@ urlpatterns = [
     path("approvals/<str:approval_id>/", views.ApprovalDetailView.as_view(), name="approval-detail"),
     path("approvals/<str:approval_id>/decision/", views.ApprovalDecisionView.as_view(), name="approval-decision"),
     path("messages/", views.MessageSearchView.as_view(), name="message-search"),
+    path("webhooks/", views.WebhookListCreateView.as_view(), name="webhook-list"),
+    path("webhooks/<str:webhook_id>/", views.WebhookDetailView.as_view(), name="webhook-detail"),
+    path("webhooks/<str:webhook_id>/deliveries/", views.WebhookDeliveryListView.as_view(), name="webhook-deliveries"),
     path("turns/<str:turn_id>/", views.TurnDetailView.as_view(), name="turn-detail"),
     path("turns/<str:turn_id>/cancel/", views.TurnCancelView.as_view(), name="turn-cancel"),
     # Server-sent events (async views; docs/contract.md §8). Schema: api/schema.py's hook.

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from .. import selectors, services
 from ..latency_marks import mark
-from ..models import Approval, Message, Notice, Session, Turn
+from ..models import Approval, Message, Notice, Session, Turn, WebhookDelivery, WebhookEndpoint
 from .errors import BadRequest
 from .openapi import (
     ApprovalClosedErrorSerializer,
@@ -49,6 +49,10 @@ from .serializers import (
     SessionSerializer,
     TurnCreateSerializer,
     TurnSerializer,
+    WebhookDeliverySerializer,
+    WebhookEndpointCreatedSerializer,
+    WebhookEndpointSerializer,
+    WebhookEndpointWriteSerializer,
 )
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -531,3 +535,114 @@ class ApprovalDecisionView(_ApiView):
             load=lambda pk: selectors.approval_get(user=request.user, approval_id=pk),
         )
         return Response(ApprovalSerializer(decided).data, status=status.HTTP_200_OK)
+
+
+WEBHOOK_ID_PARAM = OpenApiParameter(
+    "webhook_id", {"type": "integer", "minimum": 1}, OpenApiParameter.PATH,
+    description="The webhook endpoint's id; anything that is not one of your endpoints' ids: 404.",
+)
+NO_WEBHOOK = "No such webhook endpoint among yours (`code` `not_found`)."
+WEBHOOK_400 = ("A body that breaks the schema, a URL that is no allowed target (private, loopback, link-local or "
+               "other internal addresses, a host that does not resolve, not http/https; `invalid_webhook`, `field` "
+               "`url`), a secret not in the `whsec_` form, or all_sessions without staff rights.")
+
+
+def _webhook(request: Request, webhook_id: str) -> WebhookEndpoint:
+    try:
+        return selectors.webhook_endpoint_get(user=request.user, endpoint_id=webhook_id)
+    except WebhookEndpoint.DoesNotExist as exc:
+        raise NotFound("No such webhook endpoint.") from exc
+
+
+@extend_schema_view(
+    get=extend_schema(
+        summary="List your webhook endpoints, newest first",
+        responses={200: WebhookEndpointSerializer(many=True), **error_responses(s404="`page` is past the last page.")},
+    ),
+    post=extend_schema(
+        summary="Register a webhook endpoint",
+        request=WebhookEndpointWriteSerializer,
+        responses={201: WebhookEndpointCreatedSerializer, **error_responses(403, 413, 415, s400=WEBHOOK_400)},
+    ),
+)
+class WebhookListCreateView(_ApiView, generics.ListAPIView):
+    """Your webhook endpoints: list them (paged) or register one (201 with its secret, shown once).
+
+    ``GET /api/webhooks/`` and ``POST /api/webhooks/`` with ``{"url", "event_types", "secret"?,
+    "all_sessions"?}``. The URL must resolve to public addresses only (400 otherwise)."""
+
+    serializer_class = WebhookEndpointSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> QuerySet[WebhookEndpoint]:
+        return selectors.webhook_endpoint_list(user=self.request.user)
+
+    def post(self, request: Request) -> Response:
+        body = WebhookEndpointWriteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if "active" in data:
+            raise BadRequest("active is set with PATCH /api/webhooks/{id}/; an endpoint starts active",
+                             code="invalid_webhook")
+        endpoint = services.webhook_endpoint_create(
+            owner=request.user, url=data["url"], event_types=data["event_types"], secret=data.get("secret", ""),
+            all_sessions=data.get("all_sessions", False))
+        return Response(WebhookEndpointCreatedSerializer(endpoint).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema_view(
+    get=extend_schema(summary="Get one of your webhook endpoints", parameters=[WEBHOOK_ID_PARAM],
+                      responses={200: WebhookEndpointSerializer, **error_responses(s404=NO_WEBHOOK)}),
+    patch=extend_schema(summary="Change a webhook endpoint (URL, event types, re-enable or disable)",
+                        parameters=[WEBHOOK_ID_PARAM], request=WebhookEndpointWriteSerializer,
+                        responses={200: WebhookEndpointSerializer,
+                                   **error_responses(403, 413, 415, s400=WEBHOOK_400, s404=NO_WEBHOOK)}),
+    delete=extend_schema(summary="Delete a webhook endpoint and its deliveries", parameters=[WEBHOOK_ID_PARAM],
+                         responses={204: None, **error_responses(403, s404=NO_WEBHOOK)}),
+)
+class WebhookDetailView(_ApiView):
+    """One of your webhook endpoints: read it, change it (PATCH, which also re-enables it), delete it.
+
+    ``GET``, ``PATCH`` and ``DELETE /api/webhooks/{id}/``. The secret is never shown again; to change it,
+    register a new endpoint and delete this one."""
+
+    serializer_class = WebhookEndpointSerializer
+    queryset = WebhookEndpoint.objects.none()
+
+    def get(self, request: Request, webhook_id: str) -> Response:
+        return Response(WebhookEndpointSerializer(_webhook(request, webhook_id)).data)
+
+    def patch(self, request: Request, webhook_id: str) -> Response:
+        endpoint = _webhook(request, webhook_id)
+        body = WebhookEndpointWriteSerializer(data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        changes = dict(body.validated_data)
+        if "secret" in changes:
+            raise BadRequest("the secret cannot be changed; register a new endpoint and delete this one",
+                             code="invalid_webhook")
+        endpoint = services.webhook_endpoint_update(endpoint=endpoint, user=request.user, changes=changes)
+        return Response(WebhookEndpointSerializer(endpoint).data)
+
+    def delete(self, request: Request, webhook_id: str) -> Response:
+        services.webhook_endpoint_delete(endpoint=_webhook(request, webhook_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema(
+    summary="A webhook endpoint's deliveries with their attempts, newest first",
+    parameters=[WEBHOOK_ID_PARAM],
+    responses={200: WebhookDeliverySerializer(many=True),
+               **error_responses(s404="No such webhook endpoint among yours, or `page` is past the last page.")},
+)
+class WebhookDeliveryListView(_ApiView, generics.ListAPIView):
+    """A webhook endpoint's deliveries (one per event), newest first, each with its HTTP attempts.
+
+    ``GET /api/webhooks/{id}/deliveries/`` (paged)."""
+
+    serializer_class = WebhookDeliverySerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> QuerySet[WebhookDelivery]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular schema generation
+            return WebhookDelivery.objects.none()
+        return selectors.webhook_delivery_list(endpoint=_webhook(self.request, self.kwargs["webhook_id"]))

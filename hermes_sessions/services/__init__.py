@@ -49,6 +49,16 @@ from .turns import (
     turn_note_thread,
     turn_requeue,
 )
+from .webhooks import (
+    WebhookRefused,
+    webhook_attempt_record,
+    webhook_deliveries_claim,
+    webhook_delivery_send_again,
+    webhook_endpoint_create,
+    webhook_endpoint_delete,
+    webhook_endpoint_enable,
+    webhook_endpoint_update,
+)
 
 __all__ = [
     "ApprovalClosed", "InvalidDecision", "approval_answered", "approval_close", "approval_decide", "approval_request",
@@ -59,4 +69,6 @@ __all__ = [
     "MAX_INPUT_CHARS", "ON_BUSY", "TurnClaim", "history_seed", "turn_cancel",
     "turn_claim", "turn_enqueue", "turn_fail", "turn_finalize", "turn_heartbeat", "turn_note_thread", "turn_requeue",
     "turn_undispatched",
+    "WebhookRefused", "webhook_attempt_record", "webhook_deliveries_claim", "webhook_delivery_send_again",
+    "webhook_endpoint_create", "webhook_endpoint_delete", "webhook_endpoint_enable", "webhook_endpoint_update",
 ]

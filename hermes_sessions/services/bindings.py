@@ -6,7 +6,8 @@ A binding says which codex thread a session continues (``docs/contract.md`` §1)
 * ``binding_publish`` — bind the thread a turn ran on, once its transcript rows are durable (I1);
 * ``binding_rotate`` — end the binding codex proved gone and record the one rotation notice;
 * ``binding_end`` — an operator ends the active binding (admin action), with its own notice;
-* ``notice_acknowledge`` — an operator marks notices read.
+* ``notice_acknowledge`` — an operator marks notices read;
+* ``notice_webhook_disabled`` — a webhook endpoint was disabled (``webhooks.py``), told on a session.
 
 ``binding_publish`` and ``binding_rotate`` run inside the one transaction that ends a turn
 (``turns._commit_turn``), under the session row lock; ``binding_end`` and ``notice_acknowledge`` open
@@ -110,6 +111,16 @@ def binding_end(*, session: Session, reason: str) -> bool:
         if ended:
             Notice.objects.create(session=session, kind=Notice.Kind.LIFECYCLE, text=NOTICE_BINDING_ENDED)
         return bool(ended)
+
+
+def notice_webhook_disabled(*, session_id: str, text: str) -> bool:
+    """Record a ``webhook`` notice ``text`` on session ``session_id`` (no turn); ``False`` when the session
+    no longer exists (nothing written). In the caller's transaction (``webhooks.webhook_attempt_record``)."""
+    _require_transaction()
+    if not Session.objects.filter(pk=session_id).exists():
+        return False
+    Notice.objects.create(session_id=session_id, kind=Notice.Kind.WEBHOOK, text=clean_text(text))
+    return True
 
 
 def notice_acknowledge(*, notices: Iterable[Notice], user: AbstractBaseUser | AnonymousUser) -> int:

@@ -11,7 +11,10 @@ class SessionIdTaken(ServiceError):
 
 
 class InvalidInput(ServiceError):
-    """The turn input is empty or too long, or an option is unknown (HTTP 400)."""
+    """The turn input is empty or too long, or an option is unknown (HTTP 400 with ``code`` and ``field``)."""
+
+    code = "invalid_input"
+    field = "input"
 
 
 class InvalidIdempotencyKey(InvalidInput):

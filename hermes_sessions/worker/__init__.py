@@ -12,6 +12,8 @@ from .recovery import SweepReport, turns_sweep
 from .retry_policy import RetryPolicy, retry_policy
 from .time_limits import turn_time_limits
 from .wake import delivery_slot, wake_listening
+from .webhooks import webhooks_deliver, webhooks_dispatch_due
 
 __all__ = ["RetryPolicy", "SweepReport", "delivery_slot", "process_start", "process_stop", "retry_policy",
-           "thread_names", "turn_execute", "turn_time_limits", "turns_sweep", "wake_listening"]
+           "thread_names", "turn_execute", "turn_time_limits", "turns_sweep", "wake_listening",
+           "webhooks_deliver", "webhooks_dispatch_due"]

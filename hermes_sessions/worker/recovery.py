@@ -20,6 +20,7 @@ limits, plus the ``Idempotency-Key`` purge) every ``HERMES_SWEEP_SECONDS``:
   is removed: its routing rows, and its sessions' queued turns are dispatched to the shared queue
   (``workers_sweep``).
 * ``Idempotency-Key`` rows older than ``HERMES_IDEMPOTENCY_TTL`` are deleted (beat only).
+* Due webhook deliveries are claimed and their sending task sent (``webhooks.webhooks_dispatch_due``).
 
 Each action locks its rows ``SKIP LOCKED`` and checks again under the lock, so any number of callers may
 run at once; the candidates come from one indexed read each (``status``), nothing else when none is due.
@@ -52,6 +53,7 @@ from ..services.locks import lock_session_and_turn
 from ..services.turn_log import turn_ended_on_commit
 from .process import runtime
 from .scheduler import Job, Scheduler
+from .webhooks import webhooks_dispatch_due
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class SweepReport:
     redispatched: int = 0
     keys_deleted: int = 0
     workers_removed: int = 0
+    webhooks_claimed: int = 0
 
 
 def sweep_round_seconds() -> float:
@@ -81,6 +84,7 @@ def sweep_round(*, by: str, limit: int = 20) -> SweepReport:
     report.requeued, report.failed = leases_take_back(limit=limit, by=by)
     report.redispatched = turns_dispatch_unclaimed(limit=limit, by=by)
     report.workers_removed = len(workers_sweep(by=by))
+    report.webhooks_claimed = webhooks_dispatch_due()
     return report
 
 

@@ -13,6 +13,8 @@ fuzzing and the stateful phase — finding 0 failures.
   One worker: with two, the generators run in threads, and hypothesis reading a filter's lambda
   source in both at once failed a run here with CPython 3.11.7's "AST constructor recursion depth
   mismatch" (a tool error, not an API failure, but a red run all the same).
+* Webhook endpoints it registers are refused unless their URL resolves to public addresses (the
+  run's hosts do not resolve, or are private), and no worker runs: nothing is ever sent.
 * One setting names a status the check does not assume: on the two POSTs that take an
   ``Idempotency-Key``, a key reused with another body is answered 422 (documented on both; the
   status the IETF idempotency-key draft gives), which ``positive_data_acceptance`` would otherwise
@@ -34,7 +36,7 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
-from hermes_sessions.models import Turn
+from hermes_sessions.models import Turn, WebhookAttempt
 from tests.factories import UserFactory
 from tests.support.dispatch import hold_dispatches
 
@@ -46,6 +48,9 @@ SEED = 20261130
 EXCLUDED_PATHS = r"/events/$"
 # The 2xx/3xx/4xx a valid request may get by default in schemathesis 4.32, plus 422 (see above).
 ACCEPTED_WITH_IDEMPOTENCY = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
+# A webhook's URL is checked by resolving its host (private, loopback, link-local targets and names that do
+# not resolve are 400, documented): no schema can say which strings pass, so a valid body may get 400.
+ACCEPTED_WEBHOOK_WRITES = ["2xx", "3xx", "400", "401", "403", "404", "409", "429", "5xx"]
 
 CONFIG = """
 seed = {seed}
@@ -56,6 +61,11 @@ database = "none"
 [auth.wfc]
 path = "{auth}"
 peers = ["alice", "bob"]
+# First: the first block that applies to an operation wins, and a block's filters are ORed (the next one
+# applies to every POST).
+[[operations]]
+include-path-regex = "^/api/webhooks/"
+checks.positive_data_acceptance.expected-statuses = {accepted_webhooks}
 [[operations]]
 include-path-regex = "^/api/sessions/(\\\\{{session_id\\\\}}/turns/)?$"
 include-method = "POST"
@@ -72,7 +82,8 @@ def _write_config(tmp_path: Path) -> Path:
     ]}))
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG.format(seed=SEED, examples=EXAMPLES_PER_OPERATION, auth=auth,
-                                    accepted=json.dumps(ACCEPTED_WITH_IDEMPOTENCY)))
+                                    accepted=json.dumps(ACCEPTED_WITH_IDEMPOTENCY),
+                                    accepted_webhooks=json.dumps(ACCEPTED_WEBHOOK_WRITES)))
     return config
 
 
@@ -90,9 +101,10 @@ def _schema_operations(live_server_url: str) -> set[str]:
     return {f"{method.upper()} {path}" for path, item in schema["paths"].items() for method in item}
 
 
-def test_schemathesis_finds_no_failures(django_db_setup, live_server, monkeypatch, tmp_path):
+def test_schemathesis_finds_no_failures(django_db_setup, live_server, monkeypatch, tmp_path, settings):
     # django_db_setup first: the live server then stops before the test database is dropped.
     held = hold_dispatches(monkeypatch)
+    settings.HERMES_WEBHOOK_ALLOW_PRIVATE, settings.HERMES_WEBHOOK_ALLOWED_NETWORKS = False, []  # nothing internal
     config = _write_config(tmp_path)
     junit = tmp_path / "junit.xml"
     command = [
@@ -121,3 +133,5 @@ def test_schemathesis_finds_no_failures(django_db_setup, live_server, monkeypatc
     # The run really posted turns, and none of them ran codex: each stayed queued or was cancelled.
     assert held and Turn.objects.exists()
     assert set(Turn.objects.values_list("status", flat=True)) <= {Turn.Status.QUEUED, Turn.Status.CANCELLED}
+    # Webhooks it registered (public targets only) were never sent: no worker runs in this test.
+    assert not WebhookAttempt.objects.exists()

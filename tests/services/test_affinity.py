@@ -856,13 +856,15 @@ def test_a_pool_process_starts_its_affinity_loop_or_else_a_sweep_loop(monkeypatc
 
 def test_a_sweep_round_with_nothing_to_do_is_one_query_per_kind(django_assert_num_queries, settings):
     """Every worker process runs the round each second: with nothing due it reads expired leases, unclaimed
-    head turns and stale workers, one query each, and writes nothing."""
+    head turns, stale workers and due webhook deliveries (the claim's UPDATE, which finds none), one query
+    each, and writes nothing."""
     from hermes_sessions.worker import recovery
 
     TurnFactory(status=Turn.Status.QUEUED, dispatched_at=timezone.now())  # dispatched just now: not due
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(4):
         report = recovery.sweep_round(by="worker test")
-    assert (report.requeued, report.failed, report.redispatched, report.workers_removed) == (0, 0, 0, 0)
+    assert (report.requeued, report.failed, report.redispatched, report.workers_removed,
+            report.webhooks_claimed) == (0, 0, 0, 0, 0)
 
 
 def test_a_send_the_broker_refused_is_dispatched_again_at_the_next_round(monkeypatch, caplog,
