@@ -9,7 +9,8 @@ from django.db import migrations, models
 # The outbox is written by PostgreSQL itself, in the transaction that inserts the event, whichever path
 # inserts it (``services/events.py``'s statements, the batched ones of ``pipelining``, the finalize):
 # a rolled-back turn leaves no delivery and a committed one cannot lose it. The WHEN condition is checked
-# before the function is called: deltas, items, usage and a resumed thread cost one comparison.
+# before the function is called: deltas, items, usage and a resumed thread cost one comparison. An
+# approval a re-run carried over (``carried_from_attempt``) was announced once already.
 # ``webhook-id`` is ``msg_<event id>_<endpoint id>``: stable across retries, unique per endpoint.
 CREATE_OUTBOX_TRIGGER = """
 CREATE FUNCTION hermes_webhook_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -34,7 +35,8 @@ END $$;
 CREATE TRIGGER hermes_webhook_outbox AFTER INSERT ON "hermes_sessions_turnevent" FOR EACH ROW
     WHEN (NEW."kind" IN ('completed', 'failed', 'cancelled')
           OR (NEW."kind" = 'thread' AND NEW."data" ->> 'action' = 'rotated')
-          OR (NEW."kind" = 'approval.requested' AND NEW."data" ->> 'status' = 'pending'))
+          OR (NEW."kind" = 'approval.requested' AND NEW."data" ->> 'status' = 'pending'
+              AND NOT NEW."data" ? 'carried_from_attempt'))
     EXECUTE FUNCTION hermes_webhook_outbox();
 """
 DROP_OUTBOX_TRIGGER = """

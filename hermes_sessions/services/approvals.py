@@ -109,9 +109,10 @@ def approval_request(*, turn_id: uuid.UUID, token: uuid.UUID, request: ApprovalR
         fingerprint = request.fingerprint()
         earlier = _earlier_claims_request(turn, kind=request.kind, fingerprint=fingerprint)
         if earlier is not None:
+            carried_from = earlier.attempt
             earlier.attempt, earlier.codex_request_id = turn.attempt, request.request_id
             earlier.save(update_fields=["attempt", "codex_request_id"])
-            _announce(turn, earlier)
+            _announce(turn, earlier, carried_from=carried_from)
             return earlier
         now = timezone.now()
         approval = Approval(
@@ -144,9 +145,15 @@ def _earlier_claims_request(turn: Turn, *, kind: str, fingerprint: str) -> Appro
             .order_by("created_at").first())
 
 
-def _announce(turn: Turn, approval: Approval) -> None:
-    """``approval.requested`` on ``turn``'s current claim; ``approval.resolved`` too when it is decided."""
-    kinds = [(REQUESTED, event_data(approval))]
+def _announce(turn: Turn, approval: Approval, *, carried_from: int | None = None) -> None:
+    """``approval.requested`` on ``turn``'s current claim; ``approval.resolved`` too when it is decided.
+    A row carried over from claim ``carried_from`` says so (``carried_from_attempt``): the person was
+    told of it already, so no ``approval.requested`` webhook goes out for it again (migration 0013's
+    trigger skips it)."""
+    requested = event_data(approval)
+    if carried_from is not None:
+        requested["carried_from_attempt"] = carried_from
+    kinds = [(REQUESTED, requested)]
     if not approval.is_pending:
         kinds.append((RESOLVED, event_data(approval)))
     events.event_append_many(turn=turn, items=kinds)

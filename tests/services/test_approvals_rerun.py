@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from hermes_sessions import services
 from hermes_sessions.codex.server_requests import approval_request
-from hermes_sessions.models import Approval, Turn, TurnEvent
+from hermes_sessions.models import Approval, Turn, TurnEvent, WebhookDelivery
 from hermes_sessions.worker import recovery
 from tests.support.approvals import turn_with_person
 from tests.support.dispatch import hold_dispatches
@@ -146,3 +146,18 @@ def test_a_stale_worker_cannot_answer_from_a_row_carried_to_another_claim(user, 
     assert not services.approval_answered(approval_id=first.pk, attempt=1)  # the lost worker, waking up
     assert services.approval_answered(approval_id=first.pk, attempt=2)
     assert not services.approval_answered(approval_id=first.pk, attempt=2)  # once
+
+
+def test_an_approval_carried_to_the_rerun_is_not_announced_by_webhook_again(user, scripted_codex, monkeypatch,
+                                                                           settings):
+    settings.HERMES_WEBHOOK_ALLOW_PRIVATE = True
+    services.webhook_endpoint_create(owner=user, url="http://127.0.0.1:9/hook", event_types=["approval.requested"])
+    turn, first, run_again = asked_then_lost(user, scripted_codex, monkeypatch)
+    turn = turn_with_person(
+        lambda **_: run_again(), session=turn.session, user=user, text="", wait=10.0,
+        find_pending=lambda: Approval.objects.filter(pk=first.pk, attempt=2, status=Approval.Status.PENDING).first(),
+        act=lambda a: services.approval_decide(approval_id=a.pk, user=user, decision="accept"))
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    requested = TurnEvent.objects.filter(turn=turn, kind="approval.requested").order_by("id")
+    assert [e.data["status"] for e in requested] == ["pending", "pending"]  # on each claim's stream
+    assert WebhookDelivery.objects.filter(turn_id=turn.pk, event_type="approval.requested").count() == 1
