@@ -152,11 +152,22 @@ def rollout_restore(*, session_id: str, thread_id: str | None, generation: int |
     base = rollout_state(thread_id=thread_id) if generation is not None else rollout_import(
         session_id=session_id, thread_id=thread_id)
     if base is None:
+        _forget_held(home, thread_id)  # forgotten since the claim: a copy kept here must not resume it
         return None
     if generation is not None and base.generation != generation:
         raise RolloutFenced(f"rollout of thread {thread_id} is at generation {base.generation}, claimed at {generation}")
     rollout_write(base=base, home=home)
     return base
+
+
+def _forget_held(home: Path, thread_id: str) -> None:
+    """Remove ``thread_id``'s rollout file from ``home`` if one was kept there."""
+    try:
+        path = find_rollout(home, thread_id)
+    except RolloutDiverged:
+        return
+    if path is not None:
+        path.unlink(missing_ok=True)
 
 
 def rollout_write(*, base: RolloutBase, home: Path) -> Restored:

@@ -331,9 +331,11 @@ def _restore(claim: TurnClaim, control: TurnControl | None = None,
         leftovers = [read_leftover(old, t) for t in (claim.thread_id, claim.previous_thread_id)] if claim.attempt > 1 else []
         # The thread's rollout this process left here, unchanged since: kept, so the restore appends only
         # the chunks it lacks (``rollout_files.held_prefix``; anything else is wiped and restored in full).
+        # Only while PostgreSQL stores the thread's rollout: a host's copy of one it no longer has is not a
+        # cache of anything (I8; tests/services/test_webhooks.py's rotation, tests/support/rotation.py).
+        held = held_rollout(old, claim.thread_id) if claim.rollout_generation is not None else None
         paths = prepare_session_home(claim.session_id, sandbox=claim.config["sandbox"],
-                                     workdir=policy.session_workdir(claim.session_id),
-                                     keep=held_rollout(old, claim.thread_id))
+                                     workdir=policy.session_workdir(claim.session_id), keep=held)
         base = rollout_restore(session_id=claim.session_id, thread_id=claim.thread_id,
                                generation=claim.rollout_generation, home=paths.home)
         for leftover in filter(None, leftovers):
