@@ -213,15 +213,20 @@ def held_prefix(home: Path, base: RolloutBase) -> int:
     return known.length if known is not None and known.length <= base.length else 0
 
 
-def held_rollout(home: Path, thread_id: str | None) -> Path | None:
-    """The rollout of ``thread_id`` under ``home`` if this process holds it unchanged (``KNOWN.held``):
-    the file a wipe of the home keeps for the next restore (``launch.prepare_session_home``)."""
+def _rollout_in(home: Path, thread_id: str | None) -> Path | None:
+    """``thread_id``'s one rollout file under ``home``; ``None`` when there is none (or several)."""
     if not thread_id or not home.is_dir():
         return None
     try:
-        path = find_rollout(home, thread_id)
+        return find_rollout(home, thread_id)
     except RolloutDiverged:
         return None
+
+
+def held_rollout(home: Path, thread_id: str | None) -> Path | None:
+    """The rollout of ``thread_id`` under ``home`` if this process holds it unchanged (``KNOWN.held``):
+    the file a wipe of the home keeps for the next restore (``launch.prepare_session_home``)."""
+    path = _rollout_in(home, thread_id)
     return path if path is not None and KNOWN.held(path) is not None else None
 
 
@@ -388,13 +393,8 @@ class Leftover:
 
 def read_leftover(home: Path, thread_id: str | None) -> Leftover | None:
     """The rollout of ``thread_id`` still in ``home`` (a lost worker's, on this host), or ``None``."""
-    if not thread_id or not home.is_dir():
-        return None
-    try:
-        path = find_rollout(home, thread_id)
-    except RolloutDiverged:
-        return None
-    if path is None:
+    path = _rollout_in(home, thread_id)
+    if path is None or thread_id is None:
         return None
     return Leftover(thread_id=thread_id, relpath=str(path.relative_to(home)), data=path.read_bytes())
 
