@@ -12,7 +12,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from hermes_sessions.models import Approval, CodexBinding, Message, Notice, Session, Turn
+from hermes_sessions.models import Approval, CodexBinding, Message, Notice, Session, Turn, WebhookEndpoint
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -99,3 +99,16 @@ class ApprovalFactory(factory.django.DjangoModelFactory):
     available_decisions = factory.LazyFunction(lambda: ["accept", "acceptForSession", "decline"])
     fingerprint = "0" * 64
     expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))
+
+
+class WebhookEndpointFactory(factory.django.DjangoModelFactory):
+    """An active endpoint of ``owner`` for every event type, at a public URL (nothing is sent in tests
+    that do not run the sender)."""
+
+    class Meta:
+        model = WebhookEndpoint
+
+    owner = factory.SubFactory(UserFactory)
+    url = "https://hooks.example.com/hermes"
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    event_types = factory.LazyFunction(lambda: list(WebhookEndpoint.EVENT_TYPES))

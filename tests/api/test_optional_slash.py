@@ -17,7 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
 from hermes_sessions.models import Session, Turn
-from tests.factories import ApprovalFactory, SessionFactory, TurnFactory
+from tests.factories import ApprovalFactory, SessionFactory, TurnFactory, WebhookEndpointFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -47,10 +47,11 @@ API_ROUTES = _routes()
 
 def _fresh_path(route: str, user: Any) -> str:
     """The route with its parameters filled by objects made for this one request (a session of the
-    user with a queued turn that asked an approval), so the slashed and the slashless request each act on their own."""
+    user with a queued turn that asked an approval, a webhook endpoint of the user), so the slashed and the slashless request each act on their own."""
     session = SessionFactory(owner=user, last_turn_seq=1)
     turn = TurnFactory(session=session, seq=1)
-    values = {"session_id": session.id, "turn_id": str(turn.id), "approval_id": str(ApprovalFactory(turn=turn).pk)}
+    values = {"session_id": session.id, "turn_id": str(turn.id), "approval_id": str(ApprovalFactory(turn=turn).pk),
+              "webhook_id": str(WebhookEndpointFactory(owner=user).pk)}
     unknown = set(PARAM.findall(route)) - values.keys()
     assert not unknown, f"{route}: teach this test a value for {unknown}"
     return "/" + PARAM.sub(lambda m: values[m.group(1)], route)
