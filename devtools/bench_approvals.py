@@ -26,6 +26,8 @@ worker settings' defaults (no spare app-servers, threads kept loaded by ``-c 1``
    later, when a slot frees up); every approval turn must succeed with the command's output in a
    ``tool`` row of its transcript and ``approved.txt`` in its work directory, and every other turn must
    succeed.
+5. For comparison, as many fresh sessions as in 3 get the same turns with nothing waiting
+   (``…_nothing_waiting``).
 
 Printed: a ``key: value`` block (``figures``). Exit status 1 if any turn failed or was lost (not
 ended within ``--finish-within`` seconds). Run as ``python -m devtools.bench_approvals [--workers 2]
@@ -186,6 +188,7 @@ def held_figures(idle: Holdings, waiting: Holdings, sessions: set[str]) -> dict[
         "pool_threads_waiting": waiting.pool_threads,
         "pool_threads_per_waiting_turn": _per_turn(threads, n),
         "pool_private_kb_idle": idle.pool_private_kb,
+        "pool_private_kb_idle_per_process": _per_turn(idle.pool_private_kb, idle.pool_processes),
         "pool_private_kb_waiting": waiting.pool_private_kb,
         "pool_pss_kb_waiting": waiting.pool_pss_kb,
         "pool_private_kb_per_waiting_turn": _per_turn(pool_private, n),
@@ -472,7 +475,8 @@ def run(args: argparse.Namespace, stack: Stack, client: StackClient, env: dict[s
     other_sessions = [f"{client.session_id}-other-{i}" for i in range(args.others)]
     for sid in waiting_sessions:
         client.call("POST", "/sessions/", {"id": sid, "model_config": UNTRUSTED})
-    for sid in other_sessions:
+    alone_sessions = [f"{client.session_id}-alone-{i}" for i in range(args.others)]
+    for sid in other_sessions + alone_sessions:
         client.make_session(sid)
     slots = args.workers * args.concurrency
     where = {"db_url": env["DATABASE_URL"], "homes_root": str(Path(env["CODEX_HOMES_ROOT"]).resolve())}
@@ -499,9 +503,11 @@ def run(args: argparse.Namespace, stack: Stack, client: StackClient, env: dict[s
     accept_s = _accept_all(client, waiting, others, args.finish_within)
     _finish_others(others, args.finish_within)
     outcome = _approval_outcomes(client, waiting, env["CODEX_WORK_ROOT"])
+    alone = Others(client, alone_sessions, args.other_turns)
+    _finish_others(alone, args.finish_within)
 
-    other_failed = [t for t, (status, _, _) in others.ended.items() if status != "succeeded"]
-    other_lost = [t for t in others.posted if t not in others.ended]
+    other_failed = [t for o in (others, alone) for t, (status, _, _) in o.ended.items() if status != "succeeded"]
+    other_lost = [t for o in (others, alone) for t in o.posted if t not in o.ended]
     figures: dict[str, Any] = {
         "workers": args.workers, "concurrency": args.concurrency, "worker_slots": slots,
         "waiting_turns_posted": args.waiting, "approvals_pending": pending, "approvals_pending_api": api_pending,
@@ -521,6 +527,9 @@ def run(args: argparse.Namespace, stack: Stack, client: StackClient, env: dict[s
         "approval_turns_lost": len(outcome["lost"]),
         "other_turns_succeeded": sum(1 for s, _, _ in others.ended.values() if s == "succeeded"),
         "other_turn_ms_median": _median([s * 1000 for _, s, _ in others.ended.values()]),
+        "other_turns_nothing_waiting_succeeded": sum(1 for s, _, _ in alone.ended.values() if s == "succeeded"),
+        "other_turn_ms_median_nothing_waiting": _median([s * 1000 for _, s, _ in alone.ended.values()]),
+        "other_turn_ms_max_nothing_waiting": round(max((s * 1000 for _, s, _ in alone.ended.values()), default=0.0), 1),
         "other_turns_failed": len(other_failed), "other_turns_lost": len(other_lost),
     }
     _print(figures)
