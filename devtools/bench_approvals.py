@@ -271,8 +271,12 @@ class Processes:
                         owners[c.laddr.port] = role
         return owners
 
-    def cpu_ticks(self) -> int:
-        return sum(cpu_ticks(_read(f"/proc/{pid}/stat")) for pid in self.mains + self.pools + self.app_servers)
+    def cpu_ticks(self) -> tuple[int, int]:
+        """CPU ticks so far of the Celery processes (main and pool) and of the app-servers."""
+        def ticks(pids: list[int]) -> int:
+            return sum(cpu_ticks(_read(f"/proc/{pid}/stat")) for pid in pids)
+
+        return ticks(self.mains + self.pools), ticks(self.app_servers)
 
 
 def _pg_rows(db_name: str) -> list[tuple[int | None, str | None, str | None]]:
@@ -314,12 +318,15 @@ def sample(stack: Stack, *, db_url: str, homes_root: str, turn_ids: list[str], s
         connections=connections)
 
 
-def cpu_percent(stack: Stack, seconds: float) -> float:
-    """CPU the worker trees (main, pool processes, app-servers) used over ``seconds``, in % of one core."""
+def cpu_percent(stack: Stack, seconds: float) -> tuple[float, float]:
+    """CPU the worker trees used over ``seconds``, in % of one core: (Celery's main and pool processes,
+    the app-servers). An app-server's sandboxed children are not counted."""
     procs = Processes.of(stack)
     start = procs.cpu_ticks()
     time.sleep(seconds)
-    return round(100 * (procs.cpu_ticks() - start) / os.sysconf("SC_CLK_TCK") / seconds, 1)
+    end = procs.cpu_ticks()
+    per_tick = 100 / os.sysconf("SC_CLK_TCK") / seconds
+    return round((end[0] - start[0]) * per_tick, 1), round((end[1] - start[1]) * per_tick, 1)
 
 
 # ------------------------------------------------------------------------------------------ driving turns
@@ -514,7 +521,9 @@ def run(args: argparse.Namespace, stack: Stack, client: StackClient, env: dict[s
         "approvals_pending_seconds": pending_s, "approvals_pending_why": why,
         "turns_running_while_waiting": held.running, "turns_queued_while_waiting": held.queued,
         **held_figures(idle, held, set(waiting_sessions)),
-        "worker_cpu_percent_idle": cpu_idle, "worker_cpu_percent_while_waiting": cpu,
+        "worker_cpu_percent_idle": cpu_idle[0] + cpu_idle[1],
+        "worker_cpu_percent_while_waiting": round(cpu[0] + cpu[1], 1),
+        "celery_cpu_percent_while_waiting": cpu[0], "app_servers_cpu_percent_while_waiting": cpu[1],
         "other_turns_posted": args.others * args.other_turns,
         "other_turns_ended_while_waiting": len(during),
         "other_turns_succeeded_while_waiting": sum(1 for s, _, _ in during.values() if s == "succeeded"),
