@@ -12,7 +12,9 @@ While a request waits:
 
 * the turn thread keeps reading codex's notifications, and the lease keeps being renewed by the
   scheduler's heartbeat job (``heartbeats.py``): waiting costs one worker slot (this turn's Celery pool
-  slot or wake thread) and the turn's app-server process, nothing else;
+  slot or wake thread), the turn's app-server process and its reader threads, and two idle database
+  connections (the turn thread's, and this thread's, kept between reads until codex is answered); no
+  transaction, no lock (``make bench-approvals``, ``docs/operating.md`` §3);
 * the wait is not counted against ``CODEX_TURN_TIMEOUT`` (``TurnControl.person_waits``); it is bounded by
   ``HERMES_APPROVAL_TIMEOUT_SECONDS`` per turn (all its waits together), which the turn's time limits
   include (``time_limits.turn_time_limits``). At its end the approval is ``expired`` and codex is
