@@ -611,6 +611,7 @@ class WebhookDelivery(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(fields=["event_id", "endpoint"], name="webhook_delivery_one_per_event_endpoint"),

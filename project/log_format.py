@@ -21,6 +21,13 @@ import structlog
 LOG_FORMATS = ("text", "json")
 
 
+def _drop_color_message(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+    """uvicorn passes its message again with terminal colour codes as ``extra={"color_message": …}``:
+    noise in JSON (tests/test_log_format.py)."""
+    event.pop("color_message", None)
+    return event
+
+
 def json_formatter() -> logging.Formatter:
     """A formatter writing each record as one JSON object (module docstring). A process that makes one
     routes Python's warnings through logging too (``py.warnings``: e.g. Celery's warning about running
@@ -31,6 +38,7 @@ def json_formatter() -> logging.Formatter:
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
             structlog.stdlib.ExtraAdder(),
+            _drop_color_message,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
         ],
         processors=[

@@ -70,3 +70,10 @@ def test_text_keeps_celery_and_gunicorn_formats_and_json_takes_the_root_logger()
     config = logging_config("json", "DEBUG")
     assert config["root"]["handlers"] == ["console"] and config["handlers"]["console"]["formatter"] == "json"
     assert config["loggers"]["hermes_sessions"] == {"handlers": [], "level": "DEBUG"}  # each line once, at the root
+
+
+def test_uvicorns_coloured_copy_of_its_message_is_left_out():
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started server process [%d]", (42,), None)
+    record.color_message = "Started server process [\x1b[36m%d\x1b[0m]"
+    line = json.loads(json_formatter().format(record))
+    assert line["message"] == "Started server process [42]" and "color_message" not in line

@@ -99,6 +99,7 @@ class Migration(migrations.Migration):
                 ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='hermes_sessions.webhookendpoint')),
             ],
             options={
+                'verbose_name_plural': 'webhook deliveries',
                 'ordering': ['-id'],
             },
         ),

@@ -346,7 +346,7 @@ BREAKAGES: list[Breakage] = [
         "approval-outlives-the-rerun", "I9", "hermes_sessions/services/turns.py",
         "        if result.approvals or turn.attempt > 1:\n",
         "        if result.approvals:\n",
-        ("tests/services/test_approvals_rerun.py::test_another_request_on_the_rerun_is_asked_and_the_earlier_one_ends_with_the_turn",),
+        ("tests/services/test_approvals_rerun.py::test_a_rerun_that_asks_nothing_ends_the_earlier_claims_approval_with_the_turn",),
     ),
     # --- the event streams (docs/contract.md §8) ---------------------------------------------------
     Breakage(

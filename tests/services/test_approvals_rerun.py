@@ -39,10 +39,10 @@ def answers(scripted_codex) -> list[dict]:
 def asked_then_lost(user, scripted_codex, monkeypatch, *, rerun_asks=COMMAND):
     """A turn whose first claim recorded ``COMMAND`` pending, then lost its worker; the sweep's take-back
     queued it again. Returns ``(turn, the pending approval, run_again)``: ``run_again()`` delivers the
-    turn once more through the real task code, whose codex asks ``rerun_asks``."""
+    turn once more through the real task code, whose codex asks ``rerun_asks`` (``None``: nothing)."""
     from hermes_sessions.tasks import run_turn
 
-    scripted_codex.script({"turn/start": [{"server_request": rerun_asks}]})
+    scripted_codex.script({"turn/start": [{"server_request": rerun_asks}]} if rerun_asks else {})
     session = services.session_create(owner=user, model_config={"approval_policy": "untrusted"})
     with monkeypatch.context() as held:
         hold_dispatches(held)
@@ -161,3 +161,12 @@ def test_an_approval_carried_to_the_rerun_is_not_announced_by_webhook_again(user
     requested = TurnEvent.objects.filter(turn=turn, kind="approval.requested").order_by("id")
     assert [e.data["status"] for e in requested] == ["pending", "pending"]  # on each claim's stream
     assert WebhookDelivery.objects.filter(turn_id=turn.pk, event_type="approval.requested").count() == 1
+
+
+def test_a_rerun_that_asks_nothing_ends_the_earlier_claims_approval_with_the_turn(user, scripted_codex, monkeypatch):
+    turn, first, run_again = asked_then_lost(user, scripted_codex, monkeypatch, rerun_asks=None)
+    turn = run_again()
+    assert turn.status == Turn.Status.SUCCEEDED, turn.error
+    earlier = Approval.objects.get(pk=first.pk)
+    assert (earlier.status, earlier.answered_at) == (Approval.Status.CANCELLED, None)
+    assert "ended (succeeded)" in earlier.reason
