@@ -14,6 +14,7 @@ message), ``exception`` (a traceback, when there is one), and every ``extra=`` f
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -21,7 +22,7 @@ import structlog
 LOG_FORMATS = ("text", "json")
 
 
-def _drop_color_message(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _drop_color_message(logger: Any, name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """uvicorn passes its message again with terminal colour codes as ``extra={"color_message": …}``:
     noise in JSON (tests/test_log_format.py)."""
     event.pop("color_message", None)
