@@ -60,7 +60,9 @@ class TimeLimits:
         if late:
             control.out_of_time(TIME_LIMIT_REASON)
 
-    def _soft(self) -> None:
+    def expire(self) -> None:
+        """The soft limit passed (its job; or Celery's own soft limit of the task that handed the turn to a
+        runner, ``runners.py``): the watched turns end now."""
         logger.warning("%s: past the soft time limit (%.0f s); its codex app-server is stopped", self.what, self.soft)
         with self._lock:
             self.exceeded.set()
@@ -86,7 +88,7 @@ def thread_time_limits(*, soft: float, hard: float, what: str,
 
         scheduler = runtime().scheduler
     limits = TimeLimits(soft=soft, hard=max(hard, soft), what=what)
-    soft_job = scheduler.after(soft, limits._soft, name=f"soft time limit of {what}")
+    soft_job = scheduler.after(soft, limits.expire, name=f"soft time limit of {what}")
     hard_job = scheduler.after(max(hard, soft), limits._hard, name=f"hard time limit of {what}")
     try:
         yield limits
