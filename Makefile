@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo demo-admin test e2e bench bench-warm bench-admin bench-streams faults stand-in lint services chromium migrate run worker clean codex-bump
+.PHONY: install demo demo-admin test e2e bench bench-warm bench-approvals bench-admin bench-streams faults stand-in lint services chromium migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,13 @@ bench: install services
 # with the phase and timings medians (devtools/bench_warm.py; BENCH_WARM_ARGS="--turns 60 --spy 20").
 bench-warm: install services
 	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench_warm $(BENCH_WARM_ARGS)
+
+# Turns that wait for a person (~2-4 min): 20 approval turns waiting at once on two workers while 10 other
+# sessions' turns run; what the waiting turns hold (worker slots, app-servers and their memory, threads,
+# PostgreSQL connections), then every approval accepted (devtools/bench_approvals.py;
+# BENCH_APPROVALS_ARGS="--concurrency 16 --waiting 20 --others 10"). Exits 1 if a turn failed or was lost.
+bench-approvals: install services
+	DJANGO_SECRET_KEY=$(TEST_SECRET_KEY) DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(PY) -m devtools.bench_approvals $(BENCH_APPROVALS_ARGS)
 
 # Open event streams held by one ASGI worker while ordinary API requests are timed (docs/benchmarks.md).
 bench-streams: install services

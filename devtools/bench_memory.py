@@ -11,19 +11,29 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from hermes_sessions.worker.warm.process_memory import Memory, children, descendants, process_memory, tree_memory
+if TYPE_CHECKING:
+    from hermes_sessions.worker.warm.process_memory import Memory
 
-__all__ = ["Memory", "WorkerMemory", "children", "descendants", "pss_kb", "rss_kb", "worker_memory"]
+__all__ = ["WorkerMemory", "pss_kb", "rss_kb", "worker_memory"]
+
+# ``process_memory`` is imported inside the functions: importing ``hermes_sessions.worker`` loads the models,
+# which the benches may do only after ``bench._setup_django`` (``python -m devtools.bench`` imports this
+# module first).
 
 
 def rss_kb(pid: int) -> int:
     """``Rss`` of ``pid`` in kB (0 once it is gone, or for a zombie)."""
+    from hermes_sessions.worker.warm.process_memory import process_memory
+
     return process_memory(pid).rss_kb
 
 
 def pss_kb(pid: int) -> int:
     """``Pss`` of ``pid`` in kB (pages shared with other processes counted once across them); 0 once gone."""
+    from hermes_sessions.worker.warm.process_memory import process_memory
+
     return process_memory(pid).pss_kb
 
 
@@ -51,6 +61,8 @@ class WorkerMemory:
 
 def worker_memory(main_pid: int) -> WorkerMemory:
     """A sample of the worker whose Celery main process is ``main_pid``."""
+    from hermes_sessions.worker.warm.process_memory import children, process_memory, tree_memory
+
     m = WorkerMemory(worker_pids=[main_pid])
     for child in children(main_pid):
         if _is_python(child):

@@ -59,7 +59,8 @@ class Stack:
     http_workers: int = 1
     http_threads: int = 1
     asgi: bool = False
-    pool: str = "prefork"  # the workers' Celery pool: prefork (-c 1) or solo
+    pool: str = "prefork"  # the workers' Celery pool: prefork or solo
+    concurrency: int = 1  # each worker's -c: pool processes (prefork); 1 keeps threads loaded (session affinity)
     api: str = ""
     gunicorn: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -82,11 +83,11 @@ class Stack:
         return self.api
 
     def add_worker(self) -> subprocess.Popen[bytes]:
-        """Start one more ``-c 1`` worker (its own process group; node name unique in the run)."""
+        """Start one more ``-c <concurrency>`` worker (its own process group; node name unique in the run)."""
         self.started_workers += 1
         node = f"bench-{self.name}-{self.started_workers}-{os.getpid()}@%h"
         proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "project", "worker",
-                                 "-Q", f"{self.env['HERMES_TURN_QUEUE']},celery", "-P", self.pool, "-c", "1", "-n", node,
+                                 "-Q", f"{self.env['HERMES_TURN_QUEUE']},celery", "-P", self.pool, "-c", str(self.concurrency), "-n", node,
                                  "-l", "warning"], cwd=BASE, env=self.env, start_new_session=True,
                                 stdout=subprocess.DEVNULL)
         self.workers.append(proc)

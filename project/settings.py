@@ -227,6 +227,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "hermes_sessions API",
     "DESCRIPTION": "Durable agent sessions whose turns run through the OpenAI Codex app-server.",
     "VERSION": "0.1.0",
+    # Operation ids and tags are named from the path after /api/ (``sessions_create``, tag ``sessions``):
+    # auto-detection would also count the views outside /api/ (GET /metrics is a DRF view, not in the
+    # schema) and name them ``api_sessions_create`` (tests/e2e/test_generated_client.py imports them).
+    "SCHEMA_PATH_PREFIX": r"/api/",
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

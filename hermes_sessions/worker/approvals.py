@@ -11,7 +11,9 @@ it says when the wait ends is what codex is answered, once (I9).
 While a request waits:
 
 * the turn thread keeps reading codex's notifications, and the lease keeps being renewed by the
-  scheduler's heartbeat job (``heartbeats.py``);
+  scheduler's heartbeat job (``heartbeats.py``): waiting costs the turn's app-server process and its
+  reader threads, and two idle database connections (the turn thread's, and this thread's, kept between
+  reads until codex is answered); no transaction, no lock (``make bench-approvals``, ``docs/operating.md`` §3);
 * once the request has waited ``PARK_AFTER`` seconds the turn **parks** (``AskingTurn.park``,
   ``execution._Handover.park``, ``runners.py``): the worker's slot — the Celery pool slot or wake thread
   that delivered it, and ``wake.turn_slot`` — is free for other turns, while the turn keeps its runner

@@ -18,12 +18,12 @@ from django.utils import timezone
 
 from hermes_sessions import services
 from hermes_sessions.listener import connection_params
-from hermes_sessions.models import Session, Turn
+from hermes_sessions.models import Approval, Session, Turn
 from hermes_sessions.services import events, pipelining, routing
 from hermes_sessions.sql import query
 from hermes_sessions.worker import recovery
 from project.celery import app as celery_app
-from tests.factories import SessionFactory, TurnFactory, UserFactory
+from tests.factories import ApprovalFactory, SessionFactory, TurnFactory, UserFactory
 
 from .test_affinity import own, warm_row, worker_row
 from .test_wake import Listening, listening  # noqa: F401 — the fixture
@@ -168,15 +168,21 @@ def test_a_holder_that_does_not_listen_is_sent_the_task_instead(user, listening,
     assert sent == [(str(turn.pk), None)]  # the shared queue
 
 
-def test_on_busy_interrupt_asks_the_running_turn_to_stop_in_the_same_round_trip(user, monkeypatch, celery_sends, sent):
+def test_on_busy_interrupt_asks_the_running_turn_to_stop_and_closes_its_approvals_in_the_enqueue(
+        user, monkeypatch, celery_sends, sent):
+    # Two round trips, as on_busy=reject: the interrupt reads the running turn and closes its pending
+    # approvals in the enqueue's transaction (docs/contract.md §10, A4).
     session = SessionFactory(owner=user)
-    running = TurnFactory(session=session, status=Turn.Status.RUNNING, seq=1)
+    running = TurnFactory(session=session, status=Turn.Status.RUNNING, seq=1, attempt=1)
+    pending = ApprovalFactory(turn=running)
     Session.objects.filter(pk=session.pk).update(last_turn_seq=1)
     counted = trips(monkeypatch)
     turn = services.turn_enqueue(owned_session_id=session.id, input_text="stop that", user=user, on_busy="interrupt")
-    assert [t for t in counted if t] == [1]
+    assert [t for t in counted if t] == [1, 1]
     running.refresh_from_db()
+    pending.refresh_from_db()
     assert running.cancel_requested_at is not None and turn.seq == 2
+    assert pending.status == Approval.Status.CANCELLED
 
 
 def test_concurrent_posts_to_one_session_get_consecutive_seqs_and_matching_events(user, celery_sends, sent):

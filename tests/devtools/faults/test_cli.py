@@ -8,8 +8,9 @@ from devtools.faults.cli import SCENARIOS, _row_clean, parse_args, print_table
 
 def test_all_scenarios_run_by_default_and_an_unknown_one_is_refused(capsys):
     assert parse_args([]).chosen == list(SCENARIOS)
-    assert list(SCENARIOS)[-6:] == ["kill-during-rollout", "db-down-during-restore", "warm-codex-dies",
-                                    "kill-warm-holder", "freeze-warm-holder", "kill-beat-with-worker"]
+    assert list(SCENARIOS)[-7:] == ["kill-during-rollout", "db-down-during-restore", "warm-codex-dies",
+                                    "kill-warm-holder", "freeze-warm-holder", "kill-beat-with-worker",
+                                    "kill-while-approval-waits"]
     assert parse_args(["--scenarios", "concurrent-posts, broker-restart"]).chosen == ["concurrent-posts", "broker-restart"]
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--scenarios", "kill-worker,nap"])
