@@ -477,7 +477,7 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
 def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) -> tuple[AppServerClient, str]:
     """A fresh app-server for the claim's session, started and initialized; and codex's version.
     ``die_with_worker``: it may be kept after the turn, so it gets ``PR_SET_PDEATHSIG`` (it must not
-    outlive a worker killed with SIGKILL; spawned on the process's main thread, ``_Handover``)."""
+    outlive a worker killed with SIGKILL; spawned on a thread that lives as long as the process, ``_Handover``)."""
     config = claim.config
     client = AppServerClient(
         app_server_argv(sandbox=config["sandbox"], workdir=workdir),
