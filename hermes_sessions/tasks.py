@@ -16,8 +16,9 @@ logger = logging.getLogger(__name__)
     bind=True,
     name="hermes_sessions.tasks.run_turn",
     ignore_result=True,
-    # Backstops behind the runner's own turn deadline (which interrupts codex and fails the turn).
-    # A woken turn gets the same two outside Celery (worker/time_limits.py).
+    # Backstops behind the runner's own turn deadline (which interrupts codex and fails the turn). The
+    # runner thread the turn executes on has the same two outside Celery (worker/time_limits.py), which
+    # also bound it once it parked and this task returned (worker/runners.py).
     soft_time_limit=SOFT_TIME_LIMIT,
     time_limit=TIME_LIMIT,
 )
@@ -30,6 +31,10 @@ def run_turn(self: Task, turn_id: str) -> dict[str, str]:
     ``HERMES_AFFINITY_DEADLINE`` — Celery cannot see it and counted this process idle — the turn is left
     queued with no dispatch recorded (``services.turn_undispatched``): the sweep's next round, on any
     worker, dispatches it to the shared queue again (``"turn_status": "busy"``).
+
+    The turn runs on one of the process's runner threads (``worker.turn_run``): should it wait for a
+    person, it parks and this task returns ``"turn_status": "parked"``, its pool slot free; the runner
+    writes the turn's end (``worker/runners.py``).
 
     Returns ``{"turn": <turn id>, "turn_status": <status>}`` — ``"skipped"`` when this delivery had
     nothing to do — which Celery logs as ``Task …run_turn[<task id>] succeeded in …: {'turn': …,
@@ -46,7 +51,7 @@ def run_turn(self: Task, turn_id: str) -> dict[str, str]:
                         "to the shared queue again", turn_id)
             services.turn_undispatched(turn_id)
             return {"turn": str(turn_id), "turn_status": "busy"}
-        turn = worker.turn_execute(turn_id=turn_id, task_id=self.request.id)
+        turn = worker.turn_run(turn_id=turn_id, task_id=self.request.id)
     return {"turn": str(turn_id), "turn_status": turn.status if turn is not None else "skipped"}
 
 

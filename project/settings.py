@@ -345,6 +345,10 @@ CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/sta
 # Seconds a turn's approvals may wait for a person, all together (worker/approvals.py); then codex is
 # answered decline and the approval is expired. Not counted in CODEX_TURN_TIMEOUT; the worker's time limits add it.
 HERMES_APPROVAL_TIMEOUT_SECONDS = env_float("HERMES_APPROVAL_TIMEOUT_SECONDS", 900.0)
+# Turns of one worker process that may wait for a person at once without holding its turn slot ("parked",
+# hermes_sessions/worker/runners.py): each keeps its app-server (~22 MB private) and a runner thread. Past it a
+# waiting turn keeps its slot. 0: no turn parks.
+HERMES_MAX_PARKED_TURNS = env_int("HERMES_MAX_PARKED_TURNS", 32)
 # Let the model ask questions (codex's request_user_input) outside Plan mode; they are put to a person
 # (item/tool/requestUserInput) in sessions whose approval_policy is not "never" (codex/launch.py).
 CODEX_USER_INPUT_IN_DEFAULT_MODE = env_bool("CODEX_USER_INPUT_IN_DEFAULT_MODE", False)

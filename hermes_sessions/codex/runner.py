@@ -142,6 +142,11 @@ class TurnControl:
         with self._lock:
             return self._waited + (time.monotonic() - self._waiting_since if self._waiting else 0.0)
 
+    def waiting_for_person(self) -> bool:
+        """Whether a request of the turn waits for a person now (``person_waits``)."""
+        with self._lock:
+            return bool(self._waiting)
+
     def stopping(self) -> bool:
         """True once a signal is set or the time limit passed: no point retrying."""
         return self.interrupt.is_set() or self.abandon.is_set() or bool(self.time_limit)
@@ -154,6 +159,15 @@ class TurnControl:
             late = end_codex if self.time_limit else None
         if late is not None:
             late()
+
+    def give_up(self) -> None:
+        """This worker gives the turn up (``worker/runners.py``, its stop): end the attached app-server
+        first — no answer reaches a codex that could act on it —, then set ``abandon``. Must not block."""
+        with self._lock:
+            end = self._end_codex
+        if end is not None:
+            end()
+        self.abandon.set()
 
     def out_of_time(self, reason: str) -> None:
         """The worker's time limit passed: record ``reason`` and end the attached app-server, if any."""

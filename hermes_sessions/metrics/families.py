@@ -101,6 +101,8 @@ FAMILIES: tuple[Family, ...] = (
            "App-servers a worker process keeps with a session's thread loaded.", ("worker",)),
     Family("hermes_worker_spares", "gauge", "process",
            "Spare app-servers a worker process keeps started (HERMES_WARM_POOL).", ("worker",)),
+    Family("hermes_worker_parked_turns", "gauge", "process",
+           "Turns of a worker process parked while they wait for a person (HERMES_MAX_PARKED_TURNS).", ("worker",)),
     Family("hermes_worker_codex_memory_bytes", "gauge", "process",
            "Memory of a worker process's kept and spare app-servers with their child processes "
            "(/proc/<pid>/smaps_rollup): uss = Private_Clean + Private_Dirty, pss = Pss.",

@@ -11,10 +11,14 @@ it says when the wait ends is what codex is answered, once (I9).
 While a request waits:
 
 * the turn thread keeps reading codex's notifications, and the lease keeps being renewed by the
-  scheduler's heartbeat job (``heartbeats.py``): waiting costs one worker slot (this turn's Celery pool
-  slot or wake thread), the turn's app-server process and its reader threads, and two idle database
-  connections (the turn thread's, and this thread's, kept between reads until codex is answered); no
-  transaction, no lock (``make bench-approvals``, ``docs/operating.md`` §3);
+  scheduler's heartbeat job (``heartbeats.py``): waiting costs the turn's app-server process and its
+  reader threads, and two idle database connections (the turn thread's, and this thread's, kept between
+  reads until codex is answered); no transaction, no lock (``make bench-approvals``, ``docs/operating.md`` §3);
+* once the request has waited ``PARK_AFTER`` seconds the turn **parks** (``AskingTurn.park``,
+  ``execution._Handover.park``, ``runners.py``): the worker's slot — the Celery pool slot or wake thread
+  that delivered it, and ``wake.turn_slot`` — is free for other turns, while the turn keeps its runner
+  thread and its app-server process (codex keeps the request in that process only). Past
+  ``HERMES_MAX_PARKED_TURNS`` parked turns in the process, a waiting turn keeps its slot;
 * the wait is not counted against ``CODEX_TURN_TIMEOUT`` (``TurnControl.person_waits``); it is bounded by
   ``HERMES_APPROVAL_TIMEOUT_SECONDS`` per turn (all its waits together), which the turn's time limits
   include (``time_limits.turn_time_limits``). At its end the approval is ``expired`` and codex is
@@ -39,7 +43,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -61,6 +65,9 @@ POLL_SECONDS = 0.25
 MATCH_SECONDS = 5.0
 #: How long a file-change request waits for its item's ``item/started`` (which carries the diff).
 CHANGES_SECONDS = 1.0
+#: How long a request waits for a person before its turn parks (seconds): a decision given at once (a
+#: person watching, a client that decides by rule) leaves the turn on its slot, and costs no hand-over.
+PARK_AFTER = 1.0
 
 
 @dataclass
@@ -75,6 +82,10 @@ class AskingTurn:
     unattended: bool = False  # approval_policy "never": nobody is asked anything (A7)
     asked: int = 0  # approvals recorded in this claim (``TurnOutcome.approvals``)
     ended: threading.Event = field(default_factory=threading.Event)
+    # Frees the worker's slot while a person decides: ``park(token=, control=)`` → whether it parked
+    # (``execution._Handover.park``); ``None``: the turn keeps its slot (no runner: an eager task, a test).
+    park: Callable[..., bool] | None = None
+    parked: bool = False
 
 
 _lock = threading.Lock()
@@ -82,12 +93,13 @@ _turns: list[AskingTurn] = []
 
 
 @contextmanager
-def turn_asks(*, turn_id: uuid.UUID, token: uuid.UUID, control: TurnControl,
-              approval_policy: str = "untrusted") -> Iterator[AskingTurn]:
+def turn_asks(*, turn_id: uuid.UUID, token: uuid.UUID, control: TurnControl, approval_policy: str = "untrusted",
+              park: Callable[..., bool] | None = None) -> Iterator[AskingTurn]:
     """Register the claimed turn for the block: codex's requests on its thread are put to a person —
     unless ``approval_policy`` is ``never`` (codex then asks no approval, but a question from
-    ``request_user_input`` is answered fail-closed at once rather than left to wait)."""
-    turn = AskingTurn(turn_id=turn_id, token=token, control=control,
+    ``request_user_input`` is answered fail-closed at once rather than left to wait). ``park``: see
+    ``AskingTurn``."""
+    turn = AskingTurn(turn_id=turn_id, token=token, control=control, park=park,
                       budget=float(settings.HERMES_APPROVAL_TIMEOUT_SECONDS), unattended=approval_policy == "never")
     with _lock:
         _turns.append(turn)
@@ -165,6 +177,7 @@ def _wait(turn: AskingTurn, approval: Approval, *, deadline: float) -> Approval 
     cancelled or out of time. ``None`` — the row left pending — when this claim stops without the turn
     ending: the claim lost, or the turn's codex done (a requeue, a retry); the next claim carries it over."""
     control = turn.control
+    park_at = time.monotonic() + PARK_AFTER
     while True:
         current = Approval.objects.filter(pk=approval.pk).first()
         if current is None or not current.is_pending:
@@ -180,6 +193,9 @@ def _wait(turn: AskingTurn, approval: Approval, *, deadline: float) -> Approval 
                 approval_id=approval.pk, status=Approval.Status.EXPIRED,
                 reason=f"no decision within HERMES_APPROVAL_TIMEOUT_SECONDS "
                        f"({settings.HERMES_APPROVAL_TIMEOUT_SECONDS:g} s for the turn's approvals); answered decline")
+        if turn.park is not None and not turn.parked and park_at and time.monotonic() >= park_at:
+            park_at = 0.0  # once per wait: refused (the bound), this wait keeps the slot
+            turn.parked = turn.park(token=turn.token, control=control)
         control.interrupt.wait(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
 

@@ -15,6 +15,7 @@ same way and then fails. Everything else ends the turn with a reason.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -78,6 +79,7 @@ from ..services.turns import (
 from . import affinity, approvals, wake
 from .heartbeats import process_heartbeats
 from .retry_policy import RetryPolicy, retry_policy
+from .runners import Parked, TurnRun, runner_pool
 from .time_limits import TIME_LIMIT_REASON, TimeLimits, thread_time_limits, turn_time_limits
 from .warm.early_start import EarlyStart, early_start
 from .warm.kept import Keeper, KeptThread, keeper_if_made, keeper_make, rollout_stamp
@@ -92,7 +94,7 @@ WOKEN_TASK_ID = "wake"  # the end line's task= of a turn run on its wake-up (tur
 
 def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False,
                  session_id: str = "", hint: routing.WakeHint | None = None,
-                 limits: TimeLimits | None = None) -> Turn | None:
+                 limits: TimeLimits | None = None, parking: TurnRun | None = None) -> Turn | None:
     """Run one queued turn end to end. Returns the finished turn, or ``None`` when the turn was not
     this call's to run (not the session's next turn, already running or finished — a duplicate
     delivery changes nothing), when it went back to the queue, or when this worker lost its claim
@@ -101,7 +103,9 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
     (``turn_log.py``). ``woken``: run by the wake listener (``wake``), recorded as ``timings["woken"]``;
     with the wake's ``session_id`` and ``hint`` (``routing.WakeHint``), ``turn/start`` may go to the kept
     thread while the turn is claimed (``early_start.py``; recorded as ``timings["early_start"]``).
-    ``limits``: a woken turn's time limits (``time_limits.thread_time_limits``), which watch its control."""
+    ``limits``: the time limits of a turn run outside a Celery task (``time_limits.thread_time_limits``),
+    which watch its control. ``parking``: the runner's handle of this turn (``runners.py``), which the
+    approval desk parks once a request waits for a person (``_Handover.park``)."""
     with delivery(task_id):
         t0 = time.monotonic()
         early = None
@@ -124,7 +128,7 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
             stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                      attempt=claim.attempt)
             with process_heartbeats().beating(claim, control):
-                return _run_with_retries(claim, control, retry_policy(), stream, early)
+                return _run_with_retries(claim, control, retry_policy(), stream, early, parking)
         finally:
             if early is not None:
                 early.abort_unless_taken()  # the run never reached its copy (e.g. a failure before it)
@@ -150,8 +154,9 @@ def _claim_with(turn_id: uuid.UUID | str, early: EarlyStart | None) -> tuple[Tur
 
 
 def _run_with_retries(claim: TurnClaim, control: TurnControl, budget: RetryPolicy,
-                      stream: TurnEventWriter, early: EarlyStart | None = None) -> Turn | None:
-    handover = _Handover()
+                      stream: TurnEventWriter, early: EarlyStart | None = None,
+                      parking: TurnRun | None = None) -> Turn | None:
+    handover = _Handover(parking=parking)
     try:
         return _run_with_retries_on(claim, control, budget, stream, handover, early)
     finally:
@@ -472,7 +477,7 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
 def _spawn(claim: TurnClaim, workdir: Path, *, die_with_worker: bool = False) -> tuple[AppServerClient, str]:
     """A fresh app-server for the claim's session, started and initialized; and codex's version.
     ``die_with_worker``: it may be kept after the turn, so it gets ``PR_SET_PDEATHSIG`` (it must not
-    outlive a worker killed with SIGKILL; spawned on the process's main thread, ``_Handover``)."""
+    outlive a worker killed with SIGKILL; spawned on a thread that lives as long as the process, ``_Handover``)."""
     config = claim.config
     client = AppServerClient(
         app_server_argv(sandbox=config["sandbox"], workdir=workdir),
@@ -525,7 +530,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
     keep = completed = False
     control.attach(client.kill_nowait)  # a woken turn's soft limit ends this app-server (time_limits.py)
     asking = approvals.turn_asks(turn_id=claim.turn_id, token=claim.token, control=control,
-                                 approval_policy=config["approval_policy"])
+                                 approval_policy=config["approval_policy"], park=handover.park)
     approvals_asked = 0
     try:
         with asking as asked:
@@ -536,7 +541,7 @@ def _drive(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, clie
         outcome.approvals = approvals_asked
         _approval_timings(outcome, control)
         completed = True
-        keep = handover.may_keep and outcome.status == "completed" and client.alive()
+        keep = handover.keeps() and outcome.status == "completed" and client.alive()
     except TurnRunError as exc:
         exc.outcome.timings.update(initialize_ms=initialize_ms, restore_ms=restore_ms)
         exc.outcome.approvals = approvals_asked
@@ -639,14 +644,39 @@ class _Handover:
     and stored the rollout) and ``close`` closes whatever was not handed over.
 
     ``may_keep``: this process keeps threads loaded (a route — a one-turn-at-a-time worker,
-    ``worker/affinity.py`` —, keeping on, and the main thread or the wake listener's:
-    ``PR_SET_PDEATHSIG`` follows the spawning thread, ``wake.in_long_lived_thread``)."""
+    ``worker/affinity.py`` —, keeping on, and a thread that lives as long as the process — the main
+    thread, a runner, the wake listener's: ``PR_SET_PDEATHSIG`` follows the spawning thread,
+    ``wake.in_long_lived_thread``) and the turn did not park.
 
-    def __init__(self, *, may_keep: bool | None = None) -> None:
+    ``parking``: the turn's runner handle (``runners.TurnRun``). A parked turn finishes beside the turn
+    that took the slot, so from its park on it touches nothing of the slot's: its app-server is closed at
+    its end, not kept (the keeper, the affinity job and the routing row are the slot's turn's). ``park``
+    and ``keeps`` share a lock: a turn parks only before its keep was decided, never after
+    (``tests/services/test_parking.py::test_a_parked_turns_app_server_is_closed_not_kept``)."""
+
+    def __init__(self, *, may_keep: bool | None = None, parking: TurnRun | None = None) -> None:
         if may_keep is None:
             may_keep = bool(routing.own_route()) and keeper_make() is not None and wake.in_long_lived_thread()
         self.may_keep = may_keep
         self.running: _Running | None = None
+        self._parking = parking
+        self._lock = threading.Lock()
+        self._decided = False
+
+    def park(self, *, token: uuid.UUID, control: TurnControl) -> bool:
+        """The approval desk's call once a request waited for a person: free the delivery's slot
+        (``runners.TurnRun.park``); ``False`` when the turn keeps it (no runner, the bound, decided already)."""
+        with self._lock:
+            if self._parking is None or self._decided or not self._parking.park(token=token, control=control):
+                return False
+            self.may_keep = False
+            return True
+
+    def keeps(self) -> bool:
+        """Decide, once codex's turn ended, whether its app-server may be kept (``may_keep``); no park after."""
+        with self._lock:
+            self._decided = True
+            return self.may_keep
 
     def owns(self, client: AppServerClient) -> bool:
         return self.running is not None and self.running.client is client
@@ -684,16 +714,43 @@ class _Handover:
             running.release()
 
 
-def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHint | None = None) -> Turn | None:
+def turn_run(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False, session_id: str = "",
+             hint: routing.WakeHint | None = None) -> Turn | Parked | None:
+    """``turn_execute`` on one of this process's runner threads (``runners.py``), for a delivery that holds
+    the worker's slot: returns what it returns, or ``Parked`` as soon as the turn parked to wait for a
+    person (the delivery then lets its slot go; the runner writes the turn's end). The runner gives the
+    turn a task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces its own
+    only on its tasks' thread, and a parked turn outlives its task) and checks its thread's database
+    connection as a task's is. Outside a worker process (no runners: an eager task, a test) it runs on
+    this thread, as a task — or, ``woken``, under those limits —, and never parks."""
+    kwargs = {"turn_id": turn_id, "task_id": task_id, "woken": woken, "session_id": session_id, "hint": hint}
+    pool = runner_pool()
+    if pool is None and not woken:
+        return turn_execute(**kwargs)  # type: ignore[arg-type]
+    soft, hard = turn_time_limits()
+    what = f"woken turn {turn_id}" if woken else f"turn {turn_id}"
+
+    def work(run: TurnRun | None) -> Turn | None:
+        with thread_time_limits(soft=soft, hard=hard, what=what) as limits:
+            if run is not None:
+                run.limits = limits
+            return turn_execute(**kwargs, limits=limits, parking=run)  # type: ignore[arg-type]
+
+    if pool is None:
+        close_old_connections()
+        return work(None)
+    return pool.run(work, turn_id=turn_id)
+
+
+def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHint | None = None) -> Turn | Parked | None:
     """Run turn ``turn_id`` of ``session_id`` on its wake-up (``wake.WakeListener``, this process's
-    listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn the main thread
-    runs ends first) — on the kept thread, or cold when this process let the thread go meanwhile.
+    listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn a Celery delivery
+    runs ends or parks first) — on the kept thread, or cold when this process let the thread go meanwhile;
+    on a runner (``turn_run``, which gives it a task's time limits), holding the slot until it ends or parks.
     ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the turn is
     left undispatched (``dispatch.turn_undispatched``) and the sweep's next round dispatches it to the
-    shared queue (``recovery.turns_dispatch_unclaimed``), for any worker.
-    The thread's database connection is checked as a task's is (``close_old_connections``), and the turn
-    has a task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces them only
-    in its tasks; the soft one ends the turn's codex and the turn fails with ``TIME_LIMIT_REASON``). ``session_id``: from the wake's payload, for the log.
+    shared queue (``recovery.turns_dispatch_unclaimed``), for any worker. ``session_id``: from the wake's
+    payload, for the log.
     """
     asked = time.monotonic()
     with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
@@ -706,11 +763,7 @@ def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHi
             # WarmThread row went meanwhile (an evicted or expired copy), which the deadline rule needs.
             turn_undispatched(turn_id)
             return None
-        close_old_connections()
-        soft, hard = turn_time_limits()
-        with thread_time_limits(soft=soft, hard=hard, what=f"woken turn {turn_id}") as limits:
-            return turn_execute(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True, session_id=session_id, hint=hint,
-                                limits=limits)
+        return turn_run(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True, session_id=session_id, hint=hint)
 
 
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:

@@ -1,6 +1,7 @@
 """A worker process's metric report: a job on its scheduler every ``HERMES_METRICS_REPORT_SECONDS``
 writes what the process counted (``metrics.process.report``) with the gauges only it knows — the
-app-servers it keeps with a thread loaded, its spares and their memory (``warm/process_memory.py``) — and a last
+app-servers it keeps with a thread loaded, its spares and their memory (``warm/process_memory.py``), its
+parked turns — and a last
 report at its stop. One statement per interval, no transaction held; marked slow (the memory read walks
 the app-servers' page tables, ~1 ms each), so it never delays an early-start pause.
 """
@@ -17,6 +18,7 @@ from ..metrics.families import Samples
 from ..metrics.process import report, reported_by_scheduler
 from ..services import routing
 from .process import runtime
+from .runners import parked_count
 from .warm.process_memory import Memory, tree_memory
 
 logger = logging.getLogger(__name__)
@@ -28,11 +30,13 @@ def worker_name() -> str:
 
 
 def worker_gauges() -> Samples:
-    """This process's kept threads, spares and their memory (bytes, uss and pss) as gauge samples."""
+    """This process's kept threads, spares and their memory (bytes, uss and pss), and its parked turns
+    (``runners.py``), as gauge samples."""
     rt = runtime()
     kept = rt.keeper.pids() if rt.keeper is not None else []
     spares = rt.spares.pids() if rt.spares is not None else []
-    samples: Samples = [["hermes_worker_kept_threads", {}, len(kept)], ["hermes_worker_spares", {}, len(spares)]]
+    samples: Samples = [["hermes_worker_kept_threads", {}, len(kept)], ["hermes_worker_spares", {}, len(spares)],
+                        ["hermes_worker_parked_turns", {}, parked_count()]]
     for holder, pids in (("kept", kept), ("spare", spares)):
         memory = sum((tree_memory(pid) for pid in pids), Memory())
         samples += [["hermes_worker_codex_memory_bytes", {"holder": holder, "measure": "uss"}, memory.private_kb * 1024],

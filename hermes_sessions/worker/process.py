@@ -3,8 +3,9 @@
 ``project/celery.py`` calls ``start()`` when a pool process starts (``worker_process_init``) and ``stop()``
 when it ends (``worker_process_shutdown``; ``worker_shutdown`` for ``-P solo``). The threads of ours a
 worker process runs (docs/architecture.md §7): the scheduler (``scheduler.Scheduler``, every periodic
-and due job) and, in a process with a route, the wake listener (``wake.WakeListener``, which also runs
-woken turns). The codex client's pipe readers (``codex-app-server-<pid>-<role>``) live only as long as
+and due job), the runners (``runners.Runners``: every turn executes on one, one more per turn parked
+to wait for a person) and, in a process with a route, the wake listener (``wake.WakeListener``, which
+hands woken turns to the runners). The codex client's pipe readers (``codex-app-server-<pid>-<role>``) live only as long as
 their app-server. ``tests/e2e/test_worker_threads.py`` counts them in a real worker.
 
 ``runtime()`` is this process's state, made again after a fork (a forked child has its parent's
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .health_beat import HealthBeat
     from .heartbeats import TurnHeartbeats
     from .recovery import SweepLoop
+    from .runners import Runners
     from .wake import WakeListener
     from .warm.kept import Keeper
     from .warm.spares import SparePool
@@ -43,6 +45,7 @@ class Runtime:
     keeper: Keeper | None = None
     spares: SparePool | None = None
     listener: WakeListener | None = None
+    runners: Runners | None = None  # where turns execute (runners.py); None outside a worker process
     affinity: AffinityLoop | None = None
     sweep: SweepLoop | None = None
     health: HealthBeat | None = None
@@ -67,7 +70,7 @@ def runtime() -> Runtime:
 
 
 def start() -> None:
-    """A pool process starts: its worker's health heartbeat (``health_beat.py``), spares start filling
+    """A pool process starts: its first runner thread (``runners.py``), its worker's health heartbeat (``health_beat.py``), spares start filling
     (``HERMES_WARM_POOL`` > 0), its metric report runs every ``HERMES_METRICS_REPORT_SECONDS``
     (``metric_reports.py``), and a process with a route
     starts its affinity heartbeat and wake listener (``execution.start_affinity``), which also runs the
@@ -77,9 +80,11 @@ def start() -> None:
     from .health_beat import health_beat_start
     from .metric_reports import metric_reports_start
     from .recovery import sweep_loop_start
+    from .runners import runners_start
     from .warm.kept import keeper_make
     from .warm.spares import spare_pool
 
+    runners_start()
     health_beat_start()
     spare_pool()
     metric_reports_start()
@@ -90,18 +95,22 @@ def start() -> None:
 
 def stop(*, turn_timeout: float) -> None:
     """A pool process ends (warm shutdown, max-tasks-per-child): the wake listener first, waiting
-    ``turn_timeout`` seconds at most for a woken turn (it ends on its app-server); then the spares, the
+    ``turn_timeout`` seconds at most for a woken turn (it ends on its app-server); then the runners: parked
+    turns that wait for a person are given back to the queue at once, others waited for (``turn_timeout``
+    seconds at most, ``runners.runners_stop``); then the spares, the
     kept app-servers and this worker's routing rows; the last metric report; then the scheduler. A killed process takes its
     app-servers along by ``PR_SET_PDEATHSIG`` (its rows go stale and the sweep removes them)."""
     from .affinity import affinity_stop
     from .health_beat import health_beat_stop
     from .metric_reports import metric_reports_stop
     from .recovery import sweep_loop_stop
+    from .runners import runners_stop
     from .wake import wake_stop
     from .warm.kept import close_keeper
     from .warm.spares import close_spare_pool
 
     wake_stop(turn_timeout=turn_timeout)
+    runners_stop(turn_timeout=turn_timeout)
     close_spare_pool()
     affinity_stop(close_keeper())
     sweep_loop_stop()

@@ -1,10 +1,11 @@
-"""Celery's time limits for a turn that runs outside a Celery task (the wake listener's thread, ``wake.py``).
+"""Celery's time limits for a turn that runs outside a Celery task's thread (a runner, ``runners.py``).
 
 ``run_turn`` has a soft limit (Celery raises ``SoftTimeLimitExceeded`` in the task, a backstop behind
 ``CODEX_TURN_TIMEOUT``: the turn ends failed with a reason, ``execution._run_with_retries``) and a hard one
 (Celery kills the pool process; the pool starts another and the turn's lease brings the turn back). Celery
-enforces both only for its own tasks — by a signal to the pool process's main thread — so a woken turn
-gets the same two here, as two due jobs on the process's scheduler (``scheduler.py``):
+enforces both only for its own tasks — by a signal to the pool process's main thread — so a turn on a
+runner (woken or delivered by Celery, and a parked one after its task returned) gets the same two here,
+as two due jobs on the process's scheduler (``scheduler.py``):
 
 * **soft**: the turn's ``TurnControl.out_of_time`` records the reason ``TIME_LIMIT_REASON`` and SIGKILLs
   the app-server the turn runs on (``AppServerClient.kill_nowait``: no wait on the scheduler). The turn's
@@ -12,7 +13,8 @@ gets the same two here, as two due jobs on the process's scheduler (``scheduler.
   retried (``execution._run_with_retries``). No exception is raised into another thread.
 * **hard**: this process is killed (SIGKILL, logged first), as Celery's hard limit would.
 
-Pinned by ``tests/services/test_wake.py`` (the time-limit tests).
+Pinned by ``tests/services/test_wake.py`` (the time-limit tests) and
+``tests/services/test_parking.py::test_the_runners_time_limit_ends_a_parked_turn``.
 """
 from __future__ import annotations
 
@@ -60,7 +62,9 @@ class TimeLimits:
         if late:
             control.out_of_time(TIME_LIMIT_REASON)
 
-    def _soft(self) -> None:
+    def expire(self) -> None:
+        """The soft limit passed (its job; or Celery's own soft limit of the task that handed the turn to a
+        runner, ``runners.py``): the watched turns end now."""
         logger.warning("%s: past the soft time limit (%.0f s); its codex app-server is stopped", self.what, self.soft)
         with self._lock:
             self.exceeded.set()
@@ -86,7 +90,7 @@ def thread_time_limits(*, soft: float, hard: float, what: str,
 
         scheduler = runtime().scheduler
     limits = TimeLimits(soft=soft, hard=max(hard, soft), what=what)
-    soft_job = scheduler.after(soft, limits._soft, name=f"soft time limit of {what}")
+    soft_job = scheduler.after(soft, limits.expire, name=f"soft time limit of {what}")
     hard_job = scheduler.after(max(hard, soft), limits._hard, name=f"hard time limit of {what}")
     try:
         yield limits

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 QUEUED_BEHIND_SECONDS = 0.005
 
 # One turn at a time per worker process that keeps threads loaded: Celery's delivery (the main thread)
-# and the wake listener's both run a turn only while holding it.
+# and the wake listener's both hold it while their turn runs on a runner, until it ends or parks (runners.py).
 _slot = threading.Lock()
 
 
@@ -84,7 +84,8 @@ def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
 class WakeListener:
     """A daemon thread that ``LISTEN``s on ``wake_channel(queue)`` (``listener.Listener``: a connection of
     its own, the shared reconnect rule) and calls ``run(turn_id, session_id, hint)`` for each wake
-    (``parse_payload``), on this thread. A lost connection is logged and opened again within a second;
+    (``parse_payload``), on this thread (``execution.turn_execute_woken``: it hands the turn to a runner
+    and waits until it ends or parks). A lost connection is logged and opened again within a second;
     wakes sent meanwhile are lost, which costs only time (the Celery messages run those turns), so a
     reconnect re-reads nothing: it only sets ``listening`` again (the heartbeat's ``wakeable``).
     ``run`` must not raise; if it does, it is logged."""
@@ -144,7 +145,7 @@ class WakeListener:
 
 
 def in_long_lived_thread() -> bool:
-    """Whether this thread lives as long as its process (the main thread, a ``WakeListener``, the
+    """Whether this thread lives as long as its process (the main thread, a runner, a ``WakeListener``, the
     scheduler's): only
     such a thread may spawn app-servers that outlive the turn, as ``PR_SET_PDEATHSIG`` kills a child
     when the thread that spawned it ends (``codex/launch.py``)."""

@@ -1,4 +1,5 @@
-"""The threads of a real worker process (docs/architecture.md §7): at most two of ours besides Celery's.
+"""The threads of a real worker process (docs/architecture.md §7): three of ours besides Celery's while no
+turn waits for a person.
 
 A real ``celery worker -c 1`` (a route: it keeps threads loaded and listens for wakes) with one spare
 app-server (``HERMES_WARM_POOL=1``), as in production with the pool on, after turns ran on it cold and then
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.m
 
 CELERYS = {"MainThread"}
 CODEX_CLIENTS = re.compile(r"^codex-app-server-\d+-(stdout|stderr|server-requests|watch)$")
-OURS_AT_MOST = 2  # the scheduler and the wake listener (hermes_sessions/worker/process.py)
+OURS_AT_MOST = 3  # the scheduler, the wake listener and one runner (hermes_sessions/worker/process.py)
 
 
 def _threads_logged(workers, name: str, after: int) -> list[str]:  # noqa: F811 — the fixture's value
@@ -41,7 +42,7 @@ def _threads_logged(workers, name: str, after: int) -> list[str]:  # noqa: F811 
     return [n.strip() for n in lines[after].split(",")]
 
 
-def test_a_worker_process_runs_at_most_two_threads_of_ours(user, workers, stand_in):  # noqa: F811
+def test_a_worker_process_runs_three_threads_of_ours_and_reuses_its_runner(user, workers, stand_in):  # noqa: F811
     workers.env.update(HERMES_WARM_POOL="1")
     workers.start("a")
     session = services.session_create(owner=user, session_id="threads-counted")
@@ -55,6 +56,7 @@ def test_a_worker_process_runs_at_most_two_threads_of_ours(user, workers, stand_
 
     names = _threads_logged(workers, "a", after=0)
     ours = sorted(n for n in names if n not in CELERYS and not CODEX_CLIENTS.match(n))
-    assert ours == ["hermes-scheduler", "hermes-wake"], names
+    # One runner ran both turns, the Celery delivery's and the woken one (none is started per turn).
+    assert ours == ["hermes-runner-1", "hermes-scheduler", "hermes-wake"], names
     assert len(ours) <= OURS_AT_MOST
     assert any(CODEX_CLIENTS.match(n) for n in names), names  # the kept app-server's and the spare's readers

@@ -834,12 +834,13 @@ def test_a_tick_runs_the_sweeps_round_after_its_heartbeat_and_beats_only_when_du
 def test_a_pool_process_starts_its_affinity_loop_or_else_a_sweep_loop(monkeypatch, fresh_keeper):
     """``project/celery.py`` at a pool process's start: with a route, the affinity loop (it sweeps too);
     without one, a ``recovery.SweepLoop`` — recovery never depends on beat alone."""
-    from hermes_sessions.worker import execution, recovery
+    from hermes_sessions.worker import execution, recovery, runners
     from hermes_sessions.worker.warm import kept
     from hermes_sessions.worker.warm import spares as warm
     from project import celery as celery_module
 
     started: list = []
+    monkeypatch.setattr(runners, "runners_start", lambda: None)  # the test process keeps running turns on its thread
     monkeypatch.setattr(kept, "keeper_make", lambda: fresh_keeper)
     monkeypatch.setattr(warm, "spare_pool", lambda: None)
     monkeypatch.setattr(recovery, "sweep_loop_start", lambda by: started.append(("sweep", by)))

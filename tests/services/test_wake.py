@@ -215,7 +215,7 @@ def test_a_rolled_back_enqueue_wakes_nobody(listening, monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_tasks_run_in_process_wake_nobody(listening, django_capture_on_commit_callbacks, monkeypatch):
     ran: list = []
-    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(worker, "turn_run", lambda **kw: ran.append(kw["turn_id"]))
     queue = own("eager")
     session = SessionFactory()
     warm_row(session, queue)
@@ -387,6 +387,7 @@ def test_a_woken_turn_waits_for_a_running_one_and_gives_up_past_the_deadline(set
     hint = routing.WakeHint(text="hi", sent_at=time.time())
     execution.turn_execute_woken(turn_id, "s-1", hint)
     [limits] = [r.pop("limits") for r in ran]
+    assert [r.pop("parking") for r in ran] == [None]  # no runners in this process: on this thread
     assert ran == [{"turn_id": turn_id, "task_id": "wake", "woken": True, "session_id": "s-1", "hint": hint}]
     assert limits is not None and limits.what == f"woken turn {turn_id}"  # the task's time limits watch it
 
@@ -432,7 +433,7 @@ def test_a_delivery_stuck_behind_a_woken_turn_leaves_its_turn_to_the_sweep(user,
     settings.HERMES_AFFINITY_DEADLINE = 0.2
     ran: list = []
     sent: list = []
-    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(worker, "turn_run", lambda **kw: ran.append(kw["turn_id"]))
     monkeypatch.setattr(process.runtime(), "listener", object())
     queued = TurnFactory(session=SessionFactory(owner=user), seq=1, status=Turn.Status.QUEUED,
                          dispatched_at=timezone.now())
@@ -472,7 +473,7 @@ def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
 
 def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypatch, django_assert_num_queries):
     ran: list = []
-    monkeypatch.setattr(worker, "turn_execute", lambda **kw: ran.append(kw["turn_id"]))
+    monkeypatch.setattr(worker, "turn_run", lambda **kw: ran.append(kw["turn_id"]))
     monkeypatch.setattr(process.runtime(), "listener", object())
     session = SessionFactory(owner=user)
     done = TurnFactory(session=session, seq=1, status=Turn.Status.SUCCEEDED)
