@@ -187,12 +187,15 @@ def answer(request: ApprovalRequest, verdict: Verdict) -> dict[str, Any]:
     accepted = decision not in (DECLINE, CANCEL)
     if request.kind in (COMMAND, FILE_CHANGE):
         offered = {decision_name(d): d for d in request.offered}
-        if decision == ACCEPT_FOR_SESSION and decision not in offered and request.offered:
-            return {"decision": ACCEPT}  # codex did not offer it: hermes keeps the session's grant itself
+        if decision == ACCEPT_FOR_SESSION:
+            # Hermes keeps the session's grant (services/approvals.py, by fingerprint); codex's own would
+            # outlive this approval in a kept app-server and let through what nobody was shown — a file
+            # change of other content at the same path (tests/services/test_approvals.py::test_answer_per_kind).
+            return {"decision": ACCEPT}
         return {"decision": offered.get(decision, decision)}
     if request.kind == PERMISSIONS:
         granted = request.details.get("permissions") or {} if accepted else {}
-        return {"permissions": granted, "scope": "session" if decision == ACCEPT_FOR_SESSION else "turn"}
+        return {"permissions": granted, "scope": "turn"}  # a session's grant is hermes's, as above
     if request.kind == USER_INPUT:
         if not accepted:
             raise UnanswerableServerRequest(f"the person asked {decision}d to answer codex's questions")

@@ -227,12 +227,24 @@ def approval_decide(*, approval_id: uuid.UUID, user: User | AnonymousUser, decis
                 or turn.cancel_requested_at is not None):
             raise ApprovalClosed("the turn that asked no longer runs (ended or cancelled); "
                                  "the decision was not applied", approval=approval)
-        response = _check_response(approval, decision, answers, content)
-        approval.status, approval.decision, approval.response = _status_of(decision), decision, response
-        approval.decided_by, approval.decided_at = user, timezone.now()
-        approval.save(update_fields=["status", "decision", "response", "decided_by", "decided_at"])
-        events.event_append(turn=turn, kind=RESOLVED, data=event_data(approval))
-        return approval
+        if approval.expires_at <= timezone.now():
+            # Past its wait with no worker there to expire it (its worker was lost): it expires now — this
+            # commits — and the decision is refused (A5); a re-run's request, carried over, is answered decline.
+            _close(approval, status=Approval.Status.EXPIRED, turn=turn,
+                   reason=f"no decision within HERMES_APPROVAL_TIMEOUT_SECONDS (it expired at "
+                          f"{approval.expires_at:%Y-%m-%d %H:%M:%S} UTC)")
+            expired = approval
+        else:
+            expired = None
+            response = _check_response(approval, decision, answers, content)
+            approval.status, approval.decision, approval.response = _status_of(decision), decision, response
+            approval.decided_by, approval.decided_at = user, timezone.now()
+            approval.save(update_fields=["status", "decision", "response", "decided_by", "decided_at"])
+            events.event_append(turn=turn, kind=RESOLVED, data=event_data(approval))
+    if expired is not None:
+        raise ApprovalClosed("approval expired: no decision within HERMES_APPROVAL_TIMEOUT_SECONDS; "
+                             "the decision was not applied", approval=expired)
+    return approval
 
 
 def approval_close(*, approval_id: uuid.UUID, status: str, reason: str) -> Approval:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -95,6 +97,49 @@ def _host_header(target: CheckedTarget) -> str:
     return host if target.port == default else f"{host}:{target.port}"
 
 
+class _Deadline:
+    """Cuts one attempt's connection once ``seconds`` have passed since it started: httpx's timeouts bound
+    each connect, read and write, not the whole exchange, so a receiver sending a byte every few seconds
+    would otherwise hold the sender — and the worker slot it runs in — for as long as it likes
+    (tests/services/test_webhooks.py::test_a_receiver_that_trickles_its_answer_is_cut_at_the_timeout).
+    The socket comes from httpcore's ``trace`` events; ``shutdown`` wakes a read blocked on it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.cut = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            with self._lock:
+                self._sock = sock if isinstance(sock, socket.socket) else self._sock
+                if self.cut:
+                    self._shutdown()
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.cut = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed meanwhile: the attempt ended
+
+
 def attempt_send(*, url: str, secret: str, webhook_id: str, payload: dict[str, Any]) -> AttemptOutcome:
     """One HTTP attempt (module docstring); never raises: what went wrong is the outcome's ``error``."""
     started, t0 = timezone.now(), time.monotonic()
@@ -111,9 +156,12 @@ def attempt_send(*, url: str, secret: str, webhook_id: str, payload: dict[str, A
     headers = {"Host": _host_header(target), "Content-Type": "application/json", "User-Agent": USER_AGENT,
                **signed_headers(secret=secret, webhook_id=webhook_id, body=body, at=datetime.now(UTC))}
     timeout = float(settings.HERMES_WEBHOOK_TIMEOUT_SECONDS)
-    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    deadline = _Deadline(timeout)
+    extensions: dict[str, Any] = {"trace": deadline.trace}
+    if target.scheme == "https":
+        extensions["sni_hostname"] = target.host
     try:
-        with httpx.Client(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False) as client, \
+        with deadline, httpx.Client(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False) as client, \
                 client.stream("POST", _pinned_url(target, address), content=body.encode(), headers=headers,
                               extensions=extensions) as response:
             code = response.status_code
@@ -126,4 +174,7 @@ def attempt_send(*, url: str, secret: str, webhook_id: str, payload: dict[str, A
             snippet = next(response.iter_text(), "")[:BODY_SNIPPET_CHARS]
             return outcome(address=address, status_code=code, error=f"HTTP {code}: {snippet}".rstrip(": "))
     except httpx.HTTPError as exc:
+        if deadline.cut:
+            return outcome(address=address, error=f"no whole answer within {timeout:g} s "
+                                                  "(HERMES_WEBHOOK_TIMEOUT_SECONDS, the whole exchange); cut")
         return outcome(address=address, error=f"{type(exc).__name__}: {exc}"[:2000] or type(exc).__name__)

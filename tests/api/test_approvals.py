@@ -218,3 +218,14 @@ def test_accept_for_session_answers_the_same_request_later_without_a_person(clie
 def claimed_turn_after(session, approval):
     Turn.objects.filter(pk=approval.turn_ref).update(status=Turn.Status.SUCCEEDED)
     return claimed_turn(session)
+
+
+def test_a_decision_after_the_approval_expired_is_409_and_expires_it(client, session):
+    # Its worker was lost, so nobody expired it at expires_at; the decision must not be applied late.
+    claim = claimed_turn(session)
+    approval = ask(claim, timeout=0.0)
+    Turn.objects.filter(pk=claim.turn_id).update(status=Turn.Status.QUEUED, claim_token=None)  # taken back
+    late = decide(client, approval.pk, {"decision": "accept"})
+    assert late.status_code == 409 and late.json()["approval"]["status"] == "expired", late.content
+    closed = Approval.objects.get(pk=approval.pk)
+    assert (closed.status, closed.decision, closed.decided_by) == (Approval.Status.EXPIRED, "decline", None)

@@ -136,7 +136,10 @@ def request_of(kind_method: str, params: dict) -> ApprovalRequest:
 
 @pytest.mark.django_db(transaction=False)
 @pytest.mark.parametrize(("method", "params", "verdict", "expected"), [
-    ("item/fileChange/requestApproval", {"itemId": "c"}, Verdict("acceptForSession"), {"decision": "acceptForSession"}),
+    # acceptForSession is hermes's grant, never codex's: a kept app-server would widen it.
+    ("item/fileChange/requestApproval", {"itemId": "c"}, Verdict("acceptForSession"), {"decision": "accept"}),
+    ("item/permissions/requestApproval", {"permissions": {"network": {"enabled": True}}}, Verdict("acceptForSession"),
+     {"permissions": {"network": {"enabled": True}}, "scope": "turn"}),
     ("item/fileChange/requestApproval", {"itemId": "c"}, Verdict("bogus"), {"decision": "decline"}),
     ("item/commandExecution/requestApproval", {"availableDecisions": ["accept", "cancel"]}, Verdict("acceptForSession"),
      {"decision": "accept"}),  # not offered by codex: hermes keeps the grant, codex is told accept

@@ -319,3 +319,42 @@ def test_the_connection_goes_to_the_checked_address_with_the_name_as_host(user, 
     # The name is resolved once (the check); the connection asks only about the checked IP literal.
     assert calls[0] == "hooks.example.com" and set(calls[1:]) <= {"127.0.0.1"}
     assert got.headers["Host"] == f"hooks.example.com:{port}" and got.path == "/hook"
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_at_the_timeout(allow_local, settings):
+    # A receiver that sends its status line and then one header byte every 0.2 s: each read is quick, the
+    # exchange never ends. The attempt must end at HERMES_WEBHOOK_TIMEOUT_SECONDS, failed, with a reason.
+    import threading
+    import time
+
+    from hermes_sessions.worker.webhooks import attempt_send
+
+    settings.HERMES_WEBHOOK_TIMEOUT_SECONDS = 1.0
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"a")
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        outcome = attempt_send(url=f"http://127.0.0.1:{server.getsockname()[1]}/hook",
+                               secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", webhook_id="msg_1_1", payload={})
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        server.close()
+    assert not outcome.succeeded and "HERMES_WEBHOOK_TIMEOUT_SECONDS" in outcome.error, outcome
+    assert took < 3.0, took
