@@ -187,8 +187,12 @@ def webhook_endpoint_get(*, user: User, endpoint_id: Any) -> WebhookEndpoint:
 
 
 def webhook_delivery_list(*, endpoint: WebhookEndpoint) -> QuerySet[WebhookDelivery]:
-    """``endpoint``'s deliveries, newest first, with their attempts (one more query per page)."""
-    return endpoint.deliveries.order_by("-id").prefetch_related("attempt_log")
+    """``endpoint``'s deliveries, newest first, with their attempts (one more query per page); of an
+    ``all_sessions`` endpoint whose owner is no longer staff, only those of the owner's own sessions."""
+    deliveries = endpoint.deliveries.order_by("-id").prefetch_related("attempt_log")
+    if endpoint.all_sessions and not endpoint.owner.is_staff:
+        deliveries = deliveries.filter(session_id__in=Session.objects.filter(owner_id=endpoint.owner_id).values("id"))
+    return deliveries
 
 
 def webhook_delivery_claimed(*, delivery_id: int, token: uuid.UUID) -> WebhookDelivery | None:

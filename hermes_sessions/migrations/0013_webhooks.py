@@ -11,7 +11,9 @@ from django.db import migrations, models
 # a rolled-back turn leaves no delivery and a committed one cannot lose it. The WHEN condition is checked
 # before the function is called: deltas, items, usage and a resumed thread cost one comparison. An
 # approval a re-run carried over (``carried_from_attempt``) was announced once already.
-# ``webhook-id`` is ``msg_<event id>_<endpoint id>``: stable across retries, unique per endpoint.
+# ``webhook-id`` is ``msg_<event id>_<endpoint id>``: stable across retries, unique per endpoint. The
+# owner's rights are read at the event: an inactive owner gets nothing, and every session's events only
+# while staff.
 CREATE_OUTBOX_TRIGGER = """
 CREATE FUNCTION hermes_webhook_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -27,9 +29,9 @@ BEGIN
             'data', jsonb_build_object('session', NEW."session_id", 'turn', NEW."turn_id"::text,
                                        'attempt', NEW."attempt", 'event', NEW."id") || NEW."data"),
         'pending', 0, now(), '', now()
-    FROM "hermes_sessions_webhookendpoint" w
-    WHERE w."active" AND event_type = ANY (w."event_types") AND (w."all_sessions" OR w."owner_id" =
-        (SELECT s."owner_id" FROM "hermes_sessions_session" s WHERE s."id" = NEW."session_id"));
+    FROM "hermes_sessions_webhookendpoint" w JOIN "auth_user" u ON u."id" = w."owner_id"
+    WHERE w."active" AND u."is_active" AND event_type = ANY (w."event_types") AND ((w."all_sessions" AND u."is_staff")
+        OR w."owner_id" = (SELECT s."owner_id" FROM "hermes_sessions_session" s WHERE s."id" = NEW."session_id"));
     RETURN NULL;
 END $$;
 CREATE TRIGGER hermes_webhook_outbox AFTER INSERT ON "hermes_sessions_turnevent" FOR EACH ROW

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
@@ -334,8 +335,22 @@ def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None
             _end_cancelled_unrun(pk)
         return None  # not queued (run or ended already), or not the session's next turn yet (``blocked``)
     return TurnClaim(turn_id=turn.id, session_id=session.id, token=token, input_text=turn.input, thread_id=thread_id,
-                     rollout_generation=generation, config=policy.effective_config(session.model_config),
+                     rollout_generation=generation, config=_config_for(session),
                      attempt=attempt, previous_thread_id=turn.codex_thread_id or None)
+
+
+def _config_for(session: Session) -> dict[str, Any]:
+    """``policy.effective_config`` of ``session``, with a staff-only sandbox (``danger-full-access``)
+    lowered to ``workspace-write`` when its owner is no longer active staff: the right is checked when a
+    turn runs, not only when the session was made (one read, for such sessions only;
+    tests/services/test_turns_policy.py)."""
+    config = policy.effective_config(session.model_config)
+    if config["sandbox"] not in policy.CLIENT_SANDBOXES and not get_user_model().objects.filter(
+            pk=session.owner_id, is_staff=True, is_active=True).exists():
+        logger.warning("session %s: sandbox %s is reserved to staff and its owner is not (any more); the turn "
+                       "runs under workspace-write", session.pk, config["sandbox"])
+        config["sandbox"] = "workspace-write"
+    return config
 
 
 def _claim_params(*, turn_id: uuid.UUID, token: uuid.UUID, lease: datetime) -> dict[str, Any]:
@@ -399,7 +414,7 @@ def _claim_held_by(pk: uuid.UUID, token: uuid.UUID) -> TurnClaim | None:
     thread_id, generation = _bound_thread(turn.session)
     return TurnClaim(turn_id=turn.id, session_id=turn.session_id, token=token, input_text=turn.input,
                      thread_id=thread_id, rollout_generation=generation,
-                     config=policy.effective_config(turn.session.model_config), attempt=turn.attempt,
+                     config=_config_for(turn.session), attempt=turn.attempt,
                      previous_thread_id=turn.codex_thread_id or None)
 
 

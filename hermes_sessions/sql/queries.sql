@@ -336,12 +336,16 @@ LISTEN {channel};
 -- name: webhook_deliveries_claim
 -- Claim up to %(limit)s due deliveries of active endpoints, oldest due first: the claim's token, and the
 -- next attempt moved %(lease)s seconds on (a sender that dies leaves them due again then). ``SKIP LOCKED``:
--- senders never wait for each other. Reads the partial index ``webhook_delivery_due``. Returns the ids.
+-- senders never wait for each other. Reads the partial index ``webhook_delivery_due``. Only deliveries
+-- the endpoint's owner may still receive: an active user, of their own session or, while staff, any.
+-- Returns the ids.
 UPDATE "hermes_sessions_webhookdelivery" d SET "claim_token" = %(token)s,
     "next_attempt_at" = now() + make_interval(secs => %(lease)s)
     WHERE d."id" IN (SELECT q."id" FROM "hermes_sessions_webhookdelivery" q JOIN "hermes_sessions_webhookendpoint" w
-    ON w."id" = q."endpoint_id" WHERE q."status" IN ('pending', 'failed') AND q."next_attempt_at" <= now() AND
-    w."active" ORDER BY q."next_attempt_at" LIMIT %(limit)s FOR UPDATE OF q SKIP LOCKED) RETURNING d."id";
+    ON w."id" = q."endpoint_id" JOIN "auth_user" u ON u."id" = w."owner_id" WHERE q."status" IN ('pending', 'failed')
+    AND q."next_attempt_at" <= now() AND w."active" AND u."is_active" AND (u."is_staff" OR EXISTS (SELECT 1 FROM
+    "hermes_sessions_session" s WHERE s."id" = q."session_id" AND s."owner_id" = u."id"))
+    ORDER BY q."next_attempt_at" LIMIT %(limit)s FOR UPDATE OF q SKIP LOCKED) RETURNING d."id";
 
 
 -- ====================================================================================================

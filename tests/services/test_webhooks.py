@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from hermes_sessions import services, worker
+from hermes_sessions import selectors, services, worker
 from hermes_sessions.codex.server_requests import approval_request
 from hermes_sessions.models import Notice, Turn, TurnEvent, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from hermes_sessions.services import events
@@ -358,3 +358,22 @@ def test_a_receiver_that_trickles_its_answer_is_cut_at_the_timeout(allow_local, 
         server.close()
     assert not outcome.succeeded and "HERMES_WEBHOOK_TIMEOUT_SECONDS" in outcome.error, outcome
     assert took < 3.0, took
+
+
+def test_every_sessions_events_need_an_active_staff_owner_at_the_event_and_at_the_send(
+        user, allow_local, scripted_codex, run_turn_now, django_user_model):
+    carol = django_user_model.objects.create_user(username="carol", is_staff=True)
+    watcher = endpoint_for(carol, all_sessions=True)
+    session = services.session_create(owner=user)
+    run_turn_now(session=session, text="while staff", user=user)
+    assert len(deliveries(endpoint=watcher)) == 1  # written, not sent yet
+    django_user_model.objects.filter(pk=carol.pk).update(is_staff=False)
+    run_turn_now(session=session, text="after the demotion", user=user)
+    assert len(deliveries(endpoint=watcher)) == 1  # no new delivery of another user's session
+    token, claimed = services.webhook_deliveries_claim(limit=10)
+    assert claimed == []  # nor is the one written before sent now
+    watcher.refresh_from_db()
+    assert list(selectors.webhook_delivery_list(endpoint=watcher)) == []  # nor shown to her
+    django_user_model.objects.filter(pk=carol.pk).update(is_staff=True, is_active=False)
+    run_turn_now(session=session, text="deactivated", user=user)
+    assert len(deliveries(endpoint=watcher)) == 1
