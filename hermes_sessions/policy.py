@@ -6,6 +6,7 @@ directory under ``settings.CODEX_WORK_ROOT``.
 """
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,32 @@ def session_workdir(session_id: str) -> Path:
     path = (root / session_id).resolve()
     if root not in path.parents:
         raise PolicyError("id", "session id escapes the work root")
+    return path
+
+
+#: Under ``CODEX_WORK_ROOT``, outside every session's directory (no session's commands can read or
+#: write it): ``<session id>`` holds the id and creation time of the session its directory belongs to.
+WORKDIR_MARKS = ".sessions"
+
+
+def session_workdir_ready(session_id: str, *, created: str) -> Path:
+    """``session_workdir(session_id)``, made if missing — and emptied first when it belonged to another
+    session: one deleted since, whose id this one (created at ``created``, ISO 8601) took. A session's
+    files must never reach the next owner of its id (tests/codex/test_workdir.py). A directory without a
+    mark is taken as this session's (it predates the marks)."""
+    path = session_workdir(session_id)
+    marks = Path(settings.CODEX_WORK_ROOT).resolve() / WORKDIR_MARKS
+    mark, owner = marks / session_id, f"{session_id} {created}"
+    try:
+        found = mark.read_text()
+    except FileNotFoundError:
+        found = ""
+    if found != owner:
+        if found:
+            shutil.rmtree(path, ignore_errors=True)
+        marks.mkdir(parents=True, exist_ok=True)
+        mark.write_text(owner)
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -249,6 +249,9 @@ class TurnClaim:
     config: dict[str, Any] = field(default_factory=dict)  # policy.effective_config(...)
     attempt: int = 1  # >1: an earlier worker died holding this turn
     previous_thread_id: str | None = None  # the fresh thread that earlier worker had started, if any
+    # The session's creation time (ISO 8601): with its id, which session this is — an id is free again
+    # once its session is deleted (``policy.session_workdir_ready``).
+    session_created: str = ""
     # Milliseconds of the worker's steps before codex (``claim_ms``: the claim transaction), merged into
     # the turn's ``timings`` (the bench's phase breakdown).
     timings: dict[str, float] = field(default_factory=dict)
@@ -336,7 +339,8 @@ def _claim_in_one_trip(pk: uuid.UUID, sent: list[uuid.UUID]) -> TurnClaim | None
         return None  # not queued (run or ended already), or not the session's next turn yet (``blocked``)
     return TurnClaim(turn_id=turn.id, session_id=session.id, token=token, input_text=turn.input, thread_id=thread_id,
                      rollout_generation=generation, config=_config_for(session),
-                     attempt=attempt, previous_thread_id=turn.codex_thread_id or None)
+                     attempt=attempt, previous_thread_id=turn.codex_thread_id or None,
+                     session_created=session.created_at.isoformat())
 
 
 def _config_for(session: Session) -> dict[str, Any]:
@@ -415,7 +419,8 @@ def _claim_held_by(pk: uuid.UUID, token: uuid.UUID) -> TurnClaim | None:
     return TurnClaim(turn_id=turn.id, session_id=turn.session_id, token=token, input_text=turn.input,
                      thread_id=thread_id, rollout_generation=generation,
                      config=_config_for(turn.session), attempt=turn.attempt,
-                     previous_thread_id=turn.codex_thread_id or None)
+                     previous_thread_id=turn.codex_thread_id or None,
+                     session_created=turn.session.created_at.isoformat())
 
 
 def turn_note_thread(*, turn_id: uuid.UUID, token: uuid.UUID, thread_id: str) -> None:

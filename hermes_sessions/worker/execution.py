@@ -454,8 +454,7 @@ def _run_on(claim: TurnClaim, control: TurnControl, stream: TurnEventWriter, spa
     home, base = _restore(claim, control, spare)
     restore_ms = round((time.monotonic() - t0) * 1000, 1)
     try:
-        workdir = policy.session_workdir(claim.session_id)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = policy.session_workdir_ready(claim.session_id, created=claim.session_created)
         if spare is not None:
             spare.handler = make_server_request_handler(approval_policy=config["approval_policy"], ask=approvals.ask)
             client, version = spare.client, _codex_version(spare.init)
