@@ -62,7 +62,13 @@ def sweep_turns() -> dict[str, int]:
     return vars(worker.turns_sweep())
 
 
-@shared_task(name="hermes_sessions.tasks.deliver_webhooks", ignore_result=True)
+# Backstops behind each attempt's own deadline (HERMES_WEBHOOK_TIMEOUT_SECONDS for the whole exchange):
+# a batch never holds its worker longer than its claim's lease.
+_WEBHOOK_LIMIT = int(services.webhooks.claim_lease_seconds(int(settings.HERMES_WEBHOOK_BATCH)))
+
+
+@shared_task(name="hermes_sessions.tasks.deliver_webhooks", ignore_result=True,
+             soft_time_limit=_WEBHOOK_LIMIT, time_limit=_WEBHOOK_LIMIT + 30)
 def deliver_webhooks(delivery_ids: list[int], token: str) -> dict[str, int]:
     """One attempt of each webhook delivery that claim ``token`` holds (``worker.webhooks_deliver``; the
     sweep's round claims them and sends this task to ``HERMES_WEBHOOK_QUEUE``)."""
