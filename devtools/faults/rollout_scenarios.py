@@ -29,6 +29,7 @@ thread rotated.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -100,6 +101,13 @@ def _in_transaction(app: str) -> bool:
         cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
                     "AND xact_start IS NOT NULL AND backend_xid IS NOT NULL", [app])
         return bool(cur.fetchone()[0])
+
+
+def forget_host_copy(sc: Scenario, session_id: str) -> None:
+    """Remove the session's home from this host (all workers share it here), as on a host that never ran
+    the session: a worker holding the thread's rollout file from its last turn would append only what it
+    lacks and send no chunk ``SELECT`` for the trap (``services.rollouts.rollout_write``)."""
+    shutil.rmtree(Path(sc.stack.codex_home) / "homes" / session_id, ignore_errors=True)
 
 
 def _caught_turn(session_id: str) -> tuple[str, int] | None:
@@ -174,6 +182,7 @@ def scenario_kill_during_rollout(sc: Scenario) -> None:
         if phase == "restore":  # a thread kept loaded is not restored: make the next turn run cold
             _settle(sc, s, timeout=a.bound)
             drop_kept(sc, s)
+            forget_host_copy(sc, s)
         trap = _arm(sc, phase, thread_id)
         i = 100 * (rnd + 1)
         sc.post(s, sc.text(i))
@@ -228,6 +237,7 @@ def scenario_db_down_during_restore(sc: Scenario) -> None:
         thread_id = bound[0]
         _settle(sc, s, timeout=a.bound)
         drop_kept(sc, s)  # a thread kept loaded is not restored: make the next turn run cold
+        forget_host_copy(sc, s)
         down = downs[rnd % len(downs)]
         trap = proxy.arm(CHUNKS, _quoted(thread_id), action="down")
         i = 100 * (rnd + 1)
