@@ -258,7 +258,8 @@ async def _events(scope: _Scope, after: int) -> AsyncIterator[bytes]:
             if found.ended:
                 return
             own_read = False
-            if sub.rows:
+            if sub.rows or sub.reread:  # handed over, or the hub's read failed, while this stream read
+                own_read, sub.reread = sub.reread, False  # (clearing ``wake`` now would lose that wake-up)
                 continue
             sub.wake.clear()
             try:

@@ -27,7 +27,7 @@ from project.asgi_handler import HermesASGIHandler
 from tests.factories import UserFactory
 from tests.support.asgi import asgi_call
 from tests.support.dispatch import hold_dispatches
-from tests.support.sse import ApiServer, open_stream
+from tests.support.sse import ApiServer, close_open_streams, open_stream
 from tests.test_asgi_handler import _scope
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the server process reads what the test commits
@@ -46,6 +46,13 @@ def server(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Api
         yield api
     finally:
         api.stop()
+
+
+@pytest.fixture(autouse=True)
+def _streams_closed() -> Iterator[None]:
+    """A test's streams end with it, failed or not: the module's server is shared."""
+    yield
+    close_open_streams()
 
 
 @pytest.fixture
@@ -605,6 +612,56 @@ def test_a_stream_whose_own_read_fails_stays_open_and_reads_again(claimed, setti
     assert frames[0].startswith(b"retry:") and frames[1] == b": heartbeat\n\n"
     assert [f.split(b"\n")[1] for f in frames[2:]] == [b"event: queued", b"event: running"]
     assert calls == [0, 0]  # the failed read was repeated from the same point
+
+
+def test_a_hub_read_that_fails_during_the_streams_own_read_is_not_lost(claimed, settings, monkeypatch):
+    """The hub's read fails (its reader connection lost) while the stream is in its own read, which
+    started before the event committed: the stream reads again at once, not at the next heartbeat —
+    the wake-up the failed read gave must survive the stream's clearing of its wake event."""
+    from asgiref.sync import async_to_sync
+
+    from hermes_sessions.api import event_hub, streams
+
+    settings.HERMES_SSE_HEARTBEAT_SECONDS = 5.0
+
+    async def no_listen(self):
+        return None
+
+    monkeypatch.setattr(event_hub.EventHub, "ensure_listening", no_listen)  # in-process: the reads alone
+    real, calls = streams._Scope.read, []
+
+    def read_then_the_hub_fails(self, after):
+        found = real(self, after)
+        calls.append(after)
+        if len(calls) == 1:  # the event commits after this read's snapshot; the hub's read of it fails
+            writer = writer_for(claimed)
+            writer.add(events.DELTA, {"item_id": "m1", "text": "while the stream read"})
+            writer.flush()
+            (hub,) = [h for h in event_hub._hubs.values() if claimed.session_id in h._subscribers]
+            (sub,) = hub._subscribers[claimed.session_id]
+
+            def failed_read() -> None:
+                sub.reread = True
+                sub.wake.set()
+            hub.loop.call_soon_threadsafe(failed_read)
+        return found
+
+    monkeypatch.setattr(streams._Scope, "read", read_then_the_hub_fails)
+
+    async def first(n: int) -> list[bytes]:
+        frames = []
+        body = streams._events(streams._Scope(session_id=claimed.session_id), 0)
+        async for frame in body:
+            frames.append(frame)
+            if len(frames) == n:
+                break
+        await body.aclose()
+        return frames
+
+    started = time.monotonic()
+    frames = async_to_sync(first)(4)
+    assert [f.split(b"\n")[1] for f in frames[1:]] == [b"event: queued", b"event: running", b"event: delta"]
+    assert time.monotonic() - started < 2.5, "read again at once, not at the heartbeat"
 
 
 def test_a_stream_that_cannot_be_opened_for_the_database_is_503_not_500(monkeypatch):

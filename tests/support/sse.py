@@ -217,4 +217,16 @@ def open_stream(port: int, path: str, token: str, *, last_event_id: int | str | 
     resp = conn.getresponse()
     assert resp.status == 200, (resp.status, resp.read()[:500])
     assert resp.getheader("Content-Type", "").startswith("text/event-stream")
-    return Stream(conn, resp)
+    stream = Stream(conn, resp)
+    OPENED.append(stream)
+    return stream
+
+
+#: Every stream ``open_stream`` opened and nobody closed yet; ``close_open_streams`` closes them, so a
+#: test that fails with a stream open does not leave the server's LISTEN to the tests after it.
+OPENED: list[Stream] = []
+
+
+def close_open_streams() -> None:
+    while OPENED:
+        OPENED.pop().close()
