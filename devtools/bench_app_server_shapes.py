@@ -235,7 +235,8 @@ def _configure(scratch: Path, stand_in_url: str) -> None:
     django.setup()
 
 
-def _workdir(session_id: str) -> Path:
+def workdir_for(session_id: str) -> Path:
+    """``policy.session_workdir(session_id)``, made."""
     from hermes_sessions import policy
 
     workdir = policy.session_workdir(session_id)
@@ -257,7 +258,7 @@ def own_app_server(session_id: str) -> tuple[AppServer, Path]:
     """An app-server as a worker runs one session's thread today: its home, its profile on the command line."""
     from hermes_sessions.codex.launch import app_server_argv, app_server_env, prepare_session_home
 
-    workdir = _workdir(session_id)
+    workdir = workdir_for(session_id)
     home = prepare_session_home(session_id, sandbox=SANDBOX, workdir=workdir)
     server = AppServer(app_server_argv(sandbox=SANDBOX, workdir=workdir), app_server_env(home), str(workdir))
     server.initialize()
@@ -304,7 +305,7 @@ def build_shape(threads: int, per_server: int, tag: str) -> Shape:
         server = shared_app_server(f"{tag}-{s}-shared")
         servers.append(server)
         for t in range(count):
-            loaded.append((server, start_thread(server, _workdir(f"{tag}-{s}-{t}"), per_thread_profile=True)))
+            loaded.append((server, start_thread(server, workdir_for(f"{tag}-{s}-{t}"), per_thread_profile=True)))
     burst(loaded, "hello")  # a rollout and a finished first turn on every thread
     return Shape(per_server=per_server, servers=servers, threads=loaded)
 
@@ -336,7 +337,7 @@ def isolation(stand_in_url: str) -> dict[str, float]:
     f: dict[str, float] = {}
     server = shared_app_server("iso-shared", *UNLOAD_AT_ONCE)
     try:
-        work = {name: _workdir(f"iso-{name}") for name in ("a", "b")}
+        work = {name: workdir_for(f"iso-{name}") for name in ("a", "b")}
         words = {name: f"{name.upper()}WORD-{uuid.uuid4().hex}" for name in work}
         for name, w in work.items():
             (w / "secret.txt").write_text(words[name])
@@ -368,7 +369,7 @@ def isolation(stand_in_url: str) -> dict[str, float]:
         f["isolation_b_reads_a"], f["isolation_b_reads_own"], f["isolation_b_writes_a"] = probe("b", "a")
 
         # Ways the per-thread profile is lost in a shared app-server.
-        c_work = _workdir("iso-c")
+        c_work = workdir_for("iso-c")
         c = server.request("thread/start", {"cwd": str(c_work)})
         f["isolation_no_config_thread_has_profile"] = int((c.get("activePermissionProfile") or {}).get("id") == PROFILE)
         out = command_output(server.turn(c["thread"]["id"], f"RUNCMD cat {work['b']}/secret.txt; echo DONE"))
