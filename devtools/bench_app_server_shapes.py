@@ -8,7 +8,8 @@ session's permission profile for its own work dir (``launch.permission_filesyste
 * one thread per app-server: as a worker runs it today — the session's own home and ``config.toml``, the
   profile on the command line (``launch.app_server_argv``), ``thread/start {cwd}``;
 * several threads per app-server: one shared home whose ``config.toml`` names no profile, the command line
-  without a session's ``-c``, and each thread's profile in its own ``thread/start``
+  with a deny-all default profile (``deny_all_overrides``) instead of a session's, and each thread's profile
+  in its own ``thread/start``
   ``config: {default_permissions, permissions: {<id>: {filesystem, network}}}`` (docs/codex.md §10).
 
 Figures (``name: value`` lines, ``bench_figures.parse_figures``), ``<k>`` the threads per app-server:
@@ -28,7 +29,9 @@ Figures (``name: value`` lines, ``bench_figures.parse_figures``), ``<k>`` the th
   stand-in's ``RUNCMD``/``PATCHFILE`` making codex read the other thread's work dir and rollout, list the
   shared home and write into the other work dir; ``1`` means the other session's words (or file) were
   reached. Then the ways the per-thread profile is lost: a thread started without ``config``, a
-  ``thread/resume`` without it, a ``turn/start`` ``sandboxPolicy``.
+  ``thread/resume`` without it, a ``turn/start`` ``sandboxPolicy``; and the same first two on an app-server
+  whose own default profile denies every session's directory (``isolation_fail_closed_*``, the shape the
+  shared shapes above run in).
 
 Alone: ``python -m devtools.bench_app_server_shapes`` (no database, no broker; ~3–6 min on 2 busy cores).
 """
@@ -265,12 +268,27 @@ def own_app_server(session_id: str) -> tuple[AppServer, Path]:
     return server, workdir
 
 
-def shared_app_server(name: str, *extra: str) -> AppServer:
-    """An app-server on one shared home whose config names no profile (as a spare's), no session's ``-c``."""
+def deny_all_overrides() -> list[str]:
+    """``-c`` arguments making ``PROFILE`` the app-server's default with a filesystem that holds no session's
+    directory (``:minimal``, codex's install and one empty directory, read-only): a thread started or resumed
+    without its own ``config`` then reaches nobody's files (fails closed) instead of falling back to codex's
+    legacy ``:read-only`` sandbox, which reads everything (``isolation_fail_closed_*``)."""
+    from hermes_sessions.codex.launch import permission_filesystem
+
+    nobody = workdir_for("nobody")
+    fs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in permission_filesystem("read-only", nobody).items())
+    return ["-c", f"default_permissions={json.dumps(PROFILE)}", "-c", f"permissions.{PROFILE}.filesystem={{{fs}}}",
+            "-c", f"permissions.{PROFILE}.network={{enabled = false}}"]
+
+
+def shared_app_server(name: str, *extra: str, fail_closed: bool = False) -> AppServer:
+    """An app-server on one shared home whose config names no profile (as a spare's), no session's ``-c``;
+    ``fail_closed``: with ``deny_all_overrides`` as its default profile."""
     from hermes_sessions.codex.launch import app_server_argv, app_server_env, prepare_session_home
 
     home = prepare_session_home(name)  # config.toml without a profile
-    server = AppServer(app_server_argv() + list(extra), app_server_env(home), str(home.user_home))
+    argv = app_server_argv() + (deny_all_overrides() if fail_closed else []) + list(extra)
+    server = AppServer(argv, app_server_env(home), str(home.user_home))
     server.initialize()
     return server
 
@@ -302,7 +320,7 @@ def build_shape(threads: int, per_server: int, tag: str) -> Shape:
             servers.append(server)
             loaded.append((server, start_thread(server, workdir, per_thread_profile=False)))
             continue
-        server = shared_app_server(f"{tag}-{s}-shared")
+        server = shared_app_server(f"{tag}-{s}-shared", fail_closed=True)
         servers.append(server)
         for t in range(count):
             loaded.append((server, start_thread(server, workdir_for(f"{tag}-{s}-{t}"), per_thread_profile=True)))
@@ -395,6 +413,25 @@ def isolation(stand_in_url: str) -> dict[str, float]:
         out = command_output(server.turn(thread["b"], f"RUNCMD cat {work['a']}/secret.txt; echo DONE",
                                          sandboxPolicy={"type": "readOnly"}))
         f["isolation_turn_sandbox_policy_reads_a"] = _reached(out, words["a"])
+    finally:
+        server.close()
+
+    server = shared_app_server("iso-closed", *UNLOAD_AT_ONCE, fail_closed=True)
+    try:
+        d = start_thread(server, work["a"], per_thread_profile=True)
+        out = command_output(server.turn(d, "RUNCMD cat secret.txt; echo DONE"))
+        f["isolation_fail_closed_configured_thread_reads_own"] = _reached(out, words["a"])
+        probe_b = f"RUNCMD cat {work['b']}/secret.txt; cat {work['a']}/secret.txt; echo DONE"
+        c = server.request("thread/start", {"cwd": str(work["a"])})
+        f["isolation_fail_closed_no_config_thread_has_profile"] = int(
+            (c.get("activePermissionProfile") or {}).get("id") == PROFILE)
+        out = command_output(server.turn(c["thread"]["id"], probe_b))
+        f["isolation_fail_closed_no_config_thread_reads_any"] = _reached(out, words["a"], words["b"])
+        server.request("thread/unsubscribe", {"threadId": d})
+        time.sleep(0.5)
+        server.request("thread/resume", {"threadId": d, "excludeTurns": True})
+        out = command_output(server.turn(d, probe_b))
+        f["isolation_fail_closed_resume_without_config_reads_any"] = _reached(out, words["a"], words["b"])
     finally:
         server.close()
     return f

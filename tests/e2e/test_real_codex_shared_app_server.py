@@ -1,8 +1,10 @@
 """Two sessions' threads in ONE app-server on one shared home stay apart when each thread carries its own
-permission profile in ``thread/start`` and ``thread/resume`` ``config`` (real codex 0.171.0, the model
-stand-in's ``RUNCMD``/``PATCHFILE``; docs/decisions/2026-12-06-one-app-server-per-kept-thread.md).
+permission profile in ``thread/start`` and ``thread/resume`` ``config``, and the app-server's own default
+profile (``deny_all_overrides``) holds no session's directory, so a thread started or resumed without its
+``config`` reaches nobody's files (real codex 0.171.0, the model stand-in's ``RUNCMD``/``PATCHFILE``;
+docs/decisions/2026-12-06-shared-app-servers.md).
 
-The shape the service does not run (one app-server per kept thread stays): this pins what a shared
+The shape the decision chooses, before the worker runs it: this pins what a shared
 app-server would rely on, so the decision can be taken again on a later codex. Assertions are on content:
 the other session's words must not appear in anything A's commands printed, and its file must not appear.
 """
@@ -33,7 +35,7 @@ pytestmark = pytest.mark.e2e
 def shared(codex_dirs, settings, real_codex_bin):
     with ModelStandIn() as stand_in:
         use_real_codex(settings, codex_bin=real_codex_bin, stand_in=stand_in)
-        server = shared_app_server("shared", *UNLOAD_AT_ONCE)
+        server = shared_app_server("shared", *UNLOAD_AT_ONCE, fail_closed=True)
         try:
             yield server
         finally:
@@ -75,3 +77,25 @@ def test_a_thread_cannot_reach_another_threads_work_dir_or_rollout_in_the_same_a
     seen = a_runs(probe)
     assert "DONE" in seen and words["a"] in seen
     assert words["b"] not in seen
+
+
+@pytest.mark.timeout(240)
+def test_a_thread_without_its_config_reaches_no_sessions_files(shared, settings):
+    work = {name: workdir_for(f"sess-{name}") for name in "ab"}
+    words = {name: f"{name.upper()}WORD-{uuid.uuid4().hex}" for name in "ab"}
+    for name in "ab":
+        (work[name] / "secret.txt").write_text(words[name])
+    probe = f"RUNCMD cat {work['a']}/secret.txt {work['b']}/secret.txt; ls {settings.CODEX_WORK_ROOT}; echo DONE"
+
+    bare = shared.request("thread/start", {"cwd": str(work["a"])})["thread"]["id"]
+    seen = command_output(shared.turn(bare, probe))
+    assert "DONE" in seen and words["a"] not in seen and words["b"] not in seen
+
+    a = start_thread(shared, work["a"], per_thread_profile=True)
+    seen = command_output(shared.turn(a, probe))
+    assert words["a"] in seen and words["b"] not in seen  # the control: its config opens its own work dir
+    shared.request("thread/unsubscribe", {"threadId": a})
+    time.sleep(0.5)
+    shared.request("thread/resume", {"threadId": a, "excludeTurns": True})  # no config: the default's profile
+    seen = command_output(shared.turn(a, probe))
+    assert "DONE" in seen and words["a"] not in seen and words["b"] not in seen
