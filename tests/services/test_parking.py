@@ -16,6 +16,7 @@ from hermes_sessions import services, tasks
 from hermes_sessions.models import Approval, Turn
 from hermes_sessions.services import routing
 from hermes_sessions.worker import approvals, execution, process, runners, time_limits, wake
+from hermes_sessions.worker import approvals as approvals_mod
 from hermes_sessions.worker.warm import kept as kept_mod
 from tests.support.dispatch import hold_dispatches
 
@@ -162,7 +163,9 @@ def test_past_the_bound_a_waiting_turn_keeps_its_slot(user, scripted_codex, pool
 
 def test_the_runners_time_limit_ends_a_parked_turn(user, scripted_codex, pool, monkeypatch):
     monkeypatch.setattr(time_limits.os, "kill", lambda pid, sig: None)  # the hard limit must not kill pytest
-    monkeypatch.setattr(execution, "turn_time_limits", lambda: (2, 60))
+    # Parks 0.2 s into its wait, well before the 4 s soft limit even on a loaded host; the limit then ends it.
+    monkeypatch.setattr(approvals_mod, "PARK_AFTER", 0.2)
+    monkeypatch.setattr(execution, "turn_time_limits", lambda: (4, 60))
     hold_dispatches(monkeypatch)
     scripted_codex.script({"turn/start": [{"server_request": COMMAND}]})
     asking = posted(user, "RUNCMD touch approved.txt", asks=True)

@@ -155,7 +155,11 @@ def test_a_lost_claim_commit_still_running_when_asked_about_is_found_after_the_r
     ``turn_claim`` asks about it on a new connection (about once in ~20 runs of the test above): asked then, it
     sees the turn queued, claims again, finds the turn running (its own lost claim, committed meanwhile) and
     gives up — the turn would wait for its lease. The re-claim's locks wait for that transaction: asked again after
-    them, the claim is found. Here the first question is made to come too early."""
+    them, the claim is found. Here the first question is made to come too early.
+
+    On a loaded host the lost transaction's backend may not even have taken its locks when the re-claim
+    arrives: then the re-claim claims the turn and the lost transaction, run after it, finds the turn
+    running and writes nothing. Either way the turn is claimed once, by the claim returned."""
     from hermes_sessions.services import turns as turns_module
 
     hold_dispatches(monkeypatch)
@@ -171,7 +175,11 @@ def test_a_lost_claim_commit_still_running_when_asked_about_is_found_after_the_r
     with round_trips_counted(cut_after=b"COMMIT", cut_forwards=True) as wire:
         claim = services.turn_claim(turn_id=turn.id)
         assert wire.cut
-    assert len(asked) == 2 and claim is not None and claim.token == asked[0] and claim.attempt == 1
+    assert claim is not None and claim.attempt == 1
+    if len(asked) == 1:  # the re-claim took the locks first and claimed the turn itself
+        assert claim.token != asked[0]
+    else:  # the re-claim waited for the lost COMMIT, then found it
+        assert len(asked) == 2 and claim.token == asked[0]
     turn.refresh_from_db()
     assert turn.status == Turn.Status.RUNNING and turn.claim_token == claim.token and turn.attempt == 1
     assert list(turn.messages.values_list("role", flat=True)) == ["user"]
