@@ -378,6 +378,11 @@ HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 32)  # kept app-ser
 HERMES_WARM_MAX_TURNS = env_int("HERMES_WARM_MAX_TURNS", 200)  # turns one kept app-server runs before it is recycled
 HERMES_WARM_MAX_PRIVATE_MB = env_int("HERMES_WARM_MAX_PRIVATE_MB", 256)  # a kept app-server above this private size is closed
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
+# Turns one worker process with a route (the one pool process of a -c 1 worker) runs at once: its Celery
+# delivery's and its woken ones together (hermes_sessions/worker/wake.py, TurnSlots). A woken turn waits at most
+# HERMES_AFFINITY_DEADLINE for one of these permits; each running turn holds a runner thread with a database
+# connection of its own (docs/operating.md, "PostgreSQL connections"). 1: one turn at a time.
+HERMES_WORKER_TURNS = env_int("HERMES_WORKER_TURNS", 4)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
 # (hermes_sessions/worker/warm/early_start.py).

@@ -349,17 +349,20 @@ def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkey
     assert process.runtime().listener is None and not wake.wake_listening() and one.stopping
 
 
-# --- one turn at a time ---------------------------------------------------------------------------------
+# --- the process's turn permits (HERMES_WORKER_TURNS) -------------------------------------------------
 
 def _held_slot() -> tuple[threading.Event, threading.Event]:
-    """Another thread holds the turn slot until the returned ``release`` is set."""
+    """Another thread holds every turn permit of this process until the returned ``release`` is set."""
     taken, release = threading.Event(), threading.Event()
+    slots = wake.turn_slots()
 
     def hold() -> None:
-        with wake.turn_slot() as ok:
-            assert ok
-            taken.set()
-            release.wait(10)
+        for _ in range(slots.permits):
+            assert slots.acquire(timeout=5)
+        taken.set()
+        release.wait(10)
+        for _ in range(slots.permits):
+            slots.release()
 
     threading.Thread(target=hold, daemon=True).start()
     assert taken.wait(5)
@@ -461,12 +464,12 @@ def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
     threading.Timer(0.3, release.set).start()
     t0 = time.monotonic()
     wake.wake_stop(turn_timeout=5)
-    assert 0.2 < time.monotonic() - t0 < 4 and "still runs" not in caplog.text
+    assert 0.2 < time.monotonic() - t0 < 4 and "still run" not in caplog.text
     monkeypatch.setattr(process.runtime(), "listener", listener)
     _, release = _held_slot()
     try:
         wake.wake_stop(turn_timeout=0.1)
-        assert "still runs after" in caplog.text
+        assert f"{wake.turn_slots().permits} woken turn(s) still run after" in caplog.text
     finally:
         release.set()
 
