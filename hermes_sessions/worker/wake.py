@@ -77,9 +77,9 @@ class TurnSlots:
 
     def release(self) -> None:
         """Give a permit back (``ValueError`` from the semaphore when none is held: a permit released twice)."""
+        self._sem.release()
         with self._lock:
             self._held -= 1
-        self._sem.release()
 
     def held(self) -> int:
         """Permits taken now (turns this process runs on its permits)."""
