@@ -429,9 +429,11 @@ def _print_memory_figures(mem: dict[str, Any]) -> None:
         print("app_server_private_median_kb: none   (no app-server alive under the worker between turns)")
 
 
-def _throughput(args: argparse.Namespace, tput: Stack, client: StackClient, work: str, worker_turns: str) -> None:
+def _throughput(args: argparse.Namespace, tput: Stack, token: str, session_id: str, work: str,
+                worker_turns: str) -> None:
     """The throughput runs on ``tput`` (``bench_throughput.py``), then the same work driven directly; prints both."""
     tput.start_api()
+    client = StackClient(tput.api, token, session_id=session_id)
     client.wait_up(make_session=False)
     results = run_throughput(tput, client, args.workers, args.throughput_sessions, args.throughput_rounds)
     tput.stop()  # its workers' kept app-servers go before the direct ones start
@@ -562,8 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline.stop()
         warm_stack.stop()
         if args.workers:
-            _throughput(args, tput, StackClient(tput.api, token, session_id=s.baseline.session_id),
-                        env["CODEX_WORK_ROOT"], warm_settings.get("HERMES_WORKER_TURNS", "default"))
+            _throughput(args, tput, token, s.baseline.session_id, env["CODEX_WORK_ROOT"],
+                        warm_settings.get("HERMES_WORKER_TURNS", "default"))
         if args.rollout_rounds > 0:
             sys.stdout.flush()
             subprocess.run([sys.executable, "-m", "devtools.bench_rollout", "--rounds", str(args.rollout_rounds)],

@@ -77,7 +77,7 @@ def start() -> None:
     (``HERMES_WARM_POOL`` > 0), its metric report runs every ``HERMES_METRICS_REPORT_SECONDS``
     (``metric_reports.py``), and a process with a route
     starts its affinity heartbeat and wake listener (``execution.start_affinity``), which also runs the
-    sweep's round; any other (more turn slots, or keeping off) runs the sweep's round alone
+    sweep's round; any other (more pool processes, or keeping off) runs the sweep's round alone
     (``recovery.sweep_loop_start``): recovery never depends on beat alone."""
     from .execution import start_affinity
     from .health_beat import health_beat_start
