@@ -382,7 +382,7 @@ HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
 # delivery's and its woken ones together (hermes_sessions/worker/wake.py, TurnSlots). A woken turn waits at most
 # HERMES_AFFINITY_DEADLINE for one of these permits; each running turn holds a runner thread with a database
 # connection of its own (docs/operating.md, "PostgreSQL connections"). 1: one turn at a time.
-HERMES_WORKER_TURNS = env_int("HERMES_WORKER_TURNS", 4)
+HERMES_WORKER_TURNS = env_int("HERMES_WORKER_TURNS", 8)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
 # (hermes_sessions/worker/warm/early_start.py).
