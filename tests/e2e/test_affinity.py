@@ -258,7 +258,8 @@ def test_a_session_taken_elsewhere_is_released_by_its_old_holder(user, workers, 
     """a holds the session's thread but is busy with another session's long turn when the next turn
     comes: after the affinity deadline the sweep dispatches it to the shared queue and b takes it (cold,
     on the same host: it re-makes the session's home under a's loaded copy), a then lets its copy go, and
-    the turn after runs warm on b."""
+    the turn after runs warm on b. One permit (``HERMES_WORKER_TURNS=1``): a's one long turn keeps it busy."""
+    workers.env["HERMES_WORKER_TURNS"] = "1"
     workers.start("a")
     session = services.session_create(owner=user, session_id="aff-taken")
     assert _turn(session, user, "first on a").status == "succeeded"
