@@ -85,7 +85,7 @@ from devtools.bench_figures import (
 from devtools.bench_history import BIG, SMALL, HistoryBench
 from devtools.bench_memory import worker_memory
 from devtools.bench_stacks import BASELINE_ENV, WARM_ENV, Stack, StackClient, stack_environment, stop_processes
-from devtools.bench_throughput import run_throughput
+from devtools.bench_throughput import run_direct_throughput, run_throughput
 from devtools.databases import create_database, database_beside, drop_database
 from devtools.processes import stand_in_argv, wait_for_port_file
 
@@ -429,14 +429,38 @@ def _print_memory_figures(mem: dict[str, Any]) -> None:
         print("app_server_private_median_kb: none   (no app-server alive under the worker between turns)")
 
 
-def _print_throughput(results: list[Any], sessions: int, rounds: int, http_workers: int) -> None:
+def _throughput(args: argparse.Namespace, tput: Stack, token: str, session_id: str, work: str,
+                worker_turns: str) -> None:
+    """The throughput runs on ``tput`` (``bench_throughput.py``), then the same work driven directly; prints both."""
+    tput.start_api()
+    client = StackClient(tput.api, token, session_id=session_id)
+    client.wait_up(make_session=False)
+    results = run_throughput(tput, client, args.workers, args.throughput_sessions, args.throughput_rounds)
+    tput.stop()  # its workers' kept app-servers go before the direct ones start
+    direct = run_direct_throughput(args.throughput_sessions, args.throughput_rounds, work)
+    _print_throughput(results, args.throughput_sessions, args.throughput_rounds, tput.http_workers,
+                      worker_turns=worker_turns, direct=direct)
+
+
+def _print_throughput(results: list[Any], sessions: int, rounds: int, http_workers: int, *, worker_turns: str,
+                      direct: float) -> None:
     print(f"throughput: {sessions} sessions at once, {rounds} rounds per worker count (warm stack settings, "
-          f"one gunicorn of {http_workers} sync workers); turns/s over rounds 2+, round 1 (thread starts) apart")
+          f"HERMES_WORKER_TURNS {worker_turns}, one gunicorn of {http_workers} sync workers); turns/s over rounds "
+          "2+, round 1 (thread starts) apart")
+    print(f"throughput_direct_turns_per_s: {direct}   ({sessions} warm app-servers driven directly, {sessions} "
+          "turns at once, read-only profile)")
     for r in results:
         f = r.figures()
         print(f"throughput_w{r.workers}_turns_per_s: {f['turns_per_s']}   (round 1: {f['first_round_turns_per_s']}; "
               f"{f['warm']}/{f['later_turns']} later turns on a kept-loaded thread)")
+        print(f"throughput_w{r.workers}_vs_direct: {ratio_or_none(f['turns_per_s'], direct)}   (stack turns/s over "
+              "direct turns/s, same run)")
+        print(f"throughput_w{r.workers}_kept_share: {round(f['warm'] / max(1, f['later_turns']), 3)}")
         print(f"throughput_w{r.workers}_failed: {f['failed']}   (of {f['turns']})")
+
+
+def ratio_or_none(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
 
 
 def _worker_counts(text: str) -> list[int]:
@@ -462,6 +486,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help=f"rounds of long-history turns, run after the latency rounds whatever --runs is (default "
                              f"{HISTORY_RUNS}); 0 skips them")
     parser.add_argument("--warm-pool", type=int, default=1, help="HERMES_WARM_POOL of the warm stack")
+    parser.add_argument("--worker-turns", type=int,
+                        help="HERMES_WORKER_TURNS of the warm stacks' workers (default: the project's default)")
     parser.add_argument("--workers", type=_worker_counts,
                         help="worker counts of the throughput runs, comma-separated (default 1,2,4); empty skips them")
     parser.add_argument("--throughput-sessions", type=int, help="default 50")
@@ -495,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="hermes-bench-"))
     env = _environment(database_beside(db_url, "_bench"), broker, scratch)
     procs: list[subprocess.Popen[bytes]] = []
-    warm_settings = {**WARM_ENV, "HERMES_WARM_POOL": str(args.warm_pool)}
+    warm_settings = {**WARM_ENV, "HERMES_WARM_POOL": str(args.warm_pool),
+                     **({"HERMES_WORKER_TURNS": str(args.worker_turns)} if args.worker_turns is not None else {})}
     stacks: list[Stack] = []
     try:
         _start_stand_in(env, scratch, procs)  # sets CODEX_STAND_IN_URL: before the stacks copy env
@@ -537,11 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline.stop()
         warm_stack.stop()
         if args.workers:
-            tput.start_api()
-            client = StackClient(tput.api, token, session_id=s.baseline.session_id)
-            client.wait_up(make_session=False)
-            _print_throughput(run_throughput(tput, client, args.workers, args.throughput_sessions,
-                                             args.throughput_rounds), args.throughput_sessions, args.throughput_rounds, tput.http_workers)
+            _throughput(args, tput, token, s.baseline.session_id, env["CODEX_WORK_ROOT"],
+                        warm_settings.get("HERMES_WORKER_TURNS", "default"))
         if args.rollout_rounds > 0:
             sys.stdout.flush()
             subprocess.run([sys.executable, "-m", "devtools.bench_rollout", "--rounds", str(args.rollout_rounds)],

@@ -8,7 +8,12 @@ polling does not load the API). Round 1 starts each session's thread; later roun
 consecutive turns, where session affinity (once in the worker) keeps threads loaded. Figures per worker
 count: turns/s over the later rounds (wall time from the first POST to the last turn ended, summed over
 rounds), turns/s of round 1, failed turns (anything but ``succeeded``, and POSTs that errored), and
-how many turns ran on a kept-loaded thread (``timings.warm``)."""
+how many turns ran on a kept-loaded thread (``timings.warm``).
+
+The same work straight to codex (``run_direct_throughput``), for the ratio against codex in the same run:
+``sessions`` app-servers, each on a home of its own under the permission profile a session's turns run
+with (read-only), its thread started by one turn; then ``rounds`` − 1 rounds, each one ``turn/start`` →
+``turn/completed`` on every app-server at once (one client thread per app-server)."""
 from __future__ import annotations
 
 import os
@@ -98,6 +103,39 @@ def _round(client: StackClient, sessions: list[str], text: str) -> Round:
     failed += len(ids) - len(rows) + sum(1 for status, _ in rows if status != "succeeded")
     warm = sum(1 for _, timings in rows if (timings or {}).get("warm") == 1)
     return Round(turns=len(sessions), seconds=seconds, failed=failed, warm=warm)
+
+
+def run_direct_throughput(sessions: int, rounds: int, work: str) -> float:
+    """Turns/s of ``sessions`` warm app-servers driven directly, ``sessions`` turns at once, over ``rounds``
+    − 1 rounds after the threads' first turns (module docstring); prints progress."""
+    from pathlib import Path
+
+    from devtools.bench import _direct_thread
+    from hermes_sessions.codex.launch import app_server_argv, app_server_env, prepare_session_home
+
+    workdir = Path(work)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def start(i: int) -> Any:
+        home = prepare_session_home(f"bench-direct-tput-{i}", sandbox="read-only", workdir=workdir)
+        return _direct_thread(app_server_argv(sandbox="read-only", workdir=workdir), app_server_env(home), work)
+
+    with ThreadPoolExecutor(sessions) as pool:
+        servers = list(pool.map(start, range(sessions)))
+        try:
+            turns = seconds = 0.0
+            for r in range(1, rounds):
+                t0 = time.monotonic()
+                text = f"direct throughput {r}"
+                list(pool.map(lambda ds, text=text: ds[0].turn(ds[1], text), servers))
+                took = time.monotonic() - t0
+                turns, seconds = turns + len(servers), seconds + took
+                print(f"  throughput: direct, round {r + 1}/{rounds}: {len(servers)} turns in {took:.1f} s",
+                      file=sys.stderr, flush=True)
+        finally:
+            for d, _ in servers:
+                d.close()
+    return throughput(int(turns), seconds) if seconds else 0.0
 
 
 def run_throughput(stack: Stack, client: StackClient, worker_counts: list[int], sessions: int,

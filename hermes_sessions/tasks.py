@@ -26,9 +26,10 @@ def run_turn(self: Task, turn_id: str) -> dict[str, str]:
     """Run turn ``turn_id`` if it is its session's next turn (see ``worker.turn_execute``).
 
     In a process whose wake listener runs turns too (``worker/wake.py``), one unlocked read goes first (the
-    listener may have run the turn already), and the delivery holds the process's turn slot while it runs
-    (``worker.delivery_slot``). Should a woken turn hold the slot for longer than
-    ``HERMES_AFFINITY_DEADLINE`` — Celery cannot see it and counted this process idle — the turn is left
+    listener may have run the turn already), and the delivery holds one of the process's
+    ``HERMES_WORKER_TURNS`` permits while it runs (``worker.delivery_slot``). Should woken turns hold every
+    permit for longer than ``HERMES_AFFINITY_DEADLINE`` — Celery cannot see them and counted this process
+    idle — the turn is left
     queued with no dispatch recorded (``services.turn_undispatched``): the sweep's next round, on any
     worker, dispatches it to the shared queue again (``"turn_status": "busy"``).
 
@@ -46,7 +47,7 @@ def run_turn(self: Task, turn_id: str) -> dict[str, str]:
     # a third of one worker's throughput (make bench, 50 sessions on 1 worker), each refused turn waiting for
     # the sweep's next round while the slot sat idle.
     with worker.delivery_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as free:
-        if not free:  # busy with a woken turn that Celery cannot see: any idle worker takes this one
+        if not free:  # every permit busy with woken turns that Celery cannot see: any idle worker takes this one
             logger.info("turn %s: this worker is busy with a woken turn; left to the sweep, which dispatches it "
                         "to the shared queue again", turn_id)
             services.turn_undispatched(turn_id)

@@ -98,8 +98,8 @@ def _start_worker_process(**_: object) -> None:
 
 @celeryd_after_setup.connect
 def _name_keeping_worker(sender: str, instance: object, **_: object) -> None:
-    """Session affinity (``hermes_sessions/worker/affinity.py``): a worker that runs one turn at a time
-    (prefork ``-c 1``, or ``-P solo``) keeps threads loaded under its route ``<HERMES_TURN_QUEUE>.<node
+    """Session affinity (``hermes_sessions/worker/affinity.py``): a worker with one pool process (prefork
+    ``-c 1``, or ``-P solo``; it runs ``HERMES_WORKER_TURNS`` turns at once on runner threads) keeps threads loaded under its route ``<HERMES_TURN_QUEUE>.<node
     name>``, named in ``HERMES_OWN_ROUTE`` for its pool process (set before the pool forks). A worker with
     more pool processes gets no route and keeps no thread loaded: a turn could not be brought to the one
     process holding its thread. Keeping off (``HERMES_WARM_IDLE_SECONDS=0``): no route either."""

@@ -345,9 +345,9 @@ CODEX_TURN_TIMEOUT = env_float("CODEX_TURN_TIMEOUT", 600.0)  # seconds, turn/sta
 # Seconds a turn's approvals may wait for a person, all together (worker/approvals.py); then codex is
 # answered decline and the approval is expired. Not counted in CODEX_TURN_TIMEOUT; the worker's time limits add it.
 HERMES_APPROVAL_TIMEOUT_SECONDS = env_float("HERMES_APPROVAL_TIMEOUT_SECONDS", 900.0)
-# Turns of one worker process that may wait for a person at once without holding its turn slot ("parked",
+# Turns of one worker process that may wait for a person at once without holding its turn permit ("parked",
 # hermes_sessions/worker/runners.py): each keeps its app-server (~22 MB private) and a runner thread. Past it a
-# waiting turn keeps its slot. 0: no turn parks.
+# waiting turn keeps its permit. 0: no turn parks.
 HERMES_MAX_PARKED_TURNS = env_int("HERMES_MAX_PARKED_TURNS", 32)
 # Let the model ask questions (codex's request_user_input) outside Plan mode; they are put to a person
 # (item/tool/requestUserInput) in sessions whose approval_policy is not "never" (codex/launch.py).
@@ -364,8 +364,8 @@ HERMES_HISTORY_SEED_MAX_CHARS = env_int("HERMES_HISTORY_SEED_MAX_CHARS", 32000)
 # 0 (default): every turn spawns its own. Spares older than HERMES_WARM_POOL_MAX_AGE seconds are replaced.
 HERMES_WARM_POOL = env_int("HERMES_WARM_POOL", 0)
 HERMES_WARM_POOL_MAX_AGE = env_float("HERMES_WARM_POOL_MAX_AGE", 600.0)
-# Session affinity (hermes_sessions/worker/warm/kept.py, worker/affinity.py): after a turn, a worker process that runs
-# one turn at a time (-c 1, or -P solo) keeps the app-server with the thread loaded for HERMES_WARM_IDLE_SECONDS
+# Session affinity (hermes_sessions/worker/warm/kept.py, worker/affinity.py): after a turn, a worker with one pool
+# process (-c 1, or -P solo) keeps the app-server with the thread loaded for HERMES_WARM_IDLE_SECONDS
 # (0: close it after every turn) and the session's next turn wakes that worker by PostgreSQL NOTIFY while its
 # heartbeat is fresh; a turn it has not claimed HERMES_AFFINITY_DEADLINE seconds later is dispatched to the shared
 # queue by the sweep, for any worker to take (cold). docs/architecture.md §4 has the delivery table.
@@ -378,6 +378,11 @@ HERMES_WARM_MAX_THREADS = env_int("HERMES_WARM_MAX_THREADS", 32)  # kept app-ser
 HERMES_WARM_MAX_TURNS = env_int("HERMES_WARM_MAX_TURNS", 200)  # turns one kept app-server runs before it is recycled
 HERMES_WARM_MAX_PRIVATE_MB = env_int("HERMES_WARM_MAX_PRIVATE_MB", 256)  # a kept app-server above this private size is closed
 HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
+# Turns one worker process with a route (the one pool process of a -c 1 worker) runs at once: its Celery
+# delivery's and its woken ones together (hermes_sessions/worker/wake.py, TurnSlots). A woken turn waits at most
+# HERMES_AFFINITY_DEADLINE for one of these permits; each running turn holds a runner thread with a database
+# connection of its own (docs/operating.md, "PostgreSQL connections"). 1: one turn at a time.
+HERMES_WORKER_TURNS = env_int("HERMES_WORKER_TURNS", 8)
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
 # (hermes_sessions/worker/warm/early_start.py).

@@ -140,3 +140,13 @@ def _no_sweep_loop_left():
     if leaked is not None:
         recovery.sweep_loop_stop()
         pytest.fail(f"the test left a sweep loop running ({leaked.by})")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_turn_permits(monkeypatch):
+    """Each test gets this process's turn permits made anew (``wake.turn_slots``, from
+    ``HERMES_WORKER_TURNS`` as the test sets it): a permit another test left taken must not make this one
+    busy."""
+    from hermes_sessions.worker import process
+
+    monkeypatch.setattr(process.runtime(), "slots", None)

@@ -2,7 +2,8 @@
 
 The database side of ``worker/warm/kept.py``. The pieces:
 
-* **a worker's route**: a worker that runs one turn at a time (``-c 1`` prefork, or ``-P solo``) is named
+* **a worker's route**: a worker with one pool process (``-c 1`` prefork, or ``-P solo``; it runs
+  ``HERMES_WORKER_TURNS`` turns of different sessions at once, ``wake.TurnSlots``) is named
   ``<HERMES_TURN_QUEUE>.<node name>`` (``project/celery.py`` names it in ``HERMES_OWN_ROUTE`` for the pool
   process). Only such a process keeps threads loaded: with more pool processes a turn could not be
   brought to the one holding the thread.

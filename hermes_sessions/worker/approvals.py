@@ -15,8 +15,8 @@ While a request waits:
   reader threads, and two idle database connections (the turn thread's, and this thread's, kept between
   reads until codex is answered); no transaction, no lock (``make bench-approvals``, ``docs/operating.md`` §3);
 * once the request has waited ``PARK_AFTER`` seconds the turn **parks** (``AskingTurn.park``,
-  ``execution._Handover.park``, ``runners.py``): the worker's slot — the Celery pool slot or wake thread
-  that delivered it, and ``wake.turn_slot`` — is free for other turns, while the turn keeps its runner
+  ``execution._Handover.park``, ``runners.py``): the worker's slot — the Celery pool slot that delivered
+  it, or the permit of ``wake.TurnSlots`` a woken turn runs on — is free for other turns, while the turn keeps its runner
   thread and its app-server process (codex keeps the request in that process only). Past
   ``HERMES_MAX_PARKED_TURNS`` parked turns in the process, a waiting turn keeps its slot;
 * the wait is not counted against ``CODEX_TURN_TIMEOUT`` (``TurnControl.person_waits``); it is bounded by
@@ -66,7 +66,7 @@ MATCH_SECONDS = 5.0
 #: How long a file-change request waits for its item's ``item/started`` (which carries the diff).
 CHANGES_SECONDS = 1.0
 #: How long a request waits for a person before its turn parks (seconds): a decision given at once (a
-#: person watching, a client that decides by rule) leaves the turn on its slot, and costs no hand-over.
+#: person watching, a client that decides by rule) leaves the turn on its permit, and costs no hand-over.
 PARK_AFTER = 1.0
 
 
@@ -82,8 +82,8 @@ class AskingTurn:
     unattended: bool = False  # approval_policy "never": nobody is asked anything (A7)
     asked: int = 0  # approvals recorded in this claim (``TurnOutcome.approvals``)
     ended: threading.Event = field(default_factory=threading.Event)
-    # Frees the worker's slot while a person decides: ``park(token=, control=)`` → whether it parked
-    # (``execution._Handover.park``); ``None``: the turn keeps its slot (no runner: an eager task, a test).
+    # Frees the worker's permit while a person decides: ``park(token=, control=)`` → whether it parked
+    # (``execution._Handover.park``); ``None``: the turn keeps its permit (no runner: an eager task, a test).
     park: Callable[..., bool] | None = None
     parked: bool = False
 

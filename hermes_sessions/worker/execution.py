@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -79,7 +79,7 @@ from ..services.turns import (
 from . import affinity, approvals, wake
 from .heartbeats import process_heartbeats
 from .retry_policy import RetryPolicy, retry_policy
-from .runners import Parked, TurnRun, runner_pool
+from .runners import Parked, TurnRun, runner_pool, session_runs
 from .time_limits import TIME_LIMIT_REASON, TimeLimits, thread_time_limits, turn_time_limits
 from .warm.early_start import EarlyStart, early_start
 from .warm.kept import Keeper, KeptThread, keeper_if_made, keeper_make, rollout_stamp
@@ -105,16 +105,27 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
     thread while the turn is claimed (``early_start.py``; recorded as ``timings["early_start"]``).
     ``limits``: the time limits of a turn run outside a Celery task (``time_limits.thread_time_limits``),
     which watch its control. ``parking``: the runner's handle of this turn (``runners.py``), which the
-    approval desk parks once a request waits for a person (``_Handover.park``)."""
+    approval desk parks once a request waits for a person (``_Handover.park``).
+
+    A run of the same session still executing in this process (``runners.SessionRuns``: its finalize
+    committed, its app-server not yet kept) is waited for — at most ``HERMES_AFFINITY_DEADLINE`` — before
+    the kept thread is looked for: by a woken turn before its early start (a wait longer than
+    ``wake.QUEUED_BEHIND_SECONDS`` costs the hint), by every turn once claimed."""
+    runs = session_runs()
+    deadline = float(settings.HERMES_AFFINITY_DEADLINE)
     with delivery(task_id):
         t0 = time.monotonic()
         early = None
+        if session_id and runs.wait_idle(session_id, timeout=deadline) > wake.QUEUED_BEHIND_SECONDS:
+            hint = None  # it waited for the session's last run here: not fresh (early_start.py)
         if hint is not None and session_id:
             early = early_start(turn_id=uuid.UUID(str(turn_id)), session_id=session_id, hint=hint)
         claim, early = _claim_with(turn_id, early)
         if claim is None:
             return None
         claim.timings["claim_ms"] = _ms_since(t0)
+        if early is None:  # the session's last run here committed, and may not have kept its app-server yet
+            runs.wait_idle(claim.session_id, timeout=deadline)
         if woken:
             claim.timings["woken"] = 1
         if early is not None:
@@ -127,7 +138,7 @@ def turn_execute(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken:
                 limits.watch(control)
             stream = TurnEventWriter(turn_id=claim.turn_id, session_id=claim.session_id, token=claim.token,
                                      attempt=claim.attempt)
-            with process_heartbeats().beating(claim, control):
+            with runs.running(claim.session_id), process_heartbeats().beating(claim, control):
                 return _run_with_retries(claim, control, retry_policy(), stream, early, parking)
         finally:
             if early is not None:
@@ -642,15 +653,17 @@ class _Handover:
     (``running``) to the finalize commit, after which ``settle`` hands it over (a commit that succeeded
     and stored the rollout) and ``close`` closes whatever was not handed over.
 
-    ``may_keep``: this process keeps threads loaded (a route — a one-turn-at-a-time worker,
+    ``may_keep``: this process keeps threads loaded (a route — a worker with one pool process,
     ``worker/affinity.py`` —, keeping on, and a thread that lives as long as the process — the main
     thread, a runner, the wake listener's: ``PR_SET_PDEATHSIG`` follows the spawning thread,
-    ``wake.in_long_lived_thread``) and the turn did not park.
+    ``wake.in_long_lived_thread``) and the turn did not park. Turns of other sessions hand theirs over at
+    the same time: the keeper locks its map, and ``Keeper.take`` removes a copy, so no two turns ever
+    drive one app-server.
 
-    ``parking``: the turn's runner handle (``runners.TurnRun``). A parked turn finishes beside the turn
-    that took the slot, so from its park on it touches nothing of the slot's: its app-server is closed at
-    its end, not kept (the keeper, the affinity job and the routing row are the slot's turn's). ``park``
-    and ``keeps`` share a lock: a turn parks only before its keep was decided, never after
+    ``parking``: the turn's runner handle (``runners.TurnRun``). A parked turn gave its permit back and
+    finishes outside the permits, so its app-server is closed at its end, not kept: the keeper holds only
+    what turns within ``HERMES_WORKER_TURNS`` left. ``park`` and ``keeps`` share a lock: a turn parks only
+    before its keep was decided, never after
     (``tests/services/test_parking.py::test_a_parked_turns_app_server_is_closed_not_kept``)."""
 
     def __init__(self, *, may_keep: bool | None = None, parking: TurnRun | None = None) -> None:
@@ -663,7 +676,7 @@ class _Handover:
         self._decided = False
 
     def park(self, *, token: uuid.UUID, control: TurnControl) -> bool:
-        """The approval desk's call once a request waited for a person: free the delivery's slot
+        """The approval desk's call once a request waited for a person: free the delivery's permit
         (``runners.TurnRun.park``); ``False`` when the turn keeps it (no runner, the bound, decided already)."""
         with self._lock:
             if self._parking is None or self._decided or not self._parking.park(token=token, control=control):
@@ -716,53 +729,77 @@ class _Handover:
 def turn_run(*, turn_id: uuid.UUID | str, task_id: str | None = None, woken: bool = False, session_id: str = "",
              hint: routing.WakeHint | None = None) -> Turn | Parked | None:
     """``turn_execute`` on one of this process's runner threads (``runners.py``), for a delivery that holds
-    the worker's slot: returns what it returns, or ``Parked`` as soon as the turn parked to wait for a
-    person (the delivery then lets its slot go; the runner writes the turn's end). The runner gives the
-    turn a task's soft and hard time limits (``time_limits.thread_time_limits``: Celery enforces its own
-    only on its tasks' thread, and a parked turn outlives its task) and checks its thread's database
-    connection as a task's is. Outside a worker process (no runners: an eager task, a test) it runs on
-    this thread, as a task — or, ``woken``, under those limits —, and never parks."""
+    one of the worker's permits and waits: returns what it returns, or ``Parked`` as soon as the turn parked
+    to wait for a person (the delivery then lets its permit go; the runner writes the turn's end). The
+    runner gives the turn a task's soft and hard time limits (``time_limits.thread_time_limits``: Celery
+    enforces its own only on its tasks' thread, and a parked turn outlives its task) and checks its
+    thread's database connection as a task's is. Outside a worker process (no runners: an eager task, a
+    test) it runs on this thread, as a task — or, ``woken``, under those limits —, and never parks."""
     kwargs = {"turn_id": turn_id, "task_id": task_id, "woken": woken, "session_id": session_id, "hint": hint}
     pool = runner_pool()
     if pool is None and not woken:
         return turn_execute(**kwargs)  # type: ignore[arg-type]
-    soft, hard = turn_time_limits()
-    what = f"woken turn {turn_id}" if woken else f"turn {turn_id}"
-
-    def work(run: TurnRun | None) -> Turn | None:
-        with thread_time_limits(soft=soft, hard=hard, what=what) as limits:
-            if run is not None:
-                run.limits = limits
-            return turn_execute(**kwargs, limits=limits, parking=run)  # type: ignore[arg-type]
-
+    work = _runner_work(kwargs)
     if pool is None:
         close_old_connections()
         return work(None)
     return pool.run(work, turn_id=turn_id)
 
 
-def turn_execute_woken(turn_id: uuid.UUID, session_id: str, hint: routing.WakeHint | None = None) -> Turn | Parked | None:
+def _runner_work(kwargs: dict[str, Any]) -> Callable[[TurnRun | None], Turn | None]:
+    """What a runner runs for a turn: ``turn_execute(**kwargs)`` under a task's time limits."""
+    soft, hard = turn_time_limits()
+    turn_id = kwargs["turn_id"]
+    what = f"woken turn {turn_id}" if kwargs["woken"] else f"turn {turn_id}"
+
+    def work(run: TurnRun | None) -> Turn | None:
+        with thread_time_limits(soft=soft, hard=hard, what=what) as limits:
+            if run is not None:
+                run.limits = limits
+            return turn_execute(**kwargs, limits=limits, parking=run)
+
+    return work
+
+
+def turn_execute_woken(turn_id: uuid.UUID, session_id: str,
+                       hint: routing.WakeHint | None = None) -> TurnRun | Turn | Parked | None:
     """Run turn ``turn_id`` of ``session_id`` on its wake-up (``wake.WakeListener``, this process's
-    listener thread), once this process's turn slot is free (``wake.turn_slot``: a turn a Celery delivery
-    runs ends or parks first) — on the kept thread, or cold when this process let the thread go meanwhile;
-    on a runner (``turn_run``, which gives it a task's time limits), holding the slot until it ends or parks.
-    ``None`` without running it when the slot stays taken past ``HERMES_AFFINITY_DEADLINE``: the turn is
+    listener thread) once one of this process's ``HERMES_WORKER_TURNS`` permits is free
+    (``wake.TurnSlots``: the turns of its Celery delivery and its other wakes hold the others until they
+    end or park) — on the kept thread, or cold when this process let the thread go meanwhile. The turn is
+    handed to a runner with the permit (``Runners.submit``, the task's time limits as ``turn_run``'s) and
+    this returns at once, its ``TurnRun``; the runner gives the permit back when the turn ends or parks.
+    ``None`` without running it when no permit comes free within ``HERMES_AFFINITY_DEADLINE``: the turn is
     left undispatched (``dispatch.turn_undispatched``) and the sweep's next round dispatches it to the
-    shared queue (``recovery.turns_dispatch_unclaimed``), for any worker. ``session_id``: from the wake's
-    payload, for the log.
+    shared queue (``recovery.turns_dispatch_unclaimed``), for any worker. A wait for the permit longer than
+    ``wake.QUEUED_BEHIND_SECONDS`` costs the hint (no early ``turn/start``). ``session_id``: from the wake's
+    payload. Without runners (a test) the turn runs on this thread, holding the permit, and its end is
+    returned.
     """
+    slots = wake.turn_slots()
     asked = time.monotonic()
-    with wake.turn_slot(timeout=settings.HERMES_AFFINITY_DEADLINE) as taken:
-        if time.monotonic() - asked > wake.QUEUED_BEHIND_SECONDS:
-            hint = None  # it waited for another turn here: not fresh, whatever its clock says (early_start.py)
-        if not taken:
-            logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
-                        "the sweep dispatches it to the shared queue", turn_id, session_id)
-            # Its wake is spent: left undispatched, the next round dispatches it even if the session's
-            # WarmThread row went meanwhile (an evicted or expired copy), which the deadline rule needs.
-            turn_undispatched(turn_id)
-            return None
-        return turn_run(turn_id=turn_id, task_id=WOKEN_TASK_ID, woken=True, session_id=session_id, hint=hint)
+    taken = slots.acquire(timeout=settings.HERMES_AFFINITY_DEADLINE)
+    if time.monotonic() - asked > wake.QUEUED_BEHIND_SECONDS:
+        hint = None  # it waited for another turn here: not fresh, whatever its clock says (early_start.py)
+    if not taken:
+        logger.info("turn %s of session %s: woken, but this worker stayed busy past HERMES_AFFINITY_DEADLINE; "
+                    "the sweep dispatches it to the shared queue", turn_id, session_id)
+        # Its wake is spent: left undispatched, the next round dispatches it even if the session's
+        # WarmThread row went meanwhile (an evicted or expired copy), which the deadline rule needs.
+        turn_undispatched(turn_id)
+        return None
+    kwargs = {"turn_id": turn_id, "task_id": WOKEN_TASK_ID, "woken": True, "session_id": session_id, "hint": hint}
+    pool = runner_pool()
+    if pool is None:
+        try:
+            return turn_run(**kwargs)  # type: ignore[arg-type]
+        finally:
+            slots.release()
+    try:
+        return pool.submit(_runner_work(kwargs), turn_id=turn_id, on_released=slots.release, detached=True)
+    except BaseException:
+        slots.release()
+        raise
 
 
 def start_affinity(k: Keeper) -> affinity.AffinityLoop | None:

@@ -3,9 +3,10 @@
 ``project/celery.py`` calls ``start()`` when a pool process starts (``worker_process_init``) and ``stop()``
 when it ends (``worker_process_shutdown``; ``worker_shutdown`` for ``-P solo``). The threads of ours a
 worker process runs (docs/architecture.md §7): the scheduler (``scheduler.Scheduler``, every periodic
-and due job), the runners (``runners.Runners``: every turn executes on one, one more per turn parked
-to wait for a person) and, in a process with a route, the wake listener (``wake.WakeListener``, which
-hands woken turns to the runners). The codex client's pipe readers (``codex-app-server-<pid>-<role>``) live only as long as
+and due job), the runners (``runners.Runners``: every turn executes on one — up to ``HERMES_WORKER_TURNS``
+at once in a process with a route, plus each turn parked to wait for a person) and, in a process with a
+route, the wake listener (``wake.WakeListener``, which hands woken turns to the runners without waiting for
+them). The codex client's pipe readers (``codex-app-server-<pid>-<role>``) live only as long as
 their app-server. ``tests/e2e/test_worker_threads.py`` counts them in a real worker.
 
 ``runtime()`` is this process's state, made again after a fork (a forked child has its parent's
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from .health_beat import HealthBeat
     from .heartbeats import TurnHeartbeats
     from .recovery import SweepLoop
-    from .runners import Runners
-    from .wake import WakeListener
+    from .runners import Runners, SessionRuns
+    from .wake import TurnSlots, WakeListener
     from .warm.kept import Keeper
     from .warm.spares import SparePool
 
@@ -46,6 +47,8 @@ class Runtime:
     spares: SparePool | None = None
     listener: WakeListener | None = None
     runners: Runners | None = None  # where turns execute (runners.py); None outside a worker process
+    slots: TurnSlots | None = None  # the HERMES_WORKER_TURNS permits (wake.py), made on first use
+    sessions: SessionRuns | None = None  # the sessions whose turns run here now (runners.py), made on first use
     affinity: AffinityLoop | None = None
     sweep: SweepLoop | None = None
     health: HealthBeat | None = None
@@ -74,7 +77,7 @@ def start() -> None:
     (``HERMES_WARM_POOL`` > 0), its metric report runs every ``HERMES_METRICS_REPORT_SECONDS``
     (``metric_reports.py``), and a process with a route
     starts its affinity heartbeat and wake listener (``execution.start_affinity``), which also runs the
-    sweep's round; any other (more turn slots, or keeping off) runs the sweep's round alone
+    sweep's round; any other (more pool processes, or keeping off) runs the sweep's round alone
     (``recovery.sweep_loop_start``): recovery never depends on beat alone."""
     from .execution import start_affinity
     from .health_beat import health_beat_start
@@ -95,7 +98,8 @@ def start() -> None:
 
 def stop(*, turn_timeout: float) -> None:
     """A pool process ends (warm shutdown, max-tasks-per-child): the wake listener first, waiting
-    ``turn_timeout`` seconds at most for a woken turn (it ends on its app-server); then the runners: parked
+    ``turn_timeout`` seconds at most for every permit (``wake.wake_stop``: the woken turns end on their
+    app-servers); then the runners: parked
     turns that wait for a person are given back to the queue at once, others waited for (``turn_timeout``
     seconds at most, ``runners.runners_stop``); then the spares, the
     kept app-servers and this worker's routing rows; the last metric report; then the scheduler. A killed process takes its

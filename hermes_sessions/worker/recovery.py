@@ -211,7 +211,7 @@ def leases_take_back(*, limit: int, by: str) -> tuple[int, int]:
 
 
 class SweepLoop:
-    """A worker process's sweep when it runs no affinity loop (more than one turn slot, or keeping off):
+    """A worker process's sweep when it runs no affinity loop (more than one pool process, or keeping off):
     ``sweep_round`` every ``sweep_round_seconds()``, named ``by``, as a job on the process's scheduler
     (``scheduler.py``) — so that such a worker, too, takes back a dead worker's turns and dispatches
     unclaimed ones without beat (``affinity.AffinityLoop`` does it for the keeping workers)."""

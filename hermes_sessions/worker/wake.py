@@ -8,10 +8,12 @@ the enqueue of a turn whose session's holder (``routing.session_route_params``) 
 heartbeat (``TurnWorker.wakeable``) sends ``pg_notify(routing.wake_channel(route), '<turn id> <session
 id>')`` in its transaction instead of a Celery message: PostgreSQL delivers it at the commit. The worker
 process of that route listens (``WakeListener``, a thread of its own with a connection of its own) and
-runs the turn at once.
+hands the turn to a runner thread at once, holding one of the process's ``HERMES_WORKER_TURNS`` permits
+(``TurnSlots``) until the turn ends or parks; it does not wait for the turn, so one process runs up to that
+many turns of different sessions at once.
 
-The wake is a hint; the ``Turn`` row is the queue. A wake that finds this process busy past
-``HERMES_AFFINITY_DEADLINE`` (``turn_slot``), or that never arrives (listener reconnecting, worker
+The wake is a hint; the ``Turn`` row is the queue. A wake that finds every permit of this process taken
+past ``HERMES_AFFINITY_DEADLINE`` (``TurnSlots``), or that never arrives (listener reconnecting, worker
 frozen or gone), costs time, never the turn: the sweep dispatches a turn its holder has not claimed
 within the deadline to the shared queue (``recovery.turns_dispatch_unclaimed``, every worker's round).
 Whichever delivery claims the turn first runs it; any other finds it taken (``turns.turn_claim``).
@@ -33,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
+from django.conf import settings
 from django.db import connection
 
 from ..latency_marks import mark
@@ -43,36 +46,96 @@ from .process import runtime
 
 logger = logging.getLogger(__name__)
 
-# A wake the listener is handed less than this after its last wake's run ended waited behind that run.
+# A wake the listener is handed less than this after its last wake's hand-off ended, when that hand-off took
+# at least this long (it waited for a permit), waited behind it.
 QUEUED_BEHIND_SECONDS = 0.005
 
-# One turn at a time per worker process that keeps threads loaded: Celery's delivery (the main thread)
-# and the wake listener's both hold it while their turn runs on a runner, until it ends or parks (runners.py).
-_slot = threading.Lock()
+
+class TurnSlots:
+    """This process's turn permits: ``HERMES_WORKER_TURNS`` turns at once in a worker process with a route —
+    its Celery delivery's and its woken ones together (a bounded semaphore). A delivery holds a permit
+    while its turn runs on a runner, until the turn ends **or parks** (``runners.py``): Celery's delivery
+    on its task thread (``delivery_slot``), a woken turn on the runner it was handed to (the listener takes
+    the permit and goes on to its next wake, ``execution.turn_execute_woken``). I3 is the claim's, not the
+    permits': two turns of one session never both hold a claim (``turns.turn_claim``)."""
+
+    def __init__(self, permits: int) -> None:
+        if permits < 1:
+            raise ValueError(f"HERMES_WORKER_TURNS must be at least 1, not {permits}")
+        self.permits = permits
+        self._sem = threading.BoundedSemaphore(permits)
+        self._lock = threading.Lock()
+        self._held = 0
+
+    def acquire(self, *, timeout: float | None = None) -> bool:
+        """Take a permit within ``timeout`` seconds (``None``: as long as it takes); whether it was taken."""
+        taken = self._sem.acquire(timeout=None if timeout is None else max(timeout, 0.0))
+        if taken:
+            with self._lock:
+                self._held += 1
+        return taken
+
+    def release(self) -> None:
+        """Give a permit back (``ValueError`` from the semaphore when none is held: a permit released twice)."""
+        self._sem.release()
+        with self._lock:
+            self._held -= 1
+
+    def held(self) -> int:
+        """Permits taken now (turns this process runs on its permits)."""
+        with self._lock:
+            return self._held
+
+    def drain(self, *, timeout: float) -> int:
+        """Wait until every permit is free (``timeout`` seconds at most), then give them back; the permits
+        still held at the deadline (0: every turn on a permit ended or parked)."""
+        deadline = time.monotonic() + timeout
+        got = 0
+        try:
+            while got < self.permits and self._sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                got += 1
+        finally:
+            for _ in range(got):
+                self._sem.release()
+        return self.permits - got
+
+
+def turn_slots() -> TurnSlots:
+    """This process's ``TurnSlots`` (``process.runtime().slots``), made on first use with
+    ``HERMES_WORKER_TURNS`` permits."""
+    rt = runtime()
+    slots = rt.slots
+    if slots is None:
+        with rt.lock:
+            if rt.slots is None:
+                rt.slots = TurnSlots(int(settings.HERMES_WORKER_TURNS))
+            slots = rt.slots
+    return slots
 
 
 @contextlib.contextmanager
 def turn_slot(*, timeout: float | None = None) -> Iterator[bool]:
-    """This process's one turn slot, held for the block; yields whether it was taken within ``timeout``
-    seconds (``None``: waits as long as it takes, always ``True``). Not reentrant."""
-    taken = _slot.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+    """One of this process's turn permits (``TurnSlots``), held for the block; yields whether it was taken
+    within ``timeout`` seconds (``None``: waits as long as it takes, always ``True``)."""
+    slots = turn_slots()
+    taken = slots.acquire(timeout=timeout)
     try:
         yield taken
     finally:
         if taken:
-            _slot.release()
+            slots.release()
 
 
 @contextlib.contextmanager
 def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
-    """For a Celery delivery of ``run_turn``: hold ``turn_slot`` while this process has a wake listener,
-    waiting at most ``timeout`` seconds for a woken turn to end; yields whether the slot is this
-    delivery's. Without a listener, nothing to hold (always ``True``): no other thread runs turns here
-    (an eager task inside a request, a worker with several slots or keeping off).
+    """For a Celery delivery of ``run_turn``: hold a ``turn_slot`` permit while this process has a wake
+    listener, waiting at most ``timeout`` seconds for one (woken turns hold the others); yields whether the
+    permit is this delivery's. Without a listener, nothing to hold (always ``True``): no other thread runs
+    turns here (an eager task inside a request, a worker with several pool processes or keeping off).
 
-    Why the bound: Celery does not see a woken turn, so it counts this pool process idle and hands it the
-    next message of the shared queue; waiting for the woken turn would hold a turn that another, idle
-    worker could run. A delivery that cannot have the slot leaves its turn to the sweep instead
+    Why the bound: Celery does not see woken turns, so it counts this pool process idle and hands it the
+    next message of the shared queue; waiting for a woken turn to end would hold a turn that another, idle
+    worker could run. A delivery that cannot have a permit leaves its turn to the sweep instead
     (``tasks.run_turn``; ``tests/e2e/test_affinity.py`` pins that it does not starve)."""
     if not wake_listening():
         yield True
@@ -84,8 +147,11 @@ def delivery_slot(*, timeout: float | None = None) -> Iterator[bool]:
 class WakeListener:
     """A daemon thread that ``LISTEN``s on ``wake_channel(queue)`` (``listener.Listener``: a connection of
     its own, the shared reconnect rule) and calls ``run(turn_id, session_id, hint)`` for each wake
-    (``parse_payload``), on this thread (``execution.turn_execute_woken``: it hands the turn to a runner
-    and waits until it ends or parks). A lost connection is logged and opened again within a second;
+    (``parse_payload``), on this thread (``execution.turn_execute_woken``: it waits at most
+    ``HERMES_AFFINITY_DEADLINE`` for a permit, hands the turn to a runner and returns; the runner gives the
+    permit back when the turn ends or parks). A wake handed over right after a ``run`` that took at least
+    ``QUEUED_BEHIND_SECONDS`` (it waited for a permit) waited behind it: it loses its hint (no early
+    ``turn/start``, ``early_start.py``). A lost connection is logged and opened again within a second;
     wakes sent meanwhile are lost, which costs only time (the Celery messages run those turns), so a
     reconnect re-reads nothing: it only sets ``listening`` again (the heartbeat's ``wakeable``).
     ``run`` must not raise; if it does, it is logged."""
@@ -93,6 +159,7 @@ class WakeListener:
     def __init__(self, queue: str, run: Callable[[uuid.UUID, str, WakeHint | None], object]) -> None:
         self.queue, self.channel, self.run = queue, routing.wake_channel(queue), run
         self._ran_until = float("-inf")
+        self._ran_for = 0.0  # seconds the last ``run`` took
         self._listener = Listener(self.channel, name="hermes-wake", on_notify=self._notified,
                                   on_connect=self._connected)
         #: Set while the LISTEN is in place (tests wait for it).
@@ -124,11 +191,14 @@ class WakeListener:
         self._ran_until = float("-inf")
 
     def _notified(self, payload: str) -> None:
-        # Handed over at once after the last wake's run: it arrived while that ran, so it is not fresh
-        # whatever its clock says (another host's clock may be off): no hint.
-        behind = time.monotonic() - self._ran_until < QUEUED_BEHIND_SECONDS
+        # Handed over at once after a slow run of the last wake (a wait for a permit): it arrived while that
+        # ran, so it is not fresh whatever its clock says (another host's clock may be off): no hint. A quick
+        # hand-off (well under a millisecond) makes nobody wait.
+        started = time.monotonic()
+        behind = started - self._ran_until < QUEUED_BEHIND_SECONDS and self._ran_for >= QUEUED_BEHIND_SECONDS
         self._woken(payload, queued_behind=behind)
         self._ran_until = time.monotonic()
+        self._ran_for = self._ran_until - started
 
     def _woken(self, payload: str, *, queued_behind: bool = False) -> None:
         mark("wake.received", payload.partition(" ")[0])
@@ -180,15 +250,16 @@ def wake_listening() -> bool:
 
 
 def wake_stop(*, turn_timeout: float) -> None:
-    """Worker shutdown: stop this process's listener, then wait (``turn_timeout`` seconds at most) for a
-    turn it may be running to end, so the app-servers are closed after it, not under it."""
+    """Worker shutdown: stop this process's listener (no more wakes), then wait (``turn_timeout`` seconds at
+    most) until every permit is free — every woken turn ended or parked —, so the app-servers are closed after
+    them, not under them (parked ones: ``runners.runners_stop``)."""
     rt = runtime()
     with rt.lock:
         listener, rt.listener = rt.listener, None
     if listener is None:
         return
     listener.stop()
-    if _slot.acquire(timeout=turn_timeout):
-        _slot.release()
-    else:
-        logger.warning("wake: a woken turn still runs after %.0f s at shutdown; its lease brings it back", turn_timeout)
+    left = turn_slots().drain(timeout=turn_timeout)
+    if left:
+        logger.warning("wake: %d woken turn(s) still run after %.0f s at shutdown; their leases bring them back",
+                       left, turn_timeout)

@@ -181,6 +181,37 @@ def test_consecutive_turns_run_on_the_loaded_thread(user, workers, stand_in):
     assert keys_naming(redis.Redis.from_url(settings.CELERY_BROKER_URL), queue) == {}
 
 
+@pytest.mark.parametrize("worker_turns", [2, 1])
+def test_two_sessions_kept_on_one_worker_run_their_next_turns_at_once_on_their_kept_threads(
+        user, workers, stand_in, worker_turns):
+    """Two sessions whose threads one ``-c 1`` worker keeps post their next turns at once. With
+    ``HERMES_WORKER_TURNS=2`` the wake listener hands both to runners: both run on their kept thread
+    (``timings.warm``), woken, and their runs overlap in time. With 1 the second waits for the first (one
+    turn at a time); its 3 s outlast ``HERMES_AFFINITY_DEADLINE``, so the second is sent on by the sweep."""
+    workers.env["HERMES_WORKER_TURNS"] = str(worker_turns)
+    workers.start("a")
+    sessions = [services.session_create(owner=user, session_id=f"aff-both-{worker_turns}-{n}") for n in (1, 2)]
+    for n, session in enumerate(sessions):
+        assert _turn(session, user, f"first {n}").status == "succeeded"
+    _wait(lambda: TurnWorker.objects.filter(queue=workers.queue("a"), wakeable=True).exists(), 10,
+          "a's wake listener is not listening")
+    assert set(WarmThread.objects.values_list("queue", flat=True)) == {workers.queue("a")}
+    assert WarmThread.objects.count() == 2 and len(workers.codex_of("a")) == 2
+    posted = [services.turn_enqueue(session=session, input_text=f"SLOW3 next {n}", user=user)
+              for n, session in enumerate(sessions)]
+    one, two = (_turn_done(turn, timeout=60) for turn in posted)
+    assert (one.status, two.status) == ("succeeded", "succeeded"), (one.error, two.error)
+    overlap = one.started_at < two.finished_at and two.started_at < one.finished_at
+    if worker_turns == 1:
+        assert not overlap, (one.started_at, one.finished_at, two.started_at, two.finished_at)
+        return
+    for turn in (one, two):
+        assert (turn.timings.get("warm"), turn.timings.get("woken")) == (1, 1), turn.timings
+        assert turn.thread_action == "resumed" and turn.attempt == 1
+    assert overlap, (one.started_at, one.finished_at, two.started_at, two.finished_at)
+    assert not Notice.objects.exists()
+
+
 def test_a_dead_app_server_between_turns_runs_cold(user, workers, stand_in):
     workers.start("a")
     session = services.session_create(owner=user, session_id="aff-dead-codex")
@@ -227,7 +258,8 @@ def test_a_session_taken_elsewhere_is_released_by_its_old_holder(user, workers, 
     """a holds the session's thread but is busy with another session's long turn when the next turn
     comes: after the affinity deadline the sweep dispatches it to the shared queue and b takes it (cold,
     on the same host: it re-makes the session's home under a's loaded copy), a then lets its copy go, and
-    the turn after runs warm on b."""
+    the turn after runs warm on b. One permit (``HERMES_WORKER_TURNS=1``): a's one long turn keeps it busy."""
+    workers.env["HERMES_WORKER_TURNS"] = "1"
     workers.start("a")
     session = services.session_create(owner=user, session_id="aff-taken")
     assert _turn(session, user, "first on a").status == "succeeded"
@@ -272,11 +304,13 @@ def test_a_warm_shutdown_lets_a_woken_turn_finish(user, workers, stand_in):
 
 def test_a_worker_busy_with_a_woken_turn_leaves_other_turns_to_the_sweep_and_they_do_not_starve(
         user, workers, stand_in):
-    """A woken turn runs on the listener's thread, which Celery cannot see, so it hands that pool process
+    """A woken turn holds the worker's permit, which Celery cannot see, so it hands that pool process
     the shared queue's next message — here the first turns of new sessions. The delivery waits at most
-    ``HERMES_AFFINITY_DEADLINE`` for the slot, then leaves its turn undispatched; the sweep's next
+    ``HERMES_AFFINITY_DEADLINE`` for a permit, then leaves its turn undispatched; the sweep's next
     round dispatches it again, until the idle worker takes it: each runs within seconds, not after the
-    woken turn's 30 s or the sweep's ``HERMES_REDISPATCH_SECONDS``."""
+    woken turn's 30 s or the sweep's ``HERMES_REDISPATCH_SECONDS``. One permit (``HERMES_WORKER_TURNS=1``):
+    with more, the woken turn leaves the others free and a runs the new sessions' turns itself."""
+    workers.env["HERMES_WORKER_TURNS"] = "1"
     workers.start("a")
     held = services.session_create(owner=user, session_id="aff-woken-busy")
     assert _turn(held, user, "held by a").status == "succeeded"

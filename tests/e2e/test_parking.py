@@ -2,7 +2,7 @@
 model stand-in (docs/contract.md §10 "What a waiting turn holds").
 
 Session A (``approval_policy: untrusted``) asks to run a command and waits for a person; meanwhile the
-same one-slot worker runs session B's turns to their end. Accepted, A runs the command. A warm shutdown
+same worker, with one turn permit (``HERMES_WORKER_TURNS=1``), runs session B's turns to their end. Accepted, A runs the command. A warm shutdown
 while A is parked gives A back to the queue: another worker's re-run asks codex again and carries the
 pending approval over (one row, A8), and the decision finishes it.
 """
@@ -43,6 +43,7 @@ def _tool_text(turn: Turn) -> str:
 
 
 def test_other_sessions_turns_run_and_finish_while_a_turn_waits_for_a_person(user, workers, tmp_path):  # noqa: F811
+    workers.env["HERMES_WORKER_TURNS"] = "1"  # one permit: B's turns run only because A's turn parked
     workers.start("a")
     asking, mark = _asking(user, "park-a")
     _parked(workers, "a", asking)

@@ -67,8 +67,8 @@ def status(turn: Turn) -> str:
 
 
 def slot_free() -> bool:
-    with wake.turn_slot(timeout=0) as free:
-        return free
+    """No turn holds one of this process's permits (``wake.TurnSlots``)."""
+    return wake.turn_slots().held() == 0
 
 
 def test_a_waiting_turn_parks_frees_the_slot_and_finishes_after_the_decision(user, scripted_codex, pool, monkeypatch):
@@ -91,6 +91,25 @@ def test_a_waiting_turn_parks_frees_the_slot_and_finishes_after_the_decision(use
     assert answers(scripted_codex) == [{"id": 0, "result": {"decision": "accept"}}]
     until(lambda: runners.parked_count() == 0)
     assert pool.idle_threads() == 2  # two turns ran at once: two runners, each idle again
+
+
+def test_a_woken_turn_that_parks_gives_its_permit_back(user, scripted_codex, pool, settings, monkeypatch):
+    """With one permit, a woken turn waiting for a person parks and its runner gives the permit back: the
+    next wake runs at once; the parked turn finishes after the decision."""
+    settings.HERMES_WORKER_TURNS = 1
+    hold_dispatches(monkeypatch)
+    scripted_codex.script({"turn/start": [{"server_request": COMMAND}]})
+    asking = posted(user, "RUNCMD touch approved.txt", asks=True)
+    run = execution.turn_execute_woken(asking.pk, str(asking.session_id))
+    assert isinstance(run, runners.TurnRun)
+    until(lambda: runners.parked_count() == 1)
+    assert slot_free() and status(asking) == Turn.Status.RUNNING
+    other = posted(user, "hello", asks=False)
+    execution.turn_execute_woken(other.pk, str(other.session_id))
+    until(lambda: status(other) == Turn.Status.SUCCEEDED)
+    _decide_when_pending(user, asking, "accept").join(15)
+    until(lambda: status(asking) == Turn.Status.SUCCEEDED)
+    until(lambda: runners.parked_count() == 0 and slot_free())
 
 
 def test_a_decision_given_at_once_leaves_the_turn_on_its_slot(user, scripted_codex, pool, monkeypatch):

@@ -349,17 +349,20 @@ def test_wake_start_starts_one_listener_per_process_and_wake_stop_ends_it(monkey
     assert process.runtime().listener is None and not wake.wake_listening() and one.stopping
 
 
-# --- one turn at a time ---------------------------------------------------------------------------------
+# --- the process's turn permits (HERMES_WORKER_TURNS) -------------------------------------------------
 
 def _held_slot() -> tuple[threading.Event, threading.Event]:
-    """Another thread holds the turn slot until the returned ``release`` is set."""
+    """Another thread holds every turn permit of this process until the returned ``release`` is set."""
     taken, release = threading.Event(), threading.Event()
+    slots = wake.turn_slots()
 
     def hold() -> None:
-        with wake.turn_slot() as ok:
-            assert ok
-            taken.set()
-            release.wait(10)
+        for _ in range(slots.permits):
+            assert slots.acquire(timeout=5)
+        taken.set()
+        release.wait(10)
+        for _ in range(slots.permits):
+            slots.release()
 
     threading.Thread(target=hold, daemon=True).start()
     assert taken.wait(5)
@@ -461,14 +464,157 @@ def test_wake_stop_waits_for_a_woken_turn_then_returns(monkeypatch, caplog):
     threading.Timer(0.3, release.set).start()
     t0 = time.monotonic()
     wake.wake_stop(turn_timeout=5)
-    assert 0.2 < time.monotonic() - t0 < 4 and "still runs" not in caplog.text
+    assert 0.2 < time.monotonic() - t0 < 4 and "still run" not in caplog.text
     monkeypatch.setattr(process.runtime(), "listener", listener)
     _, release = _held_slot()
     try:
         wake.wake_stop(turn_timeout=0.1)
-        assert "still runs after" in caplog.text
+        assert f"{wake.turn_slots().permits} woken turn(s) still run after" in caplog.text
     finally:
         release.set()
+
+
+def test_the_permits_bound_the_turns_at_once_and_drain_waits_for_every_one():
+    slots = wake.TurnSlots(2)
+    assert slots.acquire(timeout=0) and slots.acquire(timeout=0)
+    assert not slots.acquire(timeout=0.05) and slots.held() == 2  # a third turn waits
+    threading.Timer(0.1, slots.release).start()
+    threading.Timer(0.3, slots.release).start()
+    t0 = time.monotonic()
+    assert slots.drain(timeout=5) == 0  # both turns ended
+    assert 0.25 < time.monotonic() - t0 < 4 and slots.held() == 0
+    assert slots.acquire(timeout=0)  # drained permits are given back
+    assert slots.drain(timeout=0.05) == 1  # one still held at the deadline
+    slots.release()
+    with pytest.raises(ValueError):
+        slots.release()  # bounded: a permit given back twice is a bug, not a new permit
+    with pytest.raises(ValueError):
+        wake.TurnSlots(0)
+
+
+@pytest.fixture
+def runner_pool(monkeypatch):
+    """This process runs turns on runners, as a worker process does (``process.start``)."""
+    from hermes_sessions.worker import runners
+
+    made = runners.Runners()
+    made.start()
+    monkeypatch.setattr(process.runtime(), "runners", made)
+    yield made
+    made.stop(timeout=10)
+
+
+@pytest.fixture
+def gated_turns(monkeypatch):
+    """``turn_execute`` replaced by a run that records its turn id and blocks until ``gates[turn_id]`` is set."""
+    gates: dict[uuid.UUID, threading.Event] = {}
+    started: list[uuid.UUID] = []
+
+    def execute(**kw) -> None:
+        started.append(kw["turn_id"])
+        if not gates.setdefault(kw["turn_id"], threading.Event()).wait(10):
+            raise RuntimeError("gate never opened")
+        if kw["session_id"] == "boom":
+            raise RuntimeError("the woken run failed")
+
+    monkeypatch.setattr(execution, "turn_execute", execute)
+    return gates, started
+
+
+def test_the_listener_hands_woken_turns_to_runners_and_they_run_at_once(settings, monkeypatch, runner_pool,
+                                                                          gated_turns, caplog):
+    """The wake listener does not wait for a woken turn: it takes a permit, hands the turn to a runner and
+    returns, so up to ``HERMES_WORKER_TURNS`` woken turns run at once; a wake that finds every permit taken
+    past ``HERMES_AFFINITY_DEADLINE`` is left to the sweep; the runner gives the permit back at the end."""
+    settings.HERMES_WORKER_TURNS, settings.HERMES_AFFINITY_DEADLINE = 2, 0.3
+    gates, started = gated_turns
+    undispatched: list = []
+    monkeypatch.setattr(execution, "turn_undispatched", undispatched.append)
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for turn in (a, b, c):
+        gates[turn] = threading.Event()
+    t0 = time.monotonic()
+    run_a = execution.turn_execute_woken(a, "s-a")
+    run_b = execution.turn_execute_woken(b, "boom")
+    assert time.monotonic() - t0 < 0.25  # handed over, not waited for
+    assert not run_a.released.is_set() and not run_b.released.is_set()
+    _wait_for(lambda: set(started) == {a, b})  # both run at once, on two runners
+    assert wake.turn_slots().held() == 2
+    assert execution.turn_execute_woken(c, "s-c") is None and undispatched == [c]  # every permit taken
+    gates[b].set()  # the run raises: logged, its permit given back all the same
+    _wait_for(lambda: wake.turn_slots().held() == 1)
+    _wait_for(lambda: "the woken run failed" in caplog.text)
+    execution.turn_execute_woken(c, "s-c")
+    _wait_for(lambda: c in started)
+    gates[a].set()
+    gates[c].set()
+    _wait_for(lambda: wake.turn_slots().held() == 0)
+    _wait_for(lambda: runner_pool.idle_threads() == 2)
+
+
+def test_with_one_permit_a_woken_turn_waits_for_the_running_one(settings, monkeypatch, runner_pool, gated_turns):
+    """``HERMES_WORKER_TURNS=1``: one turn at a time, as a worker with a route ran before the permits."""
+    settings.HERMES_WORKER_TURNS, settings.HERMES_AFFINITY_DEADLINE = 1, 5.0
+    gates, started = gated_turns
+    a, b = uuid.uuid4(), uuid.uuid4()
+    gates[a], gates[b] = threading.Event(), threading.Event()
+    execution.turn_execute_woken(a, "s-a")
+    _wait_for(lambda: started == [a])
+    threading.Timer(0.3, gates[a].set).start()
+    t0 = time.monotonic()
+    execution.turn_execute_woken(b, "s-b")  # waits for a's permit
+    assert time.monotonic() - t0 > 0.25
+    _wait_for(lambda: started == [a, b])
+    gates[b].set()
+    _wait_for(lambda: wake.turn_slots().held() == 0)
+
+
+def test_wake_stop_waits_for_every_woken_turn(settings, monkeypatch, runner_pool, gated_turns, caplog):
+    settings.HERMES_WORKER_TURNS = 3
+    gates, started = gated_turns
+    listener = wake.WakeListener(own("stop-all"), lambda *_: None)
+    monkeypatch.setattr(process.runtime(), "listener", listener)
+    a, b = uuid.uuid4(), uuid.uuid4()
+    gates[a], gates[b] = threading.Event(), threading.Event()
+    execution.turn_execute_woken(a, "s-a")
+    execution.turn_execute_woken(b, "s-b")
+    _wait_for(lambda: len(started) == 2)
+    threading.Timer(0.1, gates[a].set).start()
+    threading.Timer(0.5, gates[b].set).start()
+    t0 = time.monotonic()
+    wake.wake_stop(turn_timeout=5)
+    assert 0.45 < time.monotonic() - t0 < 4 and "still run" not in caplog.text  # the later one too
+    assert wake.turn_slots().held() == 0
+
+
+def test_a_woken_turn_waits_for_its_sessions_last_run_here_and_loses_its_hint(settings, monkeypatch):
+    """The finalize of a session's turn makes its next turn claimable before the app-server is handed to the
+    keeper: the next turn, on another runner, waits for the end of that run (``runners.SessionRuns``) so it
+    finds the kept thread; having waited, it starts no early ``turn/start``. Another session's turn does
+    not wait."""
+    from hermes_sessions.worker import runners
+
+    early: list = []
+    claimed: list[float] = []
+    monkeypatch.setattr(execution, "early_start", lambda **kw: early.append(kw["session_id"]))
+    monkeypatch.setattr(execution, "_claim_with", lambda turn_id, e: (claimed.append(time.monotonic()), (None, e))[1])
+    registered, done = threading.Event(), threading.Event()
+
+    def last_run() -> None:
+        with runners.session_runs().running("s-1"):
+            registered.set()
+            done.wait(0.3)
+
+    threading.Thread(target=last_run, daemon=True).start()
+    assert registered.wait(5)
+    hint = routing.WakeHint(text="hi", sent_at=time.time())
+    t0 = time.monotonic()
+    assert execution.turn_execute(turn_id=uuid.uuid4(), woken=True, session_id="s-1", hint=hint) is None
+    assert claimed[0] - t0 > 0.25 and early == []
+    t0 = time.monotonic()
+    execution.turn_execute(turn_id=uuid.uuid4(), woken=True, session_id="s-2",
+                           hint=routing.WakeHint(text="hi", sent_at=time.time()))
+    assert claimed[1] - t0 < 0.25 and early == ["s-2"]
 
 
 def test_a_delivery_of_a_turn_the_wake_already_ran_costs_one_read(user, monkeypatch, django_assert_num_queries):

@@ -32,7 +32,9 @@ first as before:
   inside ``HERMES_AFFINITY_DEADLINE``, before which no other worker is given the turn (the sweep's
   dispatch to the shared queue, ``recovery.turns_dispatch_unclaimed``) — *and* by this process's own
   evidence: it did not wait
-  behind another wake's run (``wake.WakeListener``) nor for the turn slot (``execution.turn_execute_woken``).
+  behind another wake's slow hand-off (``wake.WakeListener``), nor for a permit
+  (``execution.turn_execute_woken``), nor for its session's last run in this process to hand its app-server
+  to the keeper (``execution.turn_execute``, ``runners.SessionRuns``).
   The clock test alone would not do across hosts: a worker whose clock is behind the API host's takes a
   late wake for a fresh one (one ahead by more than ``CLOCK_SLACK_SECONDS`` never starts early);
 * this process keeps the session's thread loaded, alive, its rollout file as this process left it;
