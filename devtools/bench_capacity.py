@@ -287,6 +287,11 @@ def session_rollouts(session_ids: Sequence[str]) -> list[tuple[int, int, int]]:
 # --------------------------------------------------------------------------------------- printing
 
 
+def _unsteady(net: float) -> str:
+    """A warning for a net figure below zero: the server's other clients' load changed between the windows."""
+    return "; below 0: other clients' load varied more than the turns' own, read it on a quiet host" if net < 0 else ""
+
+
 def print_figures(f: Mapping[str, float], stack: Window, background: Window, turns: int,
                   rollouts: Mapping[str, float], about: str) -> None:
     """The ``capacity_<name>: value`` lines (``bench_figures.parse_figures``), ``about`` saying what ran."""
@@ -304,14 +309,14 @@ def print_figures(f: Mapping[str, float], stack: Window, background: Window, tur
     line("pg_rows_updated_per_turn", f["rows_updated"], upd)
     line("pg_rows_deleted_per_turn", f["rows_deleted"])
     line("wal_bytes_per_turn", f["wal_bytes"], f"cluster-wide, net of {f['wal_bytes_background_per_s']:.0f} B/s "
-         f"background; raw {f['wal_bytes_raw']:.0f}")
+         f"background; raw {f['wal_bytes_raw']:.0f}{_unsteady(f['wal_bytes'])}")
     line("wal_bytes_per_turn_raw", f["wal_bytes_raw"])
     line("table_bytes_per_turn", f["table_bytes"], "pg_total_relation_size growth, heap + TOAST + indexes, 8 kB "
          f"pages; pg_database_size {f['database_bytes']:.0f}")
     line("database_bytes_per_turn", f["database_bytes"])
     line("redis_commands_per_turn", f["redis_commands"], "total_commands_processed of the Redis server, every "
          f"client and db, net of {f['redis_commands_background_per_s']:.0f}/s background; raw "
-         f"{f['redis_commands_raw']:.1f}")
+         f"{f['redis_commands_raw']:.1f}{_unsteady(f['redis_commands'])}")
     line("redis_commands_per_turn_raw", f["redis_commands_raw"])
     line("codex_cpu_ms_per_turn", f["codex_cpu_ms"], "app-servers and their helpers under the workers, reaped ones "
          "through cutime/cstime")
