@@ -46,7 +46,12 @@ worker), same work, fresh home. Printed (seconds shown as ms medians):
 * **rollout size** (``bench_rollout.py``, ``--rollout-rounds``): ``cold_turn_100mb_vs_1mb_seen`` /
   ``…_unseen``, a cold turn at 100 MB of rollout over one at 1 MB;
 * **throughput** (``bench_throughput.py``): turns/s with 1, 2, 4 workers (``--workers``), 50 sessions at
-  once (``--throughput-sessions``), ``--throughput-rounds`` rounds; failed turns (must be 0).
+  once (``--throughput-sessions``), ``--throughput-rounds`` rounds; failed turns (must be 0). Beside the
+  ``--direct-workers`` (2) run's later rounds, as many warm direct app-servers (``bench_direct.py``) driven
+  50 at once: ``throughput_ratio_vs_direct`` (target ≥ 0.5, goal 0.8) and ``throughput_kept_share`` (≥ 0.8);
+  ``--worker-turns N`` sets the throughput workers' ``HERMES_WORKER_TURNS``;
+* **capacity inputs** (``bench_capacity.py``, over the same later rounds): per turn, PostgreSQL commits,
+  rows, WAL and table bytes, Redis commands, codex / worker / API / PostgreSQL CPU, stored rollout bytes.
 
 ``--quick`` is a tiny run for tests. Key figures are ``name: value`` lines (``bench_figures.
 parse_figures`` reads them). Needs ``DATABASE_URL`` (PostgreSQL; a ``*_bench`` database is created
@@ -71,6 +76,10 @@ from typing import Any
 
 from devtools.bench_app_server_memory import measure as measure_app_server_memory
 from devtools.bench_app_server_memory import print_figures as print_app_server_memory
+from devtools.bench_capacity import Probe, session_rollouts
+from devtools.bench_capacity import figures as capacity_figures
+from devtools.bench_capacity import print_figures as print_capacity
+from devtools.bench_capacity import rollout_figures as capacity_rollout_figures
 from devtools.bench_figures import (
     PHASES,
     chunk_figures,
@@ -85,7 +94,7 @@ from devtools.bench_figures import (
 from devtools.bench_history import BIG, SMALL, HistoryBench
 from devtools.bench_memory import worker_memory
 from devtools.bench_stacks import BASELINE_ENV, WARM_ENV, Stack, StackClient, stack_environment, stop_processes
-from devtools.bench_throughput import run_direct_throughput, run_throughput
+from devtools.bench_throughput import WorkerCountResult, run_throughput
 from devtools.databases import create_database, database_beside, drop_database
 from devtools.processes import stand_in_argv, wait_for_port_file
 
@@ -429,38 +438,59 @@ def _print_memory_figures(mem: dict[str, Any]) -> None:
         print("app_server_private_median_kb: none   (no app-server alive under the worker between turns)")
 
 
-def _throughput(args: argparse.Namespace, tput: Stack, token: str, session_id: str, work: str,
-                worker_turns: str) -> None:
-    """The throughput runs on ``tput`` (``bench_throughput.py``), then the same work driven directly; prints both."""
-    tput.start_api()
-    client = StackClient(tput.api, token, session_id=session_id)
+def _worker_turns_env(worker_turns: int | None) -> dict[str, str]:
+    """``HERMES_WORKER_TURNS`` for the throughput stack's workers (``--worker-turns``); none: the setting's own."""
+    return {} if worker_turns is None else {"HERMES_WORKER_TURNS": str(worker_turns)}
+
+
+def _throughput_part(tput: Stack, token: str, session_id: str, broker: str, args: argparse.Namespace) -> None:
+    """Start the throughput stack's API, run the throughput rounds (with the direct rounds and the capacity
+    probe beside ``--direct-workers``) and print their figures."""
+    client = StackClient(tput.start_api(), token, session_id=session_id)
     client.wait_up(make_session=False)
-    results = run_throughput(tput, client, args.workers, args.throughput_sessions, args.throughput_rounds)
-    tput.stop()  # its workers' kept app-servers go before the direct ones start
-    direct = run_direct_throughput(args.throughput_sessions, args.throughput_rounds, work)
-    _print_throughput(results, args.throughput_sessions, args.throughput_rounds, tput.http_workers,
-                      worker_turns=worker_turns, direct=direct)
+    probe = Probe(broker) if args.direct_workers else None
+    try:
+        results = run_throughput(tput, client, args.workers, args.throughput_sessions, args.throughput_rounds,
+                                 beside=args.direct_workers or None, probe=probe)
+    finally:
+        if probe is not None:
+            probe.close()
+    _print_throughput(results, args.throughput_sessions, args.throughput_rounds, tput.http_workers, args.worker_turns)
 
 
-def _print_throughput(results: list[Any], sessions: int, rounds: int, http_workers: int, *, worker_turns: str,
-                      direct: float) -> None:
+def _print_throughput(results: list[WorkerCountResult], sessions: int, rounds: int, http_workers: int,
+                      worker_turns: int | None) -> None:
+    turns = "the setting's default" if worker_turns is None else worker_turns
     print(f"throughput: {sessions} sessions at once, {rounds} rounds per worker count (warm stack settings, "
-          f"HERMES_WORKER_TURNS {worker_turns}, one gunicorn of {http_workers} sync workers); turns/s over rounds "
-          "2+, round 1 (thread starts) apart")
-    print(f"throughput_direct_turns_per_s: {direct}   ({sessions} warm app-servers driven directly, {sessions} "
-          "turns at once, read-only profile)")
+          f"HERMES_WORKER_TURNS {turns}, one gunicorn of {http_workers} sync workers); turns/s over rounds 2+, "
+          "round 1 (thread starts) apart")
     for r in results:
         f = r.figures()
         print(f"throughput_w{r.workers}_turns_per_s: {f['turns_per_s']}   (round 1: {f['first_round_turns_per_s']}; "
               f"{f['warm']}/{f['later_turns']} later turns on a kept-loaded thread)")
-        print(f"throughput_w{r.workers}_vs_direct: {ratio_or_none(f['turns_per_s'], direct)}   (stack turns/s over "
-              "direct turns/s, same run)")
-        print(f"throughput_w{r.workers}_kept_share: {round(f['warm'] / max(1, f['later_turns']), 3)}")
         print(f"throughput_w{r.workers}_failed: {f['failed']}   (of {f['turns']})")
+    for r in results:
+        if r.direct_rounds:
+            _print_direct(r, sessions)
+        if r.capacity is not None:
+            c = r.capacity
+            later = sum(x.turns for x in r.rounds[1:])
+            print_capacity(capacity_figures(c.stack, c.background, later, c.own_transactions), c.stack, c.background,
+                           later, capacity_rollout_figures(session_rollouts(c.sessions)),
+                           f"rounds 2–{len(r.rounds)} of {r.workers} workers × {sessions} sessions")
 
 
-def ratio_or_none(a: float, b: float) -> float | None:
-    return round(a / b, 3) if b else None
+def _print_direct(r: WorkerCountResult, sessions: int) -> None:
+    """The stack's throughput against warm direct app-servers driven as many at once, beside its rounds."""
+    f = r.figures()
+    print(f"throughput_direct_turns_per_s: {f['direct_turns_per_s']}   ({sessions} warm direct app-servers, each its "
+          f"own home, workspace-write profile and one loaded thread, {sessions} turns at once; "
+          f"{len(r.direct_rounds)} rounds beside the stack's rounds 2+; started in {r.direct_start_seconds:.0f} s; "
+          f"{f['direct_failed']} failed)")
+    print(f"throughput_ratio_vs_direct: {f['ratio_vs_direct']}   ({r.workers} workers' {f['turns_per_s']} turns/s / "
+          "direct; target ≥ 0.5, goal 0.8)")
+    print(f"throughput_kept_share: {f['kept_share']}   ({f['warm']}/{f['later_turns']} of the {r.workers} workers' later "
+          "turns on a kept-loaded thread, timings.warm; target ≥ 0.8)")
 
 
 def _worker_counts(text: str) -> list[int]:
@@ -486,12 +516,15 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help=f"rounds of long-history turns, run after the latency rounds whatever --runs is (default "
                              f"{HISTORY_RUNS}); 0 skips them")
     parser.add_argument("--warm-pool", type=int, default=1, help="HERMES_WARM_POOL of the warm stack")
-    parser.add_argument("--worker-turns", type=int,
-                        help="HERMES_WORKER_TURNS of the warm stacks' workers (default: the project's default)")
     parser.add_argument("--workers", type=_worker_counts,
                         help="worker counts of the throughput runs, comma-separated (default 1,2,4); empty skips them")
     parser.add_argument("--throughput-sessions", type=int, help="default 50")
     parser.add_argument("--throughput-rounds", type=int, help="default 3")
+    parser.add_argument("--direct-workers", type=int, default=2,
+                        help="the worker count whose later throughput rounds run beside warm direct app-servers "
+                             "(throughput_ratio_vs_direct) and give the capacity inputs (default 2); 0 skips both")
+    parser.add_argument("--worker-turns", type=int,
+                        help="HERMES_WORKER_TURNS of the throughput stack's workers (default: the setting's own)")
     parser.add_argument("--memory-turns", type=int, help="turns of the memory run (default 1000); 0 skips it")
     parser.add_argument("--memory-warmup", type=int, default=100,
                         help="turns before the memory baseline (at most a third of --memory-turns)")
@@ -521,14 +554,14 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="hermes-bench-"))
     env = _environment(database_beside(db_url, "_bench"), broker, scratch)
     procs: list[subprocess.Popen[bytes]] = []
-    warm_settings = {**WARM_ENV, "HERMES_WARM_POOL": str(args.warm_pool),
-                     **({"HERMES_WORKER_TURNS": str(args.worker_turns)} if args.worker_turns is not None else {})}
+    warm_settings = {**WARM_ENV, "HERMES_WARM_POOL": str(args.warm_pool)}
+    tput_settings = {**warm_settings, **_worker_turns_env(args.worker_turns)}
     stacks: list[Stack] = []
     try:
         _start_stand_in(env, scratch, procs)  # sets CODEX_STAND_IN_URL: before the stacks copy env
         stacks += [Stack("baseline", stack_environment(env, "baseline", BASELINE_ENV), asgi=True),
                    Stack("warm", stack_environment(env, "warm", warm_settings), asgi=True),
-                   Stack("tput", stack_environment(env, "tput", warm_settings), http_workers=4)]
+                   Stack("tput", stack_environment(env, "tput", tput_settings), http_workers=4)]
         baseline, warm_stack, tput = stacks
         token = _setup_django(env)
         for stack in (baseline, warm_stack):
@@ -564,8 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline.stop()
         warm_stack.stop()
         if args.workers:
-            _throughput(args, tput, token, s.baseline.session_id, env["CODEX_WORK_ROOT"],
-                        warm_settings.get("HERMES_WORKER_TURNS", "default"))
+            _throughput_part(tput, token, s.baseline.session_id, broker, args)
         if args.rollout_rounds > 0:
             sys.stdout.flush()
             subprocess.run([sys.executable, "-m", "devtools.bench_rollout", "--rounds", str(args.rollout_rounds)],

@@ -10,20 +10,26 @@ count: turns/s over the later rounds (wall time from the first POST to the last 
 rounds), turns/s of round 1, failed turns (anything but ``succeeded``, and POSTs that errored), and
 how many turns ran on a kept-loaded thread (``timings.warm``).
 
-The same work straight to codex (``run_direct_throughput``), for the ratio against codex in the same run:
-``sessions`` app-servers, each on a home of its own under the permission profile a session's turns run
-with (read-only), its thread started by one turn; then ``rounds`` − 1 rounds, each one ``turn/start`` →
-``turn/completed`` on every app-server at once (one client thread per app-server)."""
+Beside one worker count (``beside``; ``make bench``: 2), after the stack's round 1: ``sessions`` warm direct
+app-servers (``bench_direct.DirectFleet``) and, per later round, a round of one turn on each at once right
+beside the stack's round (the order alternating per round, so drift hits both alike). Figures:
+``direct_turns_per_s`` over those rounds, ``ratio_vs_direct`` = the stack's later rounds' turns/s over it,
+``kept_share`` = the share of the stack's later turns on a kept-loaded thread. With a
+``bench_capacity.Probe``, its counters are read around each of those stack rounds (the window) and each
+direct round (the background): ``WorkerCountResult.capacity``."""
 from __future__ import annotations
 
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from devtools.bench_capacity import FLUSH_SECONDS, Counters, Probe, Window
+from devtools.bench_direct import DirectFleet
 from devtools.bench_figures import throughput
 from devtools.bench_stacks import TERMINAL, Stack, StackClient
 
@@ -33,30 +39,59 @@ ROUND_DEADLINE = 600  # seconds a round may take before its unfinished turns cou
 @dataclass
 class Round:
     """One round: ``turns`` posted, ``seconds`` from the first POST to the last end, ``failed``, ``warm``
-    (turns with ``timings.warm``)."""
+    (turns with ``timings.warm``), ``polls`` (the bench's reads of the turns from PostgreSQL)."""
 
     turns: int
     seconds: float
     failed: int
-    warm: int
+    warm: int = 0
+    polls: int = 0
+
+
+@dataclass
+class Capacity:
+    """The ``bench_capacity`` windows of one worker count's later rounds: ``stack`` (around its rounds),
+    ``background`` (around the direct rounds), ``own_transactions`` (the bench's polls and readings counted
+    inside ``stack``), ``sessions`` (their ids, for the rollout figures)."""
+
+    stack: Window = field(default_factory=Window)
+    background: Window = field(default_factory=Window)
+    own_transactions: int = 0
+    sessions: list[str] = field(default_factory=list)
 
 
 @dataclass
 class WorkerCountResult:
     workers: int
     rounds: list[Round] = field(default_factory=list)
+    direct_rounds: list[Round] = field(default_factory=list)  # beside the later rounds (module docstring)
+    direct_start_seconds: float = 0.0
+    capacity: Capacity | None = None
 
     def figures(self) -> dict[str, Any]:
-        """turns/s of the later rounds (round 1 alone if there is only one) and of round 1; failures."""
+        """turns/s of the later rounds (round 1 alone if there is only one) and of round 1; failures;
+        ``kept_share`` = later turns on a kept-loaded thread / later turns; with direct rounds,
+        ``direct_turns_per_s``, ``ratio_vs_direct`` (stack / direct), ``direct_failed``. Ratios to three
+        decimals."""
         later = self.rounds[1:] or self.rounds
-        return {
-            "turns_per_s": throughput(sum(r.turns for r in later), sum(r.seconds for r in later)),
+        later_turns = sum(r.turns for r in later)
+        out: dict[str, Any] = {
+            "turns_per_s": throughput(later_turns, sum(r.seconds for r in later)),
             "first_round_turns_per_s": throughput(self.rounds[0].turns, self.rounds[0].seconds),
             "failed": sum(r.failed for r in self.rounds),
             "turns": sum(r.turns for r in self.rounds),
             "warm": sum(r.warm for r in later),
-            "later_turns": sum(r.turns for r in later),
+            "later_turns": later_turns,
+            "kept_share": round(sum(r.warm for r in later) / later_turns, 3) if later_turns else 0.0,
         }
+        if self.direct_rounds:
+            direct_turns = sum(r.turns for r in self.direct_rounds)
+            direct_seconds = sum(r.seconds for r in self.direct_rounds)
+            stack = later_turns / sum(r.seconds for r in later)
+            out.update(direct_turns_per_s=throughput(direct_turns, direct_seconds),
+                       ratio_vs_direct=round(stack / (direct_turns / direct_seconds), 3),
+                       direct_failed=sum(r.failed for r in self.direct_rounds), direct_turns=direct_turns)
+        return out
 
 
 def wait_for_workers(stack: Stack, count: int, timeout: float = 90) -> None:
@@ -78,7 +113,7 @@ def _round(client: StackClient, sessions: list[str], text: str) -> Round:
     from hermes_sessions.models import Turn
 
     t0 = time.monotonic()
-    failed = 0
+    failed = polls = 0
 
     def post(sid: str) -> str | None:
         try:
@@ -93,6 +128,7 @@ def _round(client: StackClient, sessions: list[str], text: str) -> Round:
     rows: list[tuple[str, dict[str, Any]]] = []
     while time.monotonic() - t0 < ROUND_DEADLINE:
         rows = list(Turn.objects.filter(pk__in=ids, status__in=TERMINAL).values_list("status", "timings"))
+        polls += 1
         if len(rows) == len(ids):
             break
         time.sleep(0.02)
@@ -102,45 +138,17 @@ def _round(client: StackClient, sessions: list[str], text: str) -> Round:
               file=sys.stderr, flush=True)
     failed += len(ids) - len(rows) + sum(1 for status, _ in rows if status != "succeeded")
     warm = sum(1 for _, timings in rows if (timings or {}).get("warm") == 1)
-    return Round(turns=len(sessions), seconds=seconds, failed=failed, warm=warm)
+    return Round(turns=len(sessions), seconds=seconds, failed=failed, warm=warm, polls=polls)
 
 
-def run_direct_throughput(sessions: int, rounds: int, work: str) -> float:
-    """Turns/s of ``sessions`` warm app-servers driven directly, ``sessions`` turns at once, over ``rounds``
-    − 1 rounds after the threads' first turns (module docstring); prints progress."""
-    from pathlib import Path
-
-    from devtools.bench import _direct_thread
-    from hermes_sessions.codex.launch import app_server_argv, app_server_env, prepare_session_home
-
-    workdir = Path(work)
-    workdir.mkdir(parents=True, exist_ok=True)
-
-    def start(i: int) -> Any:
-        home = prepare_session_home(f"bench-direct-tput-{i}", sandbox="read-only", workdir=workdir)
-        return _direct_thread(app_server_argv(sandbox="read-only", workdir=workdir), app_server_env(home), work)
-
-    with ThreadPoolExecutor(sessions) as pool:
-        servers = list(pool.map(start, range(sessions)))
-        try:
-            turns = seconds = 0.0
-            for r in range(1, rounds):
-                t0 = time.monotonic()
-                text = f"direct throughput {r}"
-                list(pool.map(lambda ds, text=text: ds[0].turn(ds[1], text), servers))
-                took = time.monotonic() - t0
-                turns, seconds = turns + len(servers), seconds + took
-                print(f"  throughput: direct, round {r + 1}/{rounds}: {len(servers)} turns in {took:.1f} s",
-                      file=sys.stderr, flush=True)
-        finally:
-            for d, _ in servers:
-                d.close()
-    return throughput(int(turns), seconds) if seconds else 0.0
+def _progress(r: Round, what: str) -> None:
+    print(f"  throughput: {what}: {r.turns} turns in {r.seconds:.1f} s, {r.failed} failed", file=sys.stderr, flush=True)
 
 
-def run_throughput(stack: Stack, client: StackClient, worker_counts: list[int], sessions: int,
-                   rounds: int) -> list[WorkerCountResult]:
-    """The throughput runs on ``stack`` (its API started, no workers running); prints progress."""
+def run_throughput(stack: Stack, client: StackClient, worker_counts: list[int], sessions: int, rounds: int, *,
+                   beside: int | None = None, probe: Probe | None = None) -> list[WorkerCountResult]:
+    """The throughput runs on ``stack`` (its API started, no workers running), with the direct rounds (and
+    ``probe``'s capacity windows) beside worker count ``beside``; prints progress."""
     out = []
     for n in worker_counts:
         stack.stop_workers()
@@ -151,11 +159,56 @@ def run_throughput(stack: Stack, client: StackClient, worker_counts: list[int], 
         for sid in ids:
             client.make_session(sid)
         result = WorkerCountResult(workers=n)
-        for r in range(rounds):
-            result.rounds.append(_round(client, ids, f"throughput {n} {r}"))
-            last = result.rounds[-1]
-            print(f"  throughput: {n} worker(s), round {r + 1}/{rounds}: {last.turns} turns in {last.seconds:.1f} s, "
-                  f"{last.failed} failed", file=sys.stderr, flush=True)
+        result.rounds.append(_round(client, ids, f"throughput {n} 0"))
+        _progress(result.rounds[-1], f"{n} worker(s), round 1/{rounds}")
+        if n == beside and rounds > 1:
+            _rounds_beside_direct(stack, client, ids, result, rounds, probe)
+        else:
+            for r in range(1, rounds):
+                result.rounds.append(_round(client, ids, f"throughput {n} {r}"))
+                _progress(result.rounds[-1], f"{n} worker(s), round {r + 1}/{rounds}")
         out.append(result)
     stack.stop_workers()
     return out
+
+
+def _rounds_beside_direct(stack: Stack, client: StackClient, ids: list[str], result: WorkerCountResult,
+                          rounds: int, probe: Probe | None) -> None:
+    """Rounds 2+ of the stack, each with a direct round beside it (module docstring; the stack first in
+    round 2, 4, …); with ``probe``, readings around each (a stack round's end reading after
+    ``FLUSH_SECONDS``, so its backends' statistics are in it)."""
+    n = result.workers
+    fleet = DirectFleet(len(ids), f"{client.session_id}-direct")
+    capacity = result.capacity = Capacity(sessions=list(ids)) if probe is not None else None
+
+    def read() -> Counters:
+        assert probe is not None
+        return probe.read(stack.gunicorn.pid if stack.gunicorn else None, [w.pid for w in stack.workers])
+
+    def stack_round(r: int) -> None:
+        start = read() if capacity else None
+        result.rounds.append(_round(client, ids, f"throughput {n} {r}"))
+        if capacity is not None and start is not None and probe is not None:
+            time.sleep(FLUSH_SECONDS)
+            capacity.stack.add(start, read())
+            capacity.own_transactions += result.rounds[-1].polls + probe.TRANSACTIONS_PER_READING
+        _progress(result.rounds[-1], f"{n} worker(s), round {r + 1}/{rounds}")
+
+    def direct_round(r: int) -> None:
+        start = read() if capacity else None
+        seconds, failed = fleet.round(f"throughput {n} {r}")
+        result.direct_rounds.append(Round(turns=len(ids), seconds=seconds, failed=failed))
+        if capacity is not None and start is not None:
+            capacity.background.add(start, read())
+        _progress(result.direct_rounds[-1], f"direct, round {r + 1}/{rounds}")
+
+    try:
+        result.direct_start_seconds = fleet.start()
+        print(f"  throughput: {len(ids)} warm direct app-servers started in {result.direct_start_seconds:.1f} s",
+              file=sys.stderr, flush=True)
+        for r in range(1, rounds):
+            steps: tuple[Callable[[int], None], ...] = (stack_round, direct_round) if r % 2 == 1 else (direct_round, stack_round)
+            for step in steps:
+                step(r)
+    finally:
+        fleet.close()

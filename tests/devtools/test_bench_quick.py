@@ -29,11 +29,16 @@ def test_quick_bench_prints_every_figure():
                  "phase_warm_consecutive_queue_ms", "phase_cold_warm_codex_ms", "worker_memory_growth",
                  "worker_rss_end_kb", "app_server_private_median_kb", "app_server_pss_median_kb",
                  "app_server_rss_median_kb", "throughput_w1_turns_per_s",
-                 "throughput_w2_turns_per_s"):
+                 "throughput_w2_turns_per_s", "throughput_direct_turns_per_s", "throughput_ratio_vs_direct",
+                 "throughput_kept_share", "kept_threads_per_gib_factor", "capacity_pg_commits_per_turn",
+                 "capacity_codex_cpu_ms_per_turn", "capacity_rollout_stored_bytes_per_turn"):
         assert name in f, f"{name} missing from:\n{result.stdout}"
     assert f["memory_failed"] == 0 and f["throughput_w1_failed"] == 0 and f["throughput_w2_failed"] == 0
     assert f["worker_rss_end_kb"] > 10_000 and 0.5 < f["worker_memory_growth"] < 2
     assert f["throughput_w1_turns_per_s"] > 0
+    assert f["throughput_direct_turns_per_s"] > 0 and 0 <= f["throughput_kept_share"] <= 1
+    assert f["capacity_pg_commits_per_turn"] > 0 and f["capacity_codex_cpu_ms_per_turn"] > 0
+    assert 0 < f["capacity_rollout_stored_bytes_per_turn"] < f["capacity_rollout_raw_bytes_per_turn"]
     assert 0 < f["app_server_private_median_kb"] < f["app_server_pss_median_kb"] < f["app_server_rss_median_kb"]
 
 
