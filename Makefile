@@ -11,7 +11,7 @@ TEST_TURN_QUEUE ?= turns-test-$(shell date +%s%N)
 # the test-only processes (faults, bench) get this one. pytest uses project/settings_test.py's.
 TEST_SECRET_KEY ?= django-insecure-hermes-sessions-test-suite-only
 
-.PHONY: install demo demo-admin test e2e bench bench-warm bench-approvals bench-admin bench-streams faults stand-in lint services chromium migrate run worker clean codex-bump
+.PHONY: install demo demo-admin test e2e bench bench-warm bench-approvals bench-admin bench-streams faults stand-in lint services chromium pgbouncer migrate run worker clean codex-bump
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,17 +48,22 @@ services:
 chromium:
 	@scripts/ensure_chromium.sh
 
+# Debian's PgBouncer for the tests behind it in transaction mode (tests/e2e/test_pgbouncer.py, which starts a
+# private one): installed with apt-get when missing; silent when present.
+pgbouncer:
+	@scripts/ensure_pgbouncer.sh
+
 # ruff (ruff.toml: pycodestyle, pyflakes, isort, bugbear, Django, blind-except, complexity) over the
 # whole tree; mypy (mypy.ini: django-stubs, DRF stubs, celery-types) over hermes_sessions/ and project/.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: install services chromium lint
+test: install services chromium pgbouncer lint
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
 		$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-e2e: install services
+e2e: install services pgbouncer
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) CELERY_TASK_ALWAYS_EAGER=1 HERMES_TURN_QUEUE=$(TEST_TURN_QUEUE) \
 		$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
 

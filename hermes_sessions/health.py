@@ -6,7 +6,9 @@ answer with ``ok`` or ``failed`` and a reason:
 
 * ``database``: a new connection to PostgreSQL (``connect_timeout`` 2 s, ``statement_timeout`` 2 s)
   answers ``SELECT 1`` — its own connection, not the process's pool or persistent one, so a wedged pool
-  cannot make the probe wait and a dead server is seen at once;
+  cannot make the probe wait and a dead server is seen at once; through ``DATABASE_URL``, so behind
+  PgBouncer it is PgBouncer's path that is checked (each statement in a transaction of its own that sets
+  its ``statement_timeout`` first: nothing is left on the server connection PgBouncer hands on);
 * ``migrations``: every migration on disk is applied (``django_migrations``; a squashed one counts when
   all it replaces are);
 * ``broker``: a connection to ``CELERY_BROKER_URL`` opens (Redis: ``PING``; 1 s timeouts);
@@ -94,9 +96,8 @@ def _database_checks(node: str) -> list[Check]:
 
     params = connections["default"].get_connection_params()
     params["connect_timeout"] = DATABASE_CONNECT_TIMEOUT
-    params["options"] = f"{params.get('options', '')} -c statement_timeout={DATABASE_STATEMENT_TIMEOUT_MS}".strip()
     params["application_name"] = "hermes health"
-    params.pop("prepare_threshold", None)
+    params["prepare_threshold"] = None  # nothing prepared (PgBouncer's transaction mode)
     try:
         conn = psycopg.connect(autocommit=True, **params)
     except Exception as exc:  # noqa: BLE001 — every way of not connecting is the answer
@@ -106,7 +107,7 @@ def _database_checks(node: str) -> list[Check]:
     checks: list[Check] = []
     try:
         with conn:
-            conn.execute(sql.query("health_ping"))
+            _bounded(conn, sql.query("health_ping"))
             checks.append(Check("database", True, "PostgreSQL answered"))
             checks.append(_migrations_check(conn))
             checks += _worker_checks(conn, node)
@@ -129,11 +130,20 @@ def _disk_migrations() -> tuple[tuple[tuple[str, str], tuple[tuple[str, str], ..
                         for node in loader.graph.nodes))
 
 
+def _bounded(conn: Any, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """``statement``'s rows, run in a transaction of its own on ``conn`` (autocommit) that first bounds it
+    to ``DATABASE_STATEMENT_TIMEOUT_MS`` (``set_config(…, true)``: gone with the transaction). Raises
+    psycopg's errors (``QueryCanceled`` past the bound)."""
+    with conn.transaction():
+        conn.execute(sql.query("statement_timeout_bound"), [f"{DATABASE_STATEMENT_TIMEOUT_MS}ms"])
+        return list(conn.execute(statement, params).fetchall())
+
+
 def _migrations_check(conn: Any) -> Check:
     import psycopg
 
     try:
-        applied = {(app, name) for app, name in conn.execute(sql.query("health_applied_migrations")).fetchall()}
+        applied = {(app, name) for app, name in _bounded(conn, sql.query("health_applied_migrations"))}
     except psycopg.errors.UndefinedTable:
         return Check("migrations", False, "no migration applied (no django_migrations table): run manage.py migrate")
     missing = [f"{app}.{name}" for (app, name), replaces in _disk_migrations()
@@ -151,7 +161,7 @@ def _worker_checks(conn: Any, node: str) -> list[Check]:
         return [Check("workers", True, eager), Check("sandbox", True, eager)]
     stale = float(settings.HERMES_WORKER_STALE_SECONDS)
     fresh_after = timezone.now() - timedelta(seconds=stale)
-    rows = conn.execute(sql.query("health_workers"), {"node": node, "limit": WORKERS_LISTED}).fetchall()
+    rows = _bounded(conn, sql.query("health_workers"), {"node": node, "limit": WORKERS_LISTED})
     fresh = [r for r in rows if r[1] > fresh_after]
     whom = f"worker {node}" if node else "worker"
     if not fresh:

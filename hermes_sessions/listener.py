@@ -46,6 +46,7 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from .sql import query
 
@@ -58,9 +59,15 @@ CONNECT_TIMEOUT_SECONDS = 5
 
 
 def connection_params(application_name: str) -> dict[str, Any]:
-    """psycopg connection parameters of the default database for a connection of our own (not Django's:
-    LISTEN needs a connection that no pool recycles and nothing else uses), named ``application_name``
-    in ``pg_stat_activity``."""
+    """psycopg connection parameters for a connection of our own (not Django's: LISTEN needs a connection
+    that no pool recycles and nothing else uses), named ``application_name`` in ``pg_stat_activity``:
+    ``DATABASE_LISTEN_URL`` when set (PostgreSQL itself, when ``DATABASE_URL`` is PgBouncer's: a ``LISTEN``
+    through PgBouncer's transaction mode lands on a server connection the next client gets, and no
+    notification comes back), else the default database. Every user of a connection that LISTENs or keeps
+    state between transactions (prepared statements) takes its parameters from here
+    (``tests/e2e/test_pgbouncer.py``)."""
+    if settings.DATABASE_LISTEN_URL:
+        return {**conninfo_to_dict(settings.DATABASE_LISTEN_URL), "application_name": application_name}
     db = settings.DATABASES["default"]
     params: dict[str, Any] = {"dbname": db["NAME"], "user": db.get("USER") or None,
                               "password": db.get("PASSWORD") or None, "host": db.get("HOST") or None,

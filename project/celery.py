@@ -73,13 +73,15 @@ def _bound_idle_transactions(**_: object) -> None:
     behind it for as long as it stayed frozen. PostgreSQL ends that transaction and the locks go; the
     frozen worker finds its connection gone when it wakes. Worker processes only: their transactions are
     short, the API's and the tests' are not theirs to bound. Sent before the pool forks: its processes
-    inherit the options."""
+    inherit the options. Behind PgBouncer (``DATABASE_PGBOUNCER``) there are no startup options (PgBouncer 1.18
+    refuses them) and the server connection is shared: PgBouncer's ``idle_transaction_timeout`` is that bound
+    there (docs/operating.md "Behind PgBouncer")."""
     from django.conf import settings
     from django.db import connections
 
     seconds = settings.HERMES_WORKER_IDLE_IN_TRANSACTION_SECONDS
     conn = connections["default"]
-    if seconds <= 0:
+    if seconds <= 0 or settings.DATABASE_PGBOUNCER:
         return
     options = conn.settings_dict.setdefault("OPTIONS", {})
     setting = f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"

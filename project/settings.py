@@ -158,24 +158,46 @@ DATABASES["default"].update(
 # (libpq's own variable, e.g. a statement log for a diagnosis) is kept in front.
 DATABASE_KEEPALIVES_IDLE = env_int("DATABASE_KEEPALIVES_IDLE", 30)
 PGOPTIONS = env_str("PGOPTIONS")
-DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None, [
-    PGOPTIONS.strip(),
-    f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
-]))
+# Behind PgBouncer in transaction mode (docs/operating.md "Behind PgBouncer"): DATABASE_URL names PgBouncer and
+# DATABASE_LISTEN_URL names PostgreSQL itself, for every connection of our own that LISTENs or keeps state
+# between transactions (hermes_sessions/listener.py: the wake listener, the event hub and its reader); unset,
+# those use the default database (DATABASE_URL). Set, DATABASE_PGBOUNCER also means: no startup `options` (PgBouncer 1.18 refuses the
+# connection: "unsupported startup parameter: options"; PgBouncer's own tcp_keepalive and idle_transaction_timeout
+# take the keepalives' and the worker's idle-transaction bound's place), Django's server-side cursors off (a
+# WITH HOLD cursor outlives its transaction, and PgBouncer hands the server connection to another client), and
+# DATABASE_PREPARE_THRESHOLD 0 unless set. tests/e2e/test_pgbouncer.py runs turns through a real PgBouncer.
+DATABASE_PGBOUNCER = env_bool("DATABASE_PGBOUNCER", False)
+DATABASE_LISTEN_URL = env_str("DATABASE_LISTEN_URL")
+if DATABASE_PGBOUNCER:
+    if not DATABASE_URL:
+        raise ImproperlyConfigured("DATABASE_PGBOUNCER=1 needs DATABASE_URL (PgBouncer's address); the embedded "
+                                   "demo's PostgreSQL has no PgBouncer in front")
+    if DATABASE_LISTEN_URL in {"", DATABASE_URL}:
+        raise ImproperlyConfigured(
+            "DATABASE_PGBOUNCER=1 needs DATABASE_LISTEN_URL: a direct connection to PostgreSQL (not PgBouncer) for "
+            "LISTEN, which PgBouncer's transaction mode cannot carry (the wake listener and the event streams "
+            "would never be woken)")
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+else:
+    DATABASES["default"].setdefault("OPTIONS", {})["options"] = " ".join(filter(None, [
+        PGOPTIONS.strip(),
+        f"-c tcp_keepalives_idle={DATABASE_KEEPALIVES_IDLE} -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3",
+    ]))
 # The same on our side (libpq's keepalives): a worker or API process waiting for an answer over a path cut
 # without a FIN — the server gone with its host, a network partition — finds its connection dead within the
 # same bound and fails that database call (the turn is retried, the request gets its 503) instead of waiting
 # 2 h, stuck with its turn slot taken.
 # (The embedded server's Unix socket has no keepalives; PostgreSQL and libpq ignore these there.)
-DATABASES["default"]["OPTIONS"].update(
+DATABASES["default"].setdefault("OPTIONS", {}).update(
     keepalives=1, keepalives_idle=DATABASE_KEEPALIVES_IDLE, keepalives_interval=10, keepalives_count=3)
 # The statements of the warm path's pipelined transactions (hermes_sessions/services/pipelining.py: the
 # enqueue, the claim, the finalize) are bound server-side and prepared on a connection once it has run them
 # this many times, so PostgreSQL stops parsing and planning them on every turn (parse + plan were ~70 % of
 # the server's time on those statements, statement log of make bench-warm). Django's own queries keep its
-# default (client-side binding, nothing prepared). 0: no prepared statements (e.g. behind PgBouncer in
-# transaction mode before 1.21, which cannot keep them).
-DATABASE_PREPARE_THRESHOLD = env_int("DATABASE_PREPARE_THRESHOLD", 2)
+# default (client-side binding, nothing prepared). 0: no prepared statements — the default with
+# DATABASE_PGBOUNCER (PgBouncer's transaction mode before 1.21 cannot keep them: another client's transaction
+# finds the statement missing, or its own name taken).
+DATABASE_PREPARE_THRESHOLD = env_int("DATABASE_PREPARE_THRESHOLD", 0 if DATABASE_PGBOUNCER else 2)
 # ASGI (make run): psycopg's connection pool with CONN_MAX_AGE = 0 — persistent connections are not
 # supported under ASGI and leak (../shared/pitfalls.md, Django #37066). Off by default: Celery's prefork
 # workers and the test suite keep DATABASE_CONN_MAX_AGE (a pool must not be shared across a fork). The embedded

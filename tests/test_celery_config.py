@@ -89,3 +89,17 @@ def test_a_workers_transaction_left_idle_is_ended_by_postgresql(settings):
             options.pop("options", None)
         else:
             options["options"] = saved
+
+
+def test_behind_pgbouncer_a_worker_sends_no_startup_options(settings):
+    """PgBouncer 1.18 refuses a connection with startup ``options``: behind it (``DATABASE_PGBOUNCER``) the
+    worker's idle-transaction bound is PgBouncer's ``idle_transaction_timeout`` (docs/operating.md)."""
+    from django.db import connections
+
+    from project import celery as project_celery
+
+    settings.DATABASE_PGBOUNCER = True
+    options = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    saved = options.get("options")
+    project_celery._bound_idle_transactions()
+    assert options.get("options") == saved

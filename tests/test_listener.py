@@ -175,3 +175,13 @@ def test_a_failing_callback_is_logged_and_the_listener_goes_on(caplog):
         assert "the callback failed" in caplog.text and len(heard.connects) == 1
     finally:
         listening.stop()
+
+
+def test_listen_connections_use_database_listen_url_when_set(settings):
+    """Behind PgBouncer ``DATABASE_URL`` is PgBouncer's; the connections that LISTEN go to
+    ``DATABASE_LISTEN_URL`` (PostgreSQL itself), its libpq URL parameters kept."""
+    assert connection_params("x")["dbname"] == settings.DATABASES["default"]["NAME"]  # unset: the default database
+    settings.DATABASE_LISTEN_URL = "postgres://hermes:pw@db.internal:5433/hermes?sslmode=require"
+    assert connection_params("hermes-wake") == {
+        "user": "hermes", "password": "pw", "host": "db.internal", "port": "5433", "dbname": "hermes",
+        "sslmode": "require", "application_name": "hermes-wake"}

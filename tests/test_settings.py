@@ -197,3 +197,41 @@ def test_pgoptions_for_a_diagnosis_is_kept_in_front_of_the_keepalives(tmp_path):
     values = _settings_json(env, "DATABASES")
     assert ("'options': '-c log_min_duration_statement=0 -c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 "
             "-c tcp_keepalives_count=3'") in values["DATABASES"]
+
+
+PGBOUNCER_ENV = {"DATABASE_URL": "postgres://hermes@pgbouncer:6432/hermes", "DJANGO_SECRET_KEY": "k" * 50,
+                 "DATABASE_PGBOUNCER": "1", "DATABASE_LISTEN_URL": "postgres://hermes@postgres:5432/hermes"}
+
+
+def test_behind_pgbouncer_nothing_is_prepared_no_server_side_cursor_and_no_startup_options(tmp_path):
+    """PgBouncer 1.18 in transaction mode refuses a connection with startup ``options`` and cannot keep a
+    prepared statement or a WITH HOLD cursor between transactions (docs/operating.md "Behind PgBouncer")."""
+    code = ("import json, django; django.setup(); from django.conf import settings; from django.db import connection; "
+            "p = connection.get_connection_params(); "
+            "print(json.dumps([settings.DATABASE_PREPARE_THRESHOLD, "
+            "settings.DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'], 'options' in p, p['prepare_threshold'], "
+            "p['keepalives_idle']]))")
+    result = _run(code, {**PGBOUNCER_ENV, "HERMES_VAR_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [0, True, False, None, 30]
+    # PgBouncer ≥ 1.21 with max_prepared_statements can keep them: an explicit threshold is obeyed.
+    values = _settings_json({**PGBOUNCER_ENV, "HERMES_VAR_DIR": str(tmp_path), "DATABASE_PREPARE_THRESHOLD": "2"},
+                            "DATABASE_PREPARE_THRESHOLD")
+    assert values == {"DATABASE_PREPARE_THRESHOLD": "2"}
+    # Without PgBouncer: the keepalives go in the startup options, server-side cursors stay available.
+    direct = _settings_json({"DATABASE_URL": PGBOUNCER_ENV["DATABASE_URL"], "DJANGO_SECRET_KEY": "k" * 50,
+                             "HERMES_VAR_DIR": str(tmp_path)}, "DATABASES", "DATABASE_PREPARE_THRESHOLD")
+    assert "tcp_keepalives_idle=30" in direct["DATABASES"] and "'DISABLE_SERVER_SIDE_CURSORS': False" in direct["DATABASES"]
+    assert direct["DATABASE_PREPARE_THRESHOLD"] == "2"
+
+
+@pytest.mark.parametrize("listen_url", [None, PGBOUNCER_ENV["DATABASE_URL"]])
+def test_behind_pgbouncer_without_a_direct_listen_url_settings_refuse_to_start(tmp_path, listen_url):
+    """A LISTEN through PgBouncer's transaction mode is never woken: refused at start, not found in production."""
+    env = {**PGBOUNCER_ENV, "HERMES_VAR_DIR": str(tmp_path)}
+    env.pop("DATABASE_LISTEN_URL")
+    if listen_url:
+        env["DATABASE_LISTEN_URL"] = listen_url
+    result = _run("import project.settings", env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "DATABASE_LISTEN_URL" in result.stderr, result.stderr

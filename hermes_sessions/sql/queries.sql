@@ -47,6 +47,10 @@ WITH s AS MATERIALIZED (SELECT * FROM "hermes_sessions_session" WHERE "id" = (SE
 -- Every lock wait of the transaction ends after %s (``'<n>ms'``) with SQLSTATE 55P03, until it ends.
 SELECT set_config('lock_timeout', %s, true);
 
+-- name: statement_timeout_bound
+-- Every statement of the transaction ends after %s (``'<n>ms'``) with SQLSTATE 57014, until it ends.
+SELECT set_config('statement_timeout', %s, true);
+
 -- name: advisory_xact_lock
 -- A transaction-scoped advisory lock on the 64-bit key %s.
 SELECT pg_advisory_xact_lock(%s);
