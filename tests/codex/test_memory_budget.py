@@ -124,3 +124,30 @@ def test_keepers_of_two_processes_share_the_host_budget(tmp_path: Path, sizes, o
     assert there.ledger.others_kb() == here.private_kb() == 42 * MIB
     here.close_all()
     assert HostLedger(tmp_path, pid=other_worker.pid).others_kb() == 0
+
+
+def test_threads_publishing_at_once_write_whole_files_and_the_last_figure(tmp_path: Path, caplog):
+    """A process's turns keep and close copies on several runner threads at once: every write lands (no
+    'not written' for a temporary file another thread moved away) and the file holds the last figure."""
+    import threading
+
+    ledger = HostLedger(tmp_path)
+    figures = iter(range(1, 10_001))
+    lock = threading.Lock()
+
+    def next_figure() -> int:
+        with lock:
+            return next(figures)
+
+    def publish_many() -> None:
+        for _ in range(500):
+            ledger.publish(next_figure)
+
+    threads = [threading.Thread(target=publish_many) for _ in range(8)]
+    with caplog.at_level("WARNING"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert "not written" not in caplog.text
+    assert (tmp_path / ledger.name).read_text() == "4000"

@@ -173,7 +173,7 @@ class Keeper:
 
     def _publish(self) -> None:
         if self.ledger is not None:
-            self.ledger.publish(self.private_kb())
+            self.ledger.publish(self.private_kb)
 
     def expired(self) -> list[KeptThread]:
         """Close and return the copies idle longer than the window or whose process died."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,9 +86,17 @@ class HostLedger:
         self.directory = directory
         self.pid = os.getpid() if pid is None else pid
         self.name = f"{self.pid}-{_start_time(self.pid)}"
+        # One writer at a time: the process's turns keep and close copies on several runner threads, and
+        # they share the one temporary file (``tests/codex/test_memory_budget.py``).
+        self._writing = threading.Lock()
 
-    def publish(self, private_kb: int) -> None:
-        """Record this process's kept private kB (0 removes the file)."""
+    def publish(self, private_kb: int | Callable[[], int]) -> None:
+        """Record this process's kept private kB (0 removes the file); a callable is read under the
+        writer's lock, so that of two threads the one that writes last writes the newer figure."""
+        with self._writing:
+            self._write(private_kb() if callable(private_kb) else private_kb)
+
+    def _write(self, private_kb: int) -> None:
         target = self.directory / self.name
         try:
             if private_kb <= 0:
