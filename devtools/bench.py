@@ -455,14 +455,16 @@ def _throughput_part(tput: Stack, token: str, session_id: str, broker: str, args
     finally:
         if probe is not None:
             probe.close()
-    _print_throughput(results, args.throughput_sessions, args.throughput_rounds, tput.http_workers, args.worker_turns)
+    _print_throughput(results, args.throughput_sessions, args.throughput_rounds, tput.http_workers, args.worker_turns,
+                      args.warm_memory_budget_mb)
 
 
 def _print_throughput(results: list[WorkerCountResult], sessions: int, rounds: int, http_workers: int,
-                      worker_turns: int | None) -> None:
+                      worker_turns: int | None, budget_mb: int) -> None:
     turns = "the setting's default" if worker_turns is None else worker_turns
     print(f"throughput: {sessions} sessions at once, {rounds} rounds per worker count (warm stack settings, "
-          f"HERMES_WORKER_TURNS {turns}, one gunicorn of {http_workers} sync workers); turns/s over rounds 2+, "
+          f"HERMES_WORKER_TURNS {turns}, HERMES_WARM_MEMORY_BUDGET_MB {budget_mb}, one gunicorn of {http_workers} "
+          "sync workers); turns/s over rounds 2+, "
           "round 1 (thread starts) apart")
     for r in results:
         f = r.figures()
@@ -523,6 +525,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--direct-workers", type=int, default=2,
                         help="the worker count whose later throughput rounds run beside warm direct app-servers "
                              "(throughput_ratio_vs_direct) and give the capacity inputs (default 2); 0 skips both")
+    parser.add_argument("--warm-memory-budget-mb", type=int, default=4096,
+                        help="HERMES_WARM_MEMORY_BUDGET_MB of the throughput stack (default 4096: its 50 sessions' "
+                             "kept threads, ~40 MB private each after a few turns, fit; docs/capacity.md)")
     parser.add_argument("--worker-turns", type=int,
                         help="HERMES_WORKER_TURNS of the throughput stack's workers (default: the setting's own)")
     parser.add_argument("--memory-turns", type=int, help="turns of the memory run (default 1000); 0 skips it")
@@ -555,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     env = _environment(database_beside(db_url, "_bench"), broker, scratch)
     procs: list[subprocess.Popen[bytes]] = []
     warm_settings = {**WARM_ENV, "HERMES_WARM_POOL": str(args.warm_pool)}
-    tput_settings = {**warm_settings, **_worker_turns_env(args.worker_turns)}
+    tput_settings = {**warm_settings, **_worker_turns_env(args.worker_turns),
+                     "HERMES_WARM_MEMORY_BUDGET_MB": str(args.warm_memory_budget_mb)}
     stacks: list[Stack] = []
     try:
         _start_stand_in(env, scratch, procs)  # sets CODEX_STAND_IN_URL: before the stacks copy env
