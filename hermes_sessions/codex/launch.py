@@ -24,6 +24,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from .rollout_files import codex_state_files
+
 
 class CodexNotInstalled(RuntimeError):
     """The pinned codex binary is missing; ``npm ci`` (``make install``) installs it."""
@@ -253,22 +255,26 @@ def session_home(session_id: str) -> SessionHome:
 def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir: Path | None = None,
                          keep: Path | None = None) -> SessionHome:
     """Wipe and recreate ``session_id``'s home and ``HOME`` (a worker's disk is a cache: nothing
-    from an earlier turn, host-local sqlite included, survives — ``docs/codex.md`` §7), then write
+    from an earlier turn survives but what ``keep`` names — ``docs/codex.md`` §7), then write
     its ``config.toml`` — with ``sandbox`` and ``workdir``, one that also selects and defines the
     session's permission profile, so even an app-server started without ``permission_overrides`` runs
-    the session's commands under it. ``keep``: one file inside the home left in place, untouched (the
-    thread's rollout this process holds, ``rollout_files.held_rollout``: its restore then appends only
-    what it lacks). Returns the paths; the caller restores the thread's rollout into it."""
+    the session's commands under it. ``keep``: the thread's rollout this process holds unchanged
+    (``rollout_files.held_rollout``), left in place with codex's sqlite projection of it
+    (``rollout_files.codex_state_files``): its restore then appends only what it lacks, and codex
+    projects only those bytes instead of the whole file at start and at ``thread/resume``. The caller
+    drops that projection when the restore does not extend the kept file (``rollout_files.drop_codex_state``).
+    Returns the paths; the caller restores the thread's rollout into it."""
     paths = session_home(session_id)
     if keep is not None and not keep.resolve().is_relative_to(paths.home):
         keep = None
+    kept = set() if keep is None else {keep.resolve(), *(p.resolve() for p in codex_state_files(paths.home))}
     for attempt in range(HOME_WIPE_ATTEMPTS):
-        if keep is None:
+        if not kept:
             shutil.rmtree(paths.home.parent, ignore_errors=True)
         else:
-            _remove_all_but(paths.home.parent, keep.resolve())
+            _remove_all_but(paths.home.parent, kept)
         try:
-            paths.home.mkdir(parents=True, exist_ok=keep is not None)
+            paths.home.mkdir(parents=True, exist_ok=bool(kept))
             break
         except FileExistsError:
             # Something wrote into the home while it was being removed — an app-server of an earlier run of the
@@ -282,17 +288,17 @@ def prepare_session_home(session_id: str, *, sandbox: str | None = None, workdir
     return paths
 
 
-def _remove_all_but(root: Path, keep: Path) -> None:
-    """Remove everything under ``root`` except ``keep`` and the directories leading to it."""
+def _remove_all_but(root: Path, keep: set[Path]) -> None:
+    """Remove everything under ``root`` except the files in ``keep`` and the directories leading to them."""
     try:
         entries = list(os.scandir(root))
     except FileNotFoundError:
         return
     for entry in entries:
         path = Path(entry.path)
-        if path == keep:
+        if path in keep:
             continue
-        if entry.is_dir(follow_symlinks=False) and keep.is_relative_to(path):
+        if entry.is_dir(follow_symlinks=False) and any(k.is_relative_to(path) for k in keep):
             _remove_all_but(path, keep)
         elif entry.is_dir(follow_symlinks=False):
             shutil.rmtree(path, ignore_errors=True)

@@ -225,9 +225,47 @@ def _rollout_in(home: Path, thread_id: str | None) -> Path | None:
 
 def held_rollout(home: Path, thread_id: str | None) -> Path | None:
     """The rollout of ``thread_id`` under ``home`` if this process holds it unchanged (``KNOWN.held``):
-    the file a wipe of the home keeps for the next restore (``launch.prepare_session_home``)."""
+    the file a wipe of the home keeps for the next restore (``launch.prepare_session_home``), with
+    codex's projection of it (``codex_state_files``)."""
     path = _rollout_in(home, thread_id)
     return path if path is not None and KNOWN.held(path) is not None else None
+
+
+#: Codex's sqlite files that are derived from the rollouts of a home (0.171.0, observed and read in its
+#: source, ``docs/codex.md`` §7): ``state_<v>.sqlite`` indexes the threads (a start-up backfill reads every
+#: rollout under ``sessions/`` when it finds none: part of ``initialize``), ``thread_history_<v>.sqlite``
+#: projects a thread's rollout into turns and items with a cursor (``next_rollout_byte_offset`` and the
+#: ordinal of the line before it), which ``thread/resume`` extends from the cursor when the file still
+#: agrees with it, and rebuilds from byte 0 when the file is missing. Both cost O(rollout) CPU when
+#: absent: ~0.4 s and ~0.9 s at 20 MB. Each with its WAL, shared-memory and rollback-journal companions.
+CODEX_STATE_PATTERNS = ("state_*.sqlite", "thread_history_*.sqlite")
+_SQLITE_COMPANIONS = ("", "-wal", "-shm", "-journal")
+
+
+def codex_state_files(home: Path) -> list[Path]:
+    """The files of ``CODEX_STATE_PATTERNS`` in ``home`` (with their companions), as they exist now."""
+    names = {p.name for pattern in CODEX_STATE_PATTERNS for p in home.glob(pattern)}
+    return sorted(home / f"{name}{suffix}" for name in names for suffix in _SQLITE_COMPANIONS
+                  if (home / f"{name}{suffix}").exists())
+
+
+def drop_codex_state(home: Path) -> None:
+    """Remove codex's projection of the rollouts (``codex_state_files``) from ``home``: the file it was
+    built from is no longer the one in place (a full restore, a removed or rewritten rollout). Codex
+    rebuilds it from the rollout at its next start and ``thread/resume``."""
+    for path in codex_state_files(home):
+        path.unlink(missing_ok=True)
+
+
+def file_identity(path: Path | None) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path``, or ``None`` when there is no such file."""
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class _Ends:

@@ -1,7 +1,8 @@
 """Codex rollouts in PostgreSQL: the only code that writes ``CodexRollout`` and ``RolloutChunk`` rows.
 
 PostgreSQL is the source of truth for a thread's rollout (``docs/contract.md`` I8); a worker's disk
-is a cache wiped at every turn. Per turn (``execution.py``):
+is a cache wiped at every turn but for the rollout this process holds verified and codex's sqlite
+projection of it (``launch.prepare_session_home``). Per turn (``execution.py``):
 
     turn_claim        reads the bound thread's generation g (``rollout_state``)
     rollout_restore   writes the stored bytes into the session's fresh CODEX_HOME at the original

@@ -49,6 +49,8 @@ from ..codex.launch import (
 from ..codex.rollout_files import (
     RolloutBase,
     RolloutDiverged,
+    drop_codex_state,
+    file_identity,
     held_rollout,
     read_delta,
     read_leftover,
@@ -350,16 +352,26 @@ def _restore(claim: TurnClaim, control: TurnControl | None = None,
         # Only while PostgreSQL stores the thread's rollout: a host's copy of one it no longer has is not a
         # cache of anything (I8; tests/services/test_webhooks.py's rotation, tests/support/rotation.py).
         held = held_rollout(old, claim.thread_id) if claim.rollout_generation is not None else None
+        held_file = file_identity(held)
         paths = prepare_session_home(claim.session_id, sandbox=claim.config["sandbox"],
                                      workdir=policy.session_workdir(claim.session_id), keep=held)
         base = rollout_restore(session_id=claim.session_id, thread_id=claim.thread_id,
                                generation=claim.rollout_generation, home=paths.home)
+        rewritten = False
         for leftover in filter(None, leftovers):
             bound = leftover.thread_id == claim.thread_id
             # The bound thread: only an extension of the stored rollout (none stored: nothing to extend);
             # the lost worker's unbound fresh thread: PostgreSQL never had it.
             if not bound or (base is not None and leftover.extends(base)):
                 write_leftover(paths.home, leftover)
+                rewritten = True
+        # Codex's projection of the held rollout stays only while the restore extended that very file in
+        # place (same inode: appended, or nothing to append): a full restore renames a new file over it,
+        # a forgotten rollout removes it, a leftover rewrites it
+        # (tests/services/test_codex_state_kept.py).
+        if held is not None and (rewritten or base is None or (paths.home / base.relpath).resolve() != held.resolve()
+                                 or file_identity(held) != held_file):
+            drop_codex_state(paths.home)
     except RolloutFenced as exc:
         raise TurnRunError(str(exc), TurnOutcome(), TurnAbandoned(str(exc))) from exc
     except RolloutDiverged as exc:

@@ -121,6 +121,35 @@ def test_a_home_that_keeps_being_written_into_fails_with_the_os_error(codex_dirs
         launch.prepare_session_home("sess-busy")
 
 
+def test_a_kept_rollout_keeps_codex_state_of_it_and_nothing_else(codex_dirs):
+    """``keep`` (the rollout this process holds): the file and codex's sqlite projection of the rollouts
+    (``state_*``, ``thread_history_*`` with their WAL, shm and journal files) stay as they were; its logs,
+    its other databases, skills and whatever else the last run left go. Without ``keep`` all of it goes."""
+    from hermes_sessions.codex import launch
+
+    paths = launch.prepare_session_home("sess-keep")
+    rollout = paths.home / "sessions" / "2026" / "12" / "06" / "rollout-2026-12-06T00-00-00-t.jsonl"
+    rollout.parent.mkdir(parents=True)
+    rollout.write_text("rollout")
+    kept = ["state_5.sqlite", "state_5.sqlite-wal", "state_5.sqlite-shm", "thread_history_1.sqlite",
+            "thread_history_1.sqlite-journal"]
+    gone = ["logs_2.sqlite", "logs_2.sqlite-wal", "goals_1.sqlite", "installation_id", "state_5.sqlite-old",
+            "skills/.system/x/SKILL.md", "sessions/2026/12/05/rollout-2026-12-05T00-00-00-other.jsonl"]
+    for name in kept + gone:
+        (paths.home / name).parent.mkdir(parents=True, exist_ok=True)
+        (paths.home / name).write_text(name)
+    (paths.user_home / "leftover").write_text("x")
+
+    again = launch.prepare_session_home("sess-keep", keep=rollout)
+    assert rollout.read_text() == "rollout"
+    assert all((again.home / name).read_text() == name for name in kept)
+    assert not any((again.home / name).exists() for name in gone)
+    assert not (again.user_home / "leftover").exists() and (again.home / "config.toml").exists()
+
+    wiped = launch.prepare_session_home("sess-keep")
+    assert sorted(p.name for p in wiped.home.iterdir()) == ["config.toml"]
+
+
 def test_every_app_server_reads_no_project_docs(worker_env, settings, tmp_path):
     """codex 0.171.0 (docs/codex.md §11): under an allow-list profile each AGENTS.md / `.git` lookup at
     thread/resume runs in a sandboxed helper process of its own; ``project_doc_max_bytes=0`` on the
