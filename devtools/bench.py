@@ -508,6 +508,7 @@ SIZES: dict[str, tuple[Any, Any]] = {
     "throughput_sessions": (50, 4),
     "throughput_rounds": (3, 2),
     "memory_turns": (1000, 30),
+    "rollout_rounds": (3, 0),
 }
 
 
@@ -534,9 +535,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-warmup", type=int, default=100,
                         help="turns before the memory baseline (at most a third of --memory-turns)")
     parser.add_argument("--memory-sessions", type=int, default=4)
-    parser.add_argument("--rollout-rounds", type=int, default=0,
+    parser.add_argument("--rollout-rounds", type=int,
                         help="rounds of devtools.bench_rollout (100 MB vs 1 MB rollout, cold turns; its own database "
-                             "and in-process worker); 0 (default) skips it")
+                             "and in-process worker; default 3); 0 skips it")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny run for tests: 2 rounds, no history, 1 and 2 workers × 4 sessions × 2 rounds, "
                              "30 memory turns (each unless given explicitly)")
