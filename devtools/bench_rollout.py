@@ -62,7 +62,9 @@ def _setup(db_url: str, scratch: Path, stand_in_url: str) -> Any:
         "CODEX_STAND_IN_URL": stand_in_url, "CODEX_HOMES_ROOT": str(scratch / "homes"),
         "CODEX_WORK_ROOT": str(scratch / "work"), "CODEX_HOME": str(scratch / "codex_home"),
         "CODEX_USER_HOME": str(scratch / "user_home"), "HERMES_WARM_IDLE_SECONDS": "0", "HERMES_WARM_POOL": "0",
-        "HERMES_LOG_LEVEL": "WARNING"})
+        "HERMES_LOG_LEVEL": "WARNING",
+        # No metric reports: the bench's database is dropped at its end, before the exit's last report.
+        "HERMES_METRICS_REPORT_SECONDS": "0"})
     os.environ.pop("CELERY_BROKER_URL", None)
     os.environ.setdefault("DJANGO_SECRET_KEY", "bench-rollout-only")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
