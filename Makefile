@@ -130,8 +130,10 @@ run: install
 # workers run one `celery -A project beat` instead. The worker consumes the turn queue, HERMES_TURN_QUEUE
 # (from the environment or `make worker HERMES_TURN_QUEUE=…`; default "turns", as project/settings.py),
 # and Celery's default queue "celery", where beat sends the sweep.
-# One turn at a time (-c 1) so the worker keeps threads loaded between turns and gets its own queue
-# (session affinity, docs/architecture.md "Warm turns"); for more turns at once run more workers, each its WORKER_NAME.
+# One pool process (-c 1) so the worker keeps threads loaded between turns and gets its own route (session
+# affinity, docs/architecture.md "Warm turns"). It runs HERMES_WORKER_TURNS turns at once of sessions whose
+# threads it keeps, but takes one delivery at a time from the shared queue (new and cold turns): for more of
+# those at once run more workers, each its WORKER_NAME.
 WORKER_NAME ?= hermes@%h
 WORKER_CONCURRENCY ?= 1
 WORKER_BEAT ?= -B
