@@ -150,3 +150,18 @@ def _fresh_turn_permits(monkeypatch):
     from hermes_sessions.worker import process
 
     monkeypatch.setattr(process.runtime(), "slots", None)
+
+
+@pytest.fixture(autouse=True)
+def _no_runners_left(monkeypatch):
+    """Each test starts without this process's runner threads (``worker/runners.py``: outside a worker
+    process turns run on the caller's thread), and runners a test started are stopped after it: a pool
+    left behind would make a later test's woken turn run detached, its end not yet written when it looks."""
+    from hermes_sessions.worker import process
+
+    rt = process.runtime()
+    monkeypatch.setattr(rt, "runners", None)
+    yield
+    left = rt.runners
+    if left is not None:
+        left.stop(timeout=10)
