@@ -38,6 +38,7 @@ Nothing here touches the database; ``hermes_sessions.services.rollouts`` does.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -413,6 +414,11 @@ def _read_known(home: Path, path: Path, thread_id: str, base: RolloutBase, known
                         data=appended, length=length, sha256=sha256, base=base)
 
 
+#: ``item_completed`` item types (lower-cased) of a turn that only talked (codex 0.171.0's rollouts; the
+#: same set as ``runner._TEXT_ONLY_ITEMS`` of the API's camelCase names).
+_TALK_ITEMS = frozenset({"usermessage", "agentmessage", "reasoning", "plan", "contextcompaction"})
+
+
 @dataclass(frozen=True)
 class Leftover:
     """A rollout found in a session's home before it is wiped: ``relpath`` and the whole ``data``."""
@@ -420,6 +426,33 @@ class Leftover:
     thread_id: str
     relpath: str
     data: bytes
+
+    def shows_work(self, base: RolloutBase | None) -> bool:
+        """Whether what codex appended after ``base`` shows that the lost attempt's turn completed (an
+        ``event_msg`` ``task_complete`` line) or did more than talk (an ``event_msg`` ``item_completed`` of a
+        command, a file change, a tool call: ``_TALK_ITEMS`` apart). Only then is the leftover worth
+        writing back: the re-run adopts that turn (``runner._adopt_completed_turn``) instead of running its
+        input again. A turn that was cut off having only talked is run again — on the stored rollout, so
+        that its input is in the thread once, not twice
+        (``tests/services/test_durability.py::test_a_rerun_after_a_turn_cut_off_while_talking_sends_its_input_once``).
+        Line shapes: codex 0.171.0's rollouts (item types in PascalCase: ``UserMessage``, ``CommandExecution``)."""
+        tail = self.data[base.length:] if base is not None else self.data
+        for line in tail.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line cut off by the kill
+            payload = entry.get("payload") if isinstance(entry, dict) else None
+            if not isinstance(payload, dict) or entry.get("type") != "event_msg":
+                continue
+            if payload.get("type") == "task_complete":
+                return True
+            item = payload.get("item")
+            if payload.get("type") == "item_completed" and isinstance(item, dict):
+                kind = str(item.get("type") or "").lower()
+                if kind and kind not in _TALK_ITEMS:
+                    return True
+        return False
 
     def extends(self, base: RolloutBase | None) -> bool:
         """True when these bytes are ``base`` plus an append (or ``base`` is ``None``): codex resumes an

@@ -344,7 +344,9 @@ def _restore(claim: TurnClaim, control: TurnControl | None = None,
                                    generation=claim.rollout_generation, home=spare.home.home)
             return spare.home.home, base
         # A re-run after a lost worker on this host: that worker's rollout of this turn's thread may hold
-        # the turn codex completed (to adopt, not run twice); kept only if it extends what PostgreSQL has.
+        # the turn codex completed or acted on (to adopt, not run twice); kept only if it extends what
+        # PostgreSQL has and shows that work (``Leftover.shows_work``): a turn cut off while it only talked
+        # runs again on the stored rollout, its input sent once.
         old = session_home(claim.session_id).home
         leftovers = [read_leftover(old, t) for t in (claim.thread_id, claim.previous_thread_id)] if claim.attempt > 1 else []
         # The thread's rollout this process left here, unchanged since: kept, so the restore appends only
@@ -362,7 +364,7 @@ def _restore(claim: TurnClaim, control: TurnControl | None = None,
             bound = leftover.thread_id == claim.thread_id
             # The bound thread: only an extension of the stored rollout (none stored: nothing to extend);
             # the lost worker's unbound fresh thread: PostgreSQL never had it.
-            if not bound or (base is not None and leftover.extends(base)):
+            if not bound or (base is not None and leftover.extends(base) and leftover.shows_work(base)):
                 write_leftover(paths.home, leftover)
                 rewritten = True
         # Codex's projection of the held rollout stays only while the restore extended that very file in

@@ -235,6 +235,17 @@ def canonical(thread_id):
     return thread_id.lower() if isinstance(thread_id, str) else thread_id
 
 
+def codex_marker(items, cut_off):
+    """What codex's own rollout would show of the turn (``rollout_files.Leftover.shows_work``): its
+    ``task_complete``, or the first item beyond talk it completed; nothing for a turn that only talked."""
+    acted = [i["type"] for i in items if i.get("type") not in ("userMessage", "agentMessage", "reasoning")]
+    if not cut_off:
+        return {"type": "event_msg", "payload": {"type": "task_complete"}}
+    if acted:
+        return {"type": "event_msg", "payload": {"type": "item_completed", "item": {"type": acted[0][:1].upper() + acted[0][1:]}}}
+    return {}
+
+
 def handle_turn_start(request_id, params, action):
     thread_id = canonical(params.get("threadId"))
     if thread_id not in loaded_threads:
@@ -255,7 +266,8 @@ def handle_turn_start(request_id, params, action):
     os.makedirs(os.path.dirname(rollout_path(thread_id)), exist_ok=True)
     with open(rollout_path(thread_id), "a", encoding="utf-8") as fh:
         status = "failed" if failed else "interrupted" if cut_off else "completed"
-        fh.write(json.dumps({"id": turn_id, "items": items, "usage": usage, "status": status}) + "\n")
+        line = {"id": turn_id, "items": items, "usage": usage, "status": status, **codex_marker(items, cut_off)}
+        fh.write(json.dumps(line) + "\n")
 
     ack = {"turn": turn_obj(turn_id, "inProgress")}
     if not action.get("respond_last"):

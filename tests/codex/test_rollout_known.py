@@ -153,3 +153,37 @@ def test_a_forked_child_starts_with_nothing_known(restored):
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 16) == b"empty"
+
+
+def _line(kind: str, payload: dict | None = None) -> bytes:
+    import json
+
+    return (json.dumps({"timestamp": "2026-12-06T02:36:20.000Z", "type": kind, "payload": payload or {}}) + "\n").encode()
+
+
+def test_a_leftover_shows_work_only_for_a_completed_turn_or_one_that_acted():
+    """Lines as codex 0.171.0 writes them (a rollout of the contract tests, RUNCMD turns): a turn cut off
+    after its user message and some text shows no work; one with ``task_complete``, or with a completed
+    command, does."""
+    import hashlib
+
+    from hermes_sessions.codex.rollout_files import Leftover, RolloutBase
+
+    stored = _line("session_meta") + _line("event_msg", {"type": "task_complete"})
+    base = RolloutBase(thread_id="t", relpath="sessions/r.jsonl", length=len(stored),
+                       sha256=hashlib.sha256(stored).hexdigest(), generation=1)
+    talked = (_line("event_msg", {"type": "task_started"}) + _line("turn_context")
+              + _line("response_item", {"type": "message", "role": "user"})
+              + _line("event_msg", {"type": "item_completed", "item": {"type": "UserMessage"}})
+              + _line("response_item", {"type": "message", "role": "assistant"})
+              + b'{"timestamp": "2026-12-06T02:36:2')  # the kill cut the last line
+    acted = talked[:talked.rindex(b"\n") + 1] + _line("event_msg", {"type": "item_completed", "item": {"type": "CommandExecution"}})
+    done = talked[:talked.rindex(b"\n") + 1] + _line("event_msg", {"type": "task_complete"})
+
+    def leftover(tail: bytes) -> Leftover:
+        return Leftover(thread_id="t", relpath="sessions/r.jsonl", data=stored + tail)
+
+    assert leftover(talked).extends(base) and not leftover(talked).shows_work(base)
+    assert leftover(acted).shows_work(base) and leftover(done).shows_work(base)
+    # The stored part's own task_complete is not this attempt's.
+    assert not leftover(_line("event_msg", {"type": "task_started"})).shows_work(base)

@@ -100,6 +100,42 @@ def test_rerun_adopts_the_turn_codex_completed_before_the_worker_died(user, scri
     assert [r[2] for r in transcript(session)] == ["hello one", "echo: hello one", "hello two", "echo: hello two"]
 
 
+def test_a_rerun_after_a_turn_cut_off_while_talking_sends_its_input_once(user, scripted_codex, run_turn_now, settings):
+    """The worker loses its turn while codex's turn has only talked: the rollout it leaves on this host
+    holds the input but no completed turn and no action. The re-run runs the input again — on the rollout
+    PostgreSQL stored, not on the lost attempt's file — so that the thread holds the input once (else the
+    model sees it twice, in this turn and every later one)."""
+    from hermes_sessions.services.rollouts import rollout_load, rollout_state
+
+    settings.CODEX_TURN_TIMEOUT = 10.0
+    session = services.session_create(owner=user)
+    first = run_turn_now(session=session, text="hello one", user=user)
+    scripted_codex.script({"turn/start": [{"no_completion": True}]})  # codex writes the input, never completes
+
+    def steal():  # the sweep takes the turn back while codex works: the worker stops, committing nothing
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if Turn.objects.filter(session=session, seq=2, status=Turn.Status.RUNNING).update(claim_token=None):
+                break
+            time.sleep(0.02)
+        connection.close()
+
+    thief = threading.Thread(target=steal)
+    thief.start()
+    lost = run_turn_now(session=session, text="hello two", user=user)
+    thief.join()
+    assert lost.status == Turn.Status.RUNNING and lost.attempt == 1
+    scripted_codex.script({})
+    expire_lease(lost)
+    worker.turns_sweep()  # re-queued and run again (eager), on this host
+    lost.refresh_from_db()
+    assert (lost.status, lost.attempt, lost.codex_thread_id) == (Turn.Status.SUCCEEDED, 2, first.codex_thread_id), lost.error
+    assert scripted_codex.turn_inputs().count("hello two") == 2  # both attempts reached codex…
+    stored = rollout_load(base=rollout_state(thread_id=first.codex_thread_id))
+    assert stored.count(b'"text": "hello two"') == 1, stored.decode(errors="replace")  # …the thread holds it once
+    assert [r[2] for r in transcript(session)].count("hello two") == 1
+
+
 def test_a_turn_whose_workers_keep_dying_fails_after_max_attempts(user, scripted_codex, settings, monkeypatch):
     settings.HERMES_MAX_ATTEMPTS = 2
     monkeypatch.setattr("hermes_sessions.services.dispatch.turn_dispatch_on_commit", lambda turn_id, **_: None)
