@@ -46,14 +46,25 @@ def env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    """The integer in ``name`` (``default`` when unset or empty); ``ImproperlyConfigured`` naming the
+    variable when it is not an integer or is below ``minimum``."""
     value = os.environ.get(name)
-    return int(value) if value else default
+    try:
+        number = int(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {number}")
+    return number
 
 
 def env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
-    return float(value) if value else default
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from None
 
 
 def env_path(name: str, default: Path) -> Path:
@@ -404,7 +415,7 @@ HERMES_AFFINITY_DEADLINE = env_float("HERMES_AFFINITY_DEADLINE", 2.0)
 # delivery's and its woken ones together (hermes_sessions/worker/wake.py, TurnSlots). A woken turn waits at most
 # HERMES_AFFINITY_DEADLINE for one of these permits; each running turn holds a runner thread with a database
 # connection of its own (docs/operating.md, "PostgreSQL connections"). 1: one turn at a time.
-HERMES_WORKER_TURNS = env_int("HERMES_WORKER_TURNS", 8)
+HERMES_WORKER_TURNS = env_int("HERMES_WORKER_TURNS", 8, minimum=1)  # 0 would take no turn at all: refused at start
 # A woken worker sends turn/start to the session's kept thread while it claims the turn, instead of after the
 # claim (the wake carries the input; the app-server is killed if the claim fails); 0: claim first
 # (hermes_sessions/worker/warm/early_start.py).

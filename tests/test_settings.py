@@ -235,3 +235,15 @@ def test_behind_pgbouncer_without_a_direct_listen_url_settings_refuse_to_start(t
     result = _run("import project.settings", env)
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and "DATABASE_LISTEN_URL" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("value", "says"), [("0", "HERMES_WORKER_TURNS must be at least 1, not 0"),
+                                             ("-1", "HERMES_WORKER_TURNS must be at least 1, not -1"),
+                                             ("abc", "HERMES_WORKER_TURNS must be an integer, not 'abc'"),
+                                             ("1.5", "HERMES_WORKER_TURNS must be an integer, not '1.5'")])
+def test_a_worker_turns_setting_that_could_run_no_turn_is_refused_at_start(tmp_path, value, says):
+    """A worker with no turn permits would start, say it is ready, and never run a turn: refused at
+    start, naming the variable."""
+    result = _run("import project.settings", {"HERMES_WORKER_TURNS": value, "HERMES_VAR_DIR": str(tmp_path)})
+    assert result.returncode != 0
+    assert f"ImproperlyConfigured: {says}" in result.stderr, result.stderr
