@@ -135,3 +135,48 @@ def test_a_worker_whose_claim_was_taken_back_during_a_database_outage_leaves_the
     assert CodexBinding.objects.get(session=session, status="active").thread_id == t1.codex_thread_id
     assert not Notice.objects.filter(session=session).exists()
     assert codex_pids(settings.CODEX_HOMES_ROOT) == []
+
+
+def test_a_turn_cut_off_while_streaming_is_in_codexs_thread_once_after_its_rerun(user, real_codex, run_turn_now, settings):
+    """The worker loses its claim while codex streams the reply (as when it is killed): codex has
+    written the input to the session's rollout on this host but not completed the turn. The re-run on
+    this host runs the input again on the stored rollout, not on the lost attempt's file: the model's
+    request holds the input once, and so does the next turn's."""
+    settings.CODEX_TURN_TIMEOUT = 30.0
+    settings.HERMES_HEARTBEAT_SECONDS = 0.2
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    assert t1.status == Turn.Status.SUCCEEDED, t1.error
+
+    def steal_when_streaming():  # the sweep takes the turn back mid-stream
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any("SLOW" in text for r in real_codex.requests() for _, text in real_codex.user_texts(r)):
+                time.sleep(0.5)
+                if Turn.objects.filter(session=session, seq=2, status=Turn.Status.RUNNING).update(claim_token=None):
+                    break
+            time.sleep(0.05)
+        from django.db import connection
+
+        connection.close()
+
+    thief = threading.Thread(target=steal_when_streaming)
+    thief.start()
+    t2 = run_turn_now(session=session, text="SLOW two", user=user)
+    thief.join()
+    assert (t2.status, t2.attempt) == (Turn.Status.RUNNING, 1)  # left by the worker that lost it
+    real_codex.reset()
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Turn.objects.filter(pk=t2.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    worker.turns_sweep()  # the re-run, here (eager)
+    t2.refresh_from_db()
+    assert (t2.status, t2.attempt) == (Turn.Status.SUCCEEDED, 2), t2.error
+    t3 = run_turn_now(session=session, text="hello three", user=user)
+    assert t3.status == Turn.Status.SUCCEEDED, t3.error
+    for request in real_codex.requests():
+        users = [text for role, text in real_codex.user_texts(request) if role == "user"]
+        assert users.count("SLOW two") == 1, users
+    assert not Notice.objects.filter(session=session).exists()
