@@ -19,6 +19,8 @@ type                     codex answer                                           
                          writer`` (another live app-server holds the thread)    (``RetryPolicy``), then requeue, then fail
 :class:`Overloaded`      ``-32001`` (any message; codex sends ``Server          **retry**, as ``ThreadBusy``
                          overloaded; retry later.``)
+:class:`CodexStateDamaged` ``-32603`` naming a damaged SQLite file (``database    **retry** after dropping codex's state
+                         disk image is malformed``, ``file is not a database``)  files from the session's home
 :class:`TransportError`  process died, stdout EOF, frame too large, non-JSON    **retry** when it happened before
                          line, broken stdin pipe                                ``turn/start`` was sent; after it, **fail**
                                                                                 (codex may have run the input)
@@ -51,6 +53,10 @@ from typing import Any
 INVALID_REQUEST = -32600
 #: ``OVERLOADED_ERROR_CODE`` in ``codex-rs/app-server/src/error_code.rs``: "Server overloaded; retry later."
 OVERLOADED = -32001
+#: JSON-RPC "internal error": codex's answer when its own machinery fails (e.g. its SQLite state).
+INTERNAL_ERROR = -32603
+#: SQLite's words for a damaged database file (SQLITE_CORRUPT, code 11; SQLITE_NOTADB, code 26).
+_SQLITE_DAMAGE = ("database disk image is malformed", "file is not a database")
 #: What we answer to a server-initiated request we do not handle (JSON-RPC "method not found").
 METHOD_NOT_FOUND = -32601
 
@@ -154,6 +160,14 @@ class Overloaded(JsonRpcError):
     """``-32001 Server overloaded; retry later.``: codex's request queue is full."""
 
 
+class CodexStateDamaged(JsonRpcError):
+    """``-32603`` naming a damaged SQLite database of codex's own (seen on codex 0.171.0's ``thread/resume``
+    with a truncated ``thread_history_1.sqlite``: ``failed to list thread history: … failed to open thread
+    history DB at <path>: error returned from database: (code: 11) database disk image is malformed``).
+    Those files are codex's projection of the rollout, a cache it rebuilds (``docs/codex.md`` §7): the
+    worker drops them and tries again (``worker/execution.py``)."""
+
+
 # (prefix, suffix, type) for code -32600; the first match wins. Exact texts: docs/codex.md §6.
 _INVALID_REQUEST_TYPES: tuple[tuple[str, str, type[JsonRpcError]], ...] = (
     ("no rollout found for thread id ", "", ThreadGone),
@@ -182,6 +196,8 @@ def error_from_response(method: str, error: object) -> JsonRpcError:
 def _error_type(code: int, message: str) -> type[JsonRpcError]:
     if code == OVERLOADED:
         return Overloaded
+    if code == INTERNAL_ERROR and any(sign in message for sign in _SQLITE_DAMAGE):
+        return CodexStateDamaged
     if code == INVALID_REQUEST:
         for prefix, suffix, error_type in _INVALID_REQUEST_TYPES:
             if message.startswith(prefix) and message.endswith(suffix):
@@ -191,7 +207,7 @@ def _error_type(code: int, message: str) -> type[JsonRpcError]:
 
 #: The failures worth another try on a new app-server (the thread still exists; only the process or
 #: codex's capacity was in the way). The table's **retry** column.
-RETRYABLE: tuple[type[CodexError], ...] = (TransportError, ThreadBusy, Overloaded)
+RETRYABLE: tuple[type[CodexError], ...] = (TransportError, ThreadBusy, Overloaded, CodexStateDamaged)
 
 
 def retryable(exc: object) -> bool:

@@ -37,7 +37,7 @@ from django.db import (
 
 from .. import policy
 from ..codex.client import AppServerClient, PendingRequest
-from ..codex.errors import TransportError, retryable
+from ..codex.errors import CodexStateDamaged, TransportError, retryable
 from ..codex.launch import (
     app_server_argv,
     app_server_env,
@@ -229,6 +229,10 @@ def _backoff(claim: TurnClaim, control: TurnControl, budget: RetryPolicy, exc: T
     delay = budget.next_delay(retries=retries, elapsed=time.monotonic() - started)
     if delay is None:
         return False
+    if isinstance(exc.cause, CodexStateDamaged):
+        # Codex's projection of the rollout is a cache it rebuilds from the file: gone, the retry's codex
+        # projects the rollout afresh (``tests/e2e/test_real_codex_faults.py``).
+        drop_codex_state(session_home(claim.session_id).home)
     logger.info("turn %s: %s — retrying in %.1f s", claim.turn_id, exc, delay)
     stream.add(RETRYING, {"reason": str(exc), "delay_seconds": delay, "retry": retries + 1, "requeued": False})
     turn_retried("same_claim")

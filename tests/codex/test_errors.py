@@ -5,6 +5,7 @@ import pytest
 from hermes_sessions.codex import errors
 from hermes_sessions.codex.errors import (
     CodexError,
+    CodexStateDamaged,
     InvalidThreadId,
     JsonRpcError,
     Overloaded,
@@ -48,6 +49,15 @@ RESPONSES = [
     ("turn/interrupt", {"code": -32600, "message": "no active turn to interrupt"}, JsonRpcError, False),
     ("thread/start", {"code": -32600, "message": "Not initialized"}, JsonRpcError, False),
     ("thread/resume", {"code": -32603, "message": "internal error"}, JsonRpcError, False),
+    # codex 0.171.0, a truncated thread_history_1.sqlite (tests/e2e/test_real_codex_faults.py)
+    ("thread/resume",
+     {"code": -32603, "message": "failed to list thread history: thread-store internal error: failed to open thread "
+                                 "history database: failed to open thread history DB at /h/thread_history_1.sqlite: "
+                                 "error returned from database: (code: 11) database disk image is malformed"},
+     CodexStateDamaged, True),
+    ("thread/resume", {"code": -32603, "message": "failed to open state db: (code: 26) file is not a database"},
+     CodexStateDamaged, True),
+    ("thread/resume", {"code": -32600, "message": "database disk image is malformed"}, JsonRpcError, False),
     ("thread/resume", {"code": 12345, "message": "something new"}, JsonRpcError, False),
     # The code decides first: overload whatever the text; the -32600 texts only with -32600 …
     ("thread/resume", {"code": -32001, "message": f"no rollout found for thread id {TID}"}, Overloaded, True),

@@ -180,3 +180,29 @@ def test_a_turn_cut_off_while_streaming_is_in_codexs_thread_once_after_its_rerun
         users = [text for role, text in real_codex.user_texts(request) if role == "user"]
         assert users.count("SLOW two") == 1, users
     assert not Notice.objects.filter(session=session).exists()
+
+
+def test_codex_state_damaged_on_a_seen_host_is_rebuilt_and_the_turn_succeeds(user, real_codex, run_turn_now, settings):
+    """A seen host keeps codex's sqlite projection of the held rollout between turns (``docs/codex.md``
+    §7). A damaged one (a truncated ``thread_history_*.sqlite``: a full disk, a crash mid-write) is a cache
+    codex can rebuild: ``thread/resume`` fails with ``-32603 … database disk image is malformed``; the
+    worker drops codex's state and tries again, the turn succeeds on the same thread, nothing rotates."""
+    from hermes_sessions.codex.launch import session_home
+    from hermes_sessions.codex.rollout_files import codex_state_files
+
+    settings.HERMES_WARM_IDLE_SECONDS = 0  # every turn cold: restored on this (seen) host, codex's state kept
+    settings.HERMES_RETRY_DELAYS = (0.05,)
+    session = services.session_create(owner=user)
+    t1 = run_turn_now(session=session, text="hello one", user=user)
+    t2 = run_turn_now(session=session, text="hello two", user=user)
+    assert (t1.status, t2.status) == (Turn.Status.SUCCEEDED, Turn.Status.SUCCEEDED), (t1.error, t2.error)
+    home = session_home(session.pk).home
+    history = [p for p in codex_state_files(home) if p.name.startswith("thread_history_") and p.suffix == ".sqlite"]
+    assert history, sorted(p.name for p in home.iterdir())
+    with open(history[0], "r+b") as fh:
+        fh.truncate(100)
+    t3 = run_turn_now(session=session, text="hello three", user=user)
+    assert (t3.status, t3.thread_action, t3.codex_thread_id) == (Turn.Status.SUCCEEDED, "resumed", t1.codex_thread_id), t3.error
+    assert not Notice.objects.filter(session=session).exists()
+    users = [text for role, text in real_codex.user_texts(real_codex.requests()[-1]) if role == "user"]
+    assert users[-3:] != [] and "hello two" in users and users.count("hello three") == 1, users
