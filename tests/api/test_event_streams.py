@@ -573,6 +573,20 @@ def test_deleting_the_session_of_a_running_turn_ends_its_turn_stream_with_gone(s
     assert server.get(path, token)[0] == 404
 
 
+async def _first_frames(session_id: str, n: int) -> list[bytes]:
+    """The first ``n`` frames of a session stream's body, run in this process (``streams._events``)."""
+    from hermes_sessions.api import streams
+
+    frames = []
+    body = streams._events(streams._Scope(session_id=session_id), 0)
+    async for frame in body:
+        frames.append(frame)
+        if len(frames) == n:
+            break
+    await body.aclose()
+    return frames
+
+
 def test_a_stream_whose_own_read_fails_stays_open_and_reads_again(claimed, settings, monkeypatch):
     """PostgreSQL restarted under 12 open streams: a stream whose own read gets psycopg_pool's PoolTimeout
     is not cut with an ASGI error. It stays open: a heartbeat, then the same read again, which finds the
@@ -598,17 +612,7 @@ def test_a_stream_whose_own_read_fails_stays_open_and_reads_again(claimed, setti
 
     monkeypatch.setattr(streams._Scope, "read", flaky)
 
-    async def first(n: int) -> list[bytes]:
-        frames = []
-        body = streams._events(streams._Scope(session_id=claimed.session_id), 0)
-        async for frame in body:
-            frames.append(frame)
-            if len(frames) == n:
-                break
-        await body.aclose()
-        return frames
-
-    frames = async_to_sync(first)(4)
+    frames = async_to_sync(_first_frames)(claimed.session_id, 4)
     assert frames[0].startswith(b"retry:") and frames[1] == b": heartbeat\n\n"
     assert [f.split(b"\n")[1] for f in frames[2:]] == [b"event: queued", b"event: running"]
     assert calls == [0, 0]  # the failed read was repeated from the same point
@@ -648,18 +652,8 @@ def test_a_hub_read_that_fails_during_the_streams_own_read_is_not_lost(claimed, 
 
     monkeypatch.setattr(streams._Scope, "read", read_then_the_hub_fails)
 
-    async def first(n: int) -> list[bytes]:
-        frames = []
-        body = streams._events(streams._Scope(session_id=claimed.session_id), 0)
-        async for frame in body:
-            frames.append(frame)
-            if len(frames) == n:
-                break
-        await body.aclose()
-        return frames
-
     started = time.monotonic()
-    frames = async_to_sync(first)(4)
+    frames = async_to_sync(_first_frames)(claimed.session_id, 4)
     assert [f.split(b"\n")[1] for f in frames[1:]] == [b"event: queued", b"event: running", b"event: delta"]
     assert time.monotonic() - started < 2.5, "read again at once, not at the heartbeat"
 
